@@ -1,0 +1,43 @@
+"""accel: a PyTorch training-acceleration kernel; everything backend-specific is a plugin.
+
+``import accel`` does not import torch; ``accel.Kernel`` does (on first access).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Topology
+from accel.errors import AccelError, PluginError, UsageError
+from accel.hookspecs import hookimpl, hookspec
+from accel.options import Options, Settings
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("accel-kernel")
+except Exception:  # running from a source tree without installation
+    __version__ = "0.0.0"
+
+if TYPE_CHECKING:
+    from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
+    from accel.launchers import debug_launcher, notebook_launcher
+
+_LAZY = {
+    "Kernel": "accel.kernel",
+    "PreparedOptimizer": "accel.kernel",
+    "PreparedScheduler": "accel.kernel",
+}
+
+__all__ = [
+    "AccelError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options", "PluginError",
+    "PreparedOptimizer", "PreparedScheduler", "Settings", "Topology", "UsageError", "hookimpl", "hookspec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'accel' has no attribute {name!r}")

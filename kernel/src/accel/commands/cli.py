@@ -1,0 +1,67 @@
+"""``accel``: launch, plugins, env. User mistakes are printed as one line with exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+from accel.errors import AccelError, UsageError
+
+USAGE = """usage: accel <command> [options]
+
+commands:
+  launch     run a training script on one or many processes/machines (accel launch --help)
+  plugins    list installed plugins: name, distribution, version, hooks, status (--json)
+  env        versions, platform, devices, plugins and config file, ready to paste in a bug report
+
+options:
+  -h, --help     show this message
+  --version      print accel's version
+"""
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    """Run a command; turn accel's own errors into one line on stderr and exit code 2."""
+    try:
+        return fn()
+    except AccelError as exc:
+        print(f"accel: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    if args[0] == "--version":
+        from accel import __version__
+
+        print(f"accel {__version__}")
+        return 0
+    command, rest = args[0], args[1:]
+    if command == "launch":
+        from accel.commands.launch import launch
+
+        return run_guarded(lambda: launch(rest))
+    if command == "plugins":
+        from accel.commands.info import plugins_command
+
+        return run_guarded(lambda: plugins_command(rest))
+    if command == "env":
+        from accel.commands.info import env_command
+
+        return run_guarded(lambda: env_command(rest))
+    from accel.options import did_you_mean
+
+    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env"])))
+
+
+def _unknown(command: str, hint: str) -> int:
+    raise UsageError(f"unknown command {command!r}{hint} (see `accel --help`)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Records passed through the hooks. Plain dataclasses and protocols; importing this module does not import torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.options import Settings
+
+#: Roles of which at most one component may be active. Other roles (``"tracker"``, ``"observer"``, ...) may repeat.
+EXCLUSIVE_ROLES = ("strategy", "compiler", "precision")
+
+
+class Component:
+    """Base class for the runtime objects a plugin returns from ``accel_activate``.
+
+    Subclass it, set the class attributes, and decorate methods with ``@accel.hookimpl`` to answer runtime hooks.
+
+    - ``role``: ``"strategy"`` (places/wraps the model, owns processes: ddp, fsdp, deepspeed, xla), ``"compiler"``,
+      ``"precision"`` (at most one active of each), or any other word (``"tracker"``) for roles that may repeat.
+      Hooks are asked in role order: strategy, compiler, precision, the rest, then the kernel's defaults.
+    - ``provides``: capabilities it realises, checked against what the settings ask for: ``"distributed"`` (more
+      than one process), ``"precision:bf16"`` / ``"precision:fp16"`` / ``"precision:fp8"``, ``"compile"``.
+    - ``name`` is filled in by the kernel with the plugin's name.
+    """
+
+    role: str = "observer"
+    provides: frozenset[str] = frozenset()
+    name: str = ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name or '?'} role={self.role}>"
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """What ``accel_detect_hardware`` reports. The kernel uses the answer with the highest ``priority``."""
+
+    name: str  # "cpu", "cuda", "xla", ...
+    device_count: int = 1
+    priority: int = 0
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the run."""
+
+    process_index: int = 0
+    num_processes: int = 1
+    local_process_index: int = 0
+    local_num_processes: int = 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+
+@dataclass
+class LaunchPlan:
+    """What ``accel launch`` hands to ``accel_launch``. ``env`` is the full environment for the workers (a launcher
+    may add to it); ``command`` is the worker command after the interpreter (``[script, *args]`` or
+    ``["-m", module, *args]``)."""
+
+    settings: "Settings"
+    command: list[str]
+    env: dict[str, str]
+    python: str
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """How one checkpoint item was written: recorded in the checkpoint's manifest and used to load it back."""
+
+    plugin: str
+    format: str
+    files: Sequence[str] = ()
+    version: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Collectives(Protocol):
+    """Communication between the processes of the run. ``accel_collectives`` returns one; the Kernel builds
+    ``gather``, ``reduce``, ``broadcast`` ... on top of it. Every method is called by every process."""
+
+    def all_gather(self, tensor: "torch.Tensor") -> list["torch.Tensor"]:
+        """Tensors of equal shape from every process, in process order."""
+
+    def all_reduce(self, tensor: "torch.Tensor", op: str) -> "torch.Tensor":
+        """Reduce in place over processes; ``op`` is ``"sum"`` or ``"max"``. Returns ``tensor``."""
+
+    def broadcast(self, tensor: "torch.Tensor", src: int) -> "torch.Tensor":
+        """Copy ``tensor`` of process ``src`` into every process's ``tensor``, in place. Returns it."""
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Picklable objects from every process, in process order (for small metadata only)."""
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """``obj`` of process ``src``, returned on every process."""
+
+    def barrier(self) -> None:
+        """Wait until every process got here."""

@@ -1,0 +1,142 @@
+"""The kernel's own answers to the hooks: one process, one device, no plugin needed.
+
+Registered before any plugin with ``trylast=True``, so every hook has an answer and any plugin's answer comes
+first. torch is imported inside the functions: the CLI registers this module too and must stay torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from typing import TYPE_CHECKING, Any, Mapping
+
+from accel.contract import HardwareInfo, LaunchPlan, Topology
+from accel.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.kernel import Kernel
+
+
+@hookimpl(trylast=True)
+def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo:
+    return HardwareInfo(name="cpu", device_count=1, priority=0, details={"cores": str(os.cpu_count() or 1)})
+
+
+@hookimpl(trylast=True)
+def accel_launch(plan: LaunchPlan) -> int:
+    cmd = [plan.python, *plan.command]
+    if plan.dry_run:
+        print("launcher: accel (one process): " + " ".join(cmd))
+        return 0
+    return subprocess.call(cmd, env=plan.env)
+
+
+@hookimpl(trylast=True)
+def accel_topology(kernel: Kernel) -> Topology:
+    return Topology()
+
+
+@hookimpl(trylast=True)
+def accel_device(kernel: Kernel) -> torch.device:
+    import torch
+
+    if not kernel.settings["cpu"]:
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.is_available():
+            dev = accelerator.current_accelerator()
+            return torch.device(dev.type, accelerator.current_device_index())
+    return torch.device("cpu")
+
+
+class SingleProcess:
+    """Collectives of a run with one process: everything is the identity."""
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        return None
+
+
+@hookimpl(trylast=True)
+def accel_collectives(kernel: Kernel) -> SingleProcess:
+    return SingleProcess()
+
+
+@hookimpl(trylast=True)
+def accel_prepare_training(
+    kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+) -> tuple[list[Any], list[Any], list[Any]]:
+    hook = kernel.plugins.pm.hook
+    wrapped = [hook.accel_wrap_model(kernel=kernel, model=m) for m in models]
+    opts = [hook.accel_wrap_optimizer(kernel=kernel, optimizer=o) for o in optimizers]
+    return wrapped, opts, list(schedulers)
+
+
+@hookimpl(trylast=True)
+def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module:
+    return model.to(kernel.device)
+
+
+@hookimpl(trylast=True)
+def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    return optimizer
+
+
+@hookimpl(trylast=True)
+def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any:
+    from accel.data import shard_dataloader
+
+    return shard_dataloader(kernel, dataloader)
+
+
+@hookimpl(trylast=True)
+def accel_backward(kernel: Kernel, loss: torch.Tensor) -> bool:
+    kernel.scale_for_accumulation(loss).backward()
+    return True
+
+
+@hookimpl(trylast=True)
+def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool:
+    optimizer.step()
+    return True
+
+
+@hookimpl(trylast=True)
+def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+    optimizer.zero_grad(set_to_none=set_to_none)
+    return True
+
+
+@hookimpl(trylast=True)
+def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@hookimpl(trylast=True)
+def accel_clip_grad_norm(
+    kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+) -> torch.Tensor:
+    import torch
+
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+@hookimpl(trylast=True)
+def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, Any]:
+    return kernel.unwrap_model(model).state_dict()

@@ -1,0 +1,412 @@
+"""Options: the one schema behind launch flags, config-file keys, environment variables and Kernel arguments.
+
+The kernel declares its own options in ``core_options``; every plugin adds its own through the
+``accel_add_options`` hook. One ``Option`` record drives all four surfaces, so a value is validated the same
+way wherever it comes from. This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from accel.errors import PluginError, UsageError
+
+TRUE_WORDS = {"1", "true", "yes", "on", "y"}
+FALSE_WORDS = {"0", "false", "no", "off", "n", ""}
+TYPES = ("str", "int", "float", "bool", "list", "mapping")
+KERNEL = "accel"  # the name options and hook answers of the kernel itself are reported under
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """Return ``"; did you mean `x`?"`` for the closest candidate, or an empty string."""
+    match = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean `{match[0]}`?" if match else ""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting. ``name`` is its identifier everywhere: ``--name`` on the command line, ``Kernel(name=...)``,
+    ``settings[name]``. ``config_key`` is its path in the YAML file (default: ``(name,)``)."""
+
+    name: str
+    type: str = "str"
+    default: Any = None
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+    config_key: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    cli: bool = True
+    plugin: str = KERNEL
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.config_key or (self.name,)
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+    def coerce(self, raw: Any, label: str) -> Any:
+        """Convert ``raw`` (from YAML, a flag string, an env var or Python) to this option's type, or raise
+        ``UsageError`` starting with ``label`` (where the bad value came from) and saying what is expected."""
+        bad = label
+        value: Any
+        if self.type == "bool":
+            if isinstance(raw, bool):
+                value = raw
+            elif isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS | FALSE_WORDS:
+                value = raw.strip().lower() in TRUE_WORDS
+            else:
+                raise UsageError(f"{bad} expects true or false, got {raw!r}")
+        elif self.type == "int":
+            if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                raise UsageError(f"{bad} expects a whole number, got {raw!r}")
+            try:
+                value = int(raw)
+            except ValueError:
+                raise UsageError(f"{bad} expects a whole number, got {raw!r}") from None
+        elif self.type == "float":
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise UsageError(f"{bad} expects a number, got {raw!r}")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise UsageError(f"{bad} expects a number, got {raw!r}") from None
+        elif self.type == "list":
+            if isinstance(raw, str):
+                value = [part.strip() for part in raw.split(",") if part.strip()]
+            elif isinstance(raw, (list, tuple)):
+                value = list(raw)
+            else:
+                raise UsageError(f"{bad} expects a list, got {raw!r}")
+        elif self.type == "mapping":
+            if isinstance(raw, str):
+                try:
+                    raw = json.loads(raw)
+                except ValueError:
+                    raise UsageError(f"{bad} expects a mapping (JSON object), got {raw!r}") from None
+            if not isinstance(raw, Mapping):
+                raise UsageError(f"{bad} expects a mapping, got {raw!r}")
+            value = dict(raw)
+        else:
+            if raw is False and self.choices and "no" in self.choices:
+                raw = "no"  # YAML 1.1 reads an unquoted `no` as False
+            if raw is None or isinstance(raw, (dict, list)):
+                raise UsageError(f"{bad} expects a string, got {raw!r}")
+            value = str(raw)
+        if self.choices is not None:
+            folded = {c.lower(): c for c in self.choices}
+            key = str(value).lower()
+            if key not in folded:
+                raise UsageError(
+                    f"{bad} must be one of {', '.join(self.choices)}, got {raw!r}{did_you_mean(key, folded)}"
+                )
+            value = folded[key]
+        if self.minimum is not None and value < self.minimum:
+            raise UsageError(f"{bad} must be at least {self.minimum:g}, got {raw!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise UsageError(f"{bad} must be at most {self.maximum:g}, got {raw!r}")
+        return value
+
+
+class Options:
+    """The registry plugins fill in ``accel_add_options``. Names are unique across the kernel and all plugins."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Option] = {}
+        self.current_plugin = KERNEL
+
+    def add(
+        self,
+        name: str,
+        *,
+        type: str = "str",
+        default: Any = None,
+        help: str = "",
+        choices: Iterable[str] | None = None,
+        config_key: str | tuple[str, ...] | None = None,
+        flags: Iterable[str] = (),
+        env: Iterable[str] = (),
+        minimum: float | None = None,
+        maximum: float | None = None,
+        cli: bool = True,
+    ) -> None:
+        """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
+        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins."""
+        if type not in TYPES:
+            raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
+        if name in self._by_name:
+            other = self._by_name[name].plugin
+            raise PluginError(f"option `{name}` is declared by both {other!r} and {self.current_plugin!r}")
+        path = tuple(config_key.split(".")) if isinstance(config_key, str) else tuple(config_key or ())
+        self._by_name[name] = Option(
+            name=name,
+            type=type,
+            default=default,
+            help=help,
+            choices=tuple(choices) if choices is not None else None,
+            config_key=path,
+            flags=tuple(flags),
+            env=tuple(env),
+            minimum=minimum,
+            maximum=maximum,
+            cli=cli,
+            plugin=self.current_plugin,
+        )
+
+    def __iter__(self):
+        return iter(self._by_name.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> Option:
+        return self._by_name[name]
+
+    def by_path(self) -> dict[tuple[str, ...], Option]:
+        return {opt.path: opt for opt in self._by_name.values()}
+
+    def defaults(self) -> dict[str, Any]:
+        return {opt.name: opt.default for opt in self._by_name.values()}
+
+
+def core_options(options: Options) -> None:
+    """The kernel's own options: Accelerate's launch flags and top-level config keys that are not a backend's."""
+    add = options.add
+    add("num_processes", type="int", default=1, minimum=1, flags=("-n",),
+        help="Total number of processes to run, over all machines.")
+    add("num_machines", type="int", default=1, minimum=1, help="Number of machines (nodes) taking part.")
+    add("machine_rank", type="int", default=0, minimum=0, help="Rank of this machine, 0 .. num_machines-1.")
+    add("main_process_ip", help="Address of the machine of rank 0 (multi-machine runs).")
+    add("main_process_port", type="int", minimum=0, maximum=65535,
+        help="Port of the main process; 0 or unset picks a free one on a single machine, 29500 on several.")
+    add("rdzv_backend", default="static", choices=("static", "c10d", "etcd", "etcd-v2"),
+        help="Rendezvous backend: static (fixed ranks) or c10d (ranks by arrival order).")
+    add("same_network", type="bool", default=True, help="All machines are on the same local network.")
+    add("max_restarts", type="int", default=0, minimum=0, help="Restart the worker group this many times on failure.")
+    add("monitor_interval", type="float", default=0.1, minimum=0,
+        help="Seconds between checks of the workers' state.")
+    add("cpu", type="bool", default=False, config_key="use_cpu", env=("ACCEL_USE_CPU", "ACCELERATE_USE_CPU"),
+        help="Train on the CPU even when an accelerator is present.")
+    add("multi_gpu", type="bool", default=False, help="Accelerate's flag for several GPUs; accepted as a hint.")
+    add("gpu_ids", help="Comma-separated device ids to use on this machine, or 'all'.")
+    add("mixed_precision", default="no", choices=("no", "fp16", "bf16", "fp8"),
+        env=("ACCEL_MIXED_PRECISION", "MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"),
+        help="Mixed precision mode: no, fp16, bf16 or fp8 (needs a plugin that provides it, e.g. accel-plugin-amp).")
+    add("dynamo_backend", default="no", config_key="dynamo_config.dynamo_backend",
+        env=("ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
+        help="torch.compile backend, or 'no' (needs a plugin that provides 'compile', e.g. accel-plugin-dynamo).")
+    add("gradient_accumulation_steps", type="int", default=1, minimum=1, cli=False,
+        env=("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
+        help="Micro-batches per optimizer step (Kernel argument).")
+    add("plugins", type="list", default=[], flags=("--plugin",),
+        help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
+    add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
+    add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
+    # Accelerate keys accepted for compatibility; they change nothing the kernel does.
+    add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
+        help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
+    add("distributed_type", default="NO", cli=False,
+        choices=("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
+                 "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM"),
+        help="Accelerate's distributed type; selects the matching plugin.")
+    add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
+    add("debug", type="bool", default=False, help="Check distributed operations (slower).")
+    add("enable_cpu_affinity", type="bool", default=False, cli=False, help="Accepted for compatibility.")
+    add("num_cpu_threads_per_process", type="int", minimum=1, help="OMP_NUM_THREADS for each process.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Known plugins (install hints, capabilities, config keys): a data table, not code paths.
+
+
+def known_plugins() -> dict[str, Any]:
+    with open(Path(__file__).with_name("known_plugins.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def install_hint(name: str) -> str:
+    info = known_plugins()["plugins"].get(name)
+    return f"pip install {info['distribution']}" if info else ""
+
+
+def providers_of(capability: str) -> list[str]:
+    """Names of published plugins that provide a capability (for error messages)."""
+    return [n for n, info in known_plugins()["plugins"].items() if capability in info["provides"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config files
+
+
+def default_config_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
+    """Where the default config file is looked up, in order: $ACCEL_HOME, $XDG_CACHE_HOME/accel, ~/.cache/accel."""
+    env = os.environ if env is None else env
+    dirs = []
+    if env.get("ACCEL_HOME"):
+        dirs.append(Path(env["ACCEL_HOME"]))
+    if env.get("XDG_CACHE_HOME"):
+        dirs.append(Path(env["XDG_CACHE_HOME"]) / "accel")
+    dirs.append(Path(env.get("HOME", str(Path.home()))) / ".cache" / "accel")
+    return dirs
+
+
+def find_default_config(env: Mapping[str, str] | None = None) -> Path | None:
+    for directory in default_config_dirs(env):
+        for name in ("default_config.yaml", "default_config.yml", "default_config.json"):
+            if (directory / name).is_file():
+                return directory / name
+    return None
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML (or JSON) config file with ``yaml.safe_load``; raise ``UsageError`` with one clear line."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"config file {str(p)!r} does not exist; create one with `accel config` or fix the path")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UsageError(f"{p}: malformed YAML{where}: {exc.problem}") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise UsageError(f"{p}: cannot be parsed: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{p}: expected a mapping of keys to values at the top level, got {type(data).__name__}")
+    return data
+
+
+def validate_config(
+    data: Mapping[str, Any], options: Options, installed: Iterable[str], where: str
+) -> tuple[dict[str, Any], list[str]]:
+    """Check a parsed config file against the options. Return (values by option name, ignored keys).
+
+    Keys owned by a published plugin that is not installed are ignored (reported); any other unknown key is an
+    error with a did-you-mean."""
+    known = known_plugins()
+    installed = set(installed)
+    owner = {
+        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in installed
+    }
+    by_path = options.by_path()
+    sections = {path[0] for path in by_path if len(path) > 1}
+    values: dict[str, Any] = {}
+    ignored: list[str] = []
+
+    def unknown(key: str, candidates: Iterable[str]) -> UsageError:
+        return UsageError(f"{where}: unknown key `{key}`{did_you_mean(key.split('.')[-1], candidates)}")
+
+    for key, raw in data.items():
+        key = str(key)
+        if (key,) in by_path:
+            opt = by_path[(key,)]
+            values[opt.name] = opt.coerce(raw, f"{where}: `{key}`")
+        elif key in sections and isinstance(raw, Mapping):
+            for sub, sub_raw in raw.items():
+                path = (key, str(sub))
+                if path in by_path:
+                    values[by_path[path].name] = by_path[path].coerce(sub_raw, f"{where}: `{key}.{sub}`")
+                elif key in owner or ".".join(path) in owner:
+                    ignored.append(".".join(path))
+                else:
+                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key])
+        elif key in owner or key in known["ignored_keys"]:
+            ignored.append(key)
+        else:
+            raise unknown(key, [p[0] for p in by_path])
+    return values, ignored
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resolution
+
+
+def env_value(opt: Option, env: Mapping[str, str]) -> tuple[Any, str] | None:
+    for var in opt.env:
+        if var in env and env[var] != "":
+            return opt.coerce(env[var], f"environment variable {var}"), var
+    return None
+
+
+def resolve(
+    options: Options,
+    *,
+    flags: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    launched: Mapping[str, Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge every source into one value per option and record where each came from.
+
+    Precedence, highest first: Kernel arguments, flags, values handed over by ``accel launch`` (``ACCEL_CONFIG``),
+    environment variables, the config file, defaults."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    env = os.environ if env is None else env
+    for opt in options:
+        value, source = opt.default, "default"
+        if config and opt.name in config:
+            value, source = config[opt.name], "file"
+        found = env_value(opt, env)
+        if found is not None:
+            value, source = found[0], f"env {found[1]}"
+        if launched and opt.name in launched:
+            value, source = opt.coerce(launched[opt.name], "ACCEL_CONFIG"), "launch"
+        if flags and flags.get(opt.name) is not None:
+            value, source = opt.coerce(flags[opt.name], f"`--{opt.name}`"), "flag"
+        if kwargs and kwargs.get(opt.name) is not None:
+            value, source = opt.coerce(kwargs[opt.name], f"Kernel({opt.name}=...)"), "argument"
+        values[opt.name] = value
+        sources[opt.name] = source
+    return values, sources
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings a plugin sees in ``accel_activate``.
+
+    ``values`` holds every declared option; ``world_size`` is the number of processes of the run (planned, when
+    called by ``accel launch``; actual, inside a worker); ``phase`` is ``"launch"`` or ``"run"``."""
+
+    values: Mapping[str, Any]
+    sources: Mapping[str, str] = field(default_factory=dict)
+    world_size: int = 1
+    phase: str = "run"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    @property
+    def selected(self) -> tuple[str, ...]:
+        """Plugins the user chose explicitly (``--plugin``, ``Kernel(plugins=...)``, Accelerate's distributed_type)."""
+        names = list(self.values.get("plugins") or [])
+        implied = known_plugins()["distributed_type"].get(str(self.values.get("distributed_type", "NO")))
+        if implied and not names:
+            names.append(implied)
+        return tuple(names)
+
+    def is_selected(self, name: str) -> bool:
+        return name in self.selected
+
+    @property
+    def mixed_precision(self) -> str:
+        return str(self.values.get("mixed_precision", "no"))

@@ -1,0 +1,308 @@
+"""Plugin discovery, control and resolution.
+
+- Discovery: entry points of group ``accel``, read lazily (on first use, not on ``import accel``). A plugin that
+  fails to import is recorded with its error and the rest keep working; it becomes an error only when that
+  plugin is asked for. Two distributions claiming one name are both refused, naming both.
+- Control: ``-p no:NAME`` / ``ACCEL_DISABLE_PLUGINS=a,b`` disable plugins; ``ACCEL_PLUGINS=a,b`` loads only those
+  (an allow-list; empty means none). ``accel launch`` hands its choices to the workers through the same variables.
+- Resolution: each plugin's ``accel_activate`` may return a component; exclusive roles are settled by the user's
+  explicit choice or reported as a conflict; what the settings need (``distributed``, ``precision:bf16``,
+  ``compile``) must be provided by an active component, or the error says which plugin to install.
+
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import pluggy
+
+from accel import hookspecs
+from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
+from accel.errors import PluginError, UsageError
+from accel.options import KERNEL, Options, Settings, core_options, did_you_mean, install_hint, providers_of
+
+GROUP = "accel"
+
+
+@dataclass
+class PluginRecord:
+    """What ``accel plugins`` shows about one plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    value: str
+    status: str = "loaded"  # loaded | disabled | failed
+    reason: str = ""
+    module: Any = None
+    hooks: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "module"}
+
+
+def _csv(value: str | None) -> list[str]:
+    return [part.strip() for part in (value or "").split(",") if part.strip()]
+
+
+def plugin_filter(env: Mapping[str, str], blocked: Iterable[str] = ()) -> tuple[set[str], set[str] | None]:
+    """(disabled names, allow-list or None) from ``-p no:`` values and the environment."""
+    disabled = set(blocked) | set(_csv(env.get("ACCEL_DISABLE_PLUGINS")))
+    allow = set(_csv(env.get("ACCEL_PLUGINS"))) if "ACCEL_PLUGINS" in env else None
+    return disabled, allow
+
+
+_MODULES: dict[str, Any] = {}  # entry-point value -> imported module (imports happen once per process)
+
+
+def scan_entry_points() -> list[PluginRecord]:
+    """All entry points of group ``accel``, one record per (name, distribution), without importing anything."""
+    records: dict[tuple[str, str], PluginRecord] = {}
+    for ep in md.entry_points(group=GROUP):
+        dist = ep.dist
+        dist_name = dist.metadata["Name"] if dist is not None else "?"
+        version = dist.version if dist is not None else "?"
+        records.setdefault((ep.name, dist_name), PluginRecord(ep.name, dist_name, version, ep.value))
+    return sorted(records.values(), key=lambda r: r.name)
+
+
+class Plugins:
+    """The plugins of this process and the pluggy manager they are registered in."""
+
+    def __init__(self, records: list[PluginRecord], pm: pluggy.PluginManager) -> None:
+        self.records = {r.name: r for r in records}
+        self.pm = pm
+        self.components: list[Component] = []
+        self._options: Options | None = None
+
+    # ---- loading -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        blocked: Iterable[str] = (),
+        extra: Iterable[tuple[str, Any]] = (),
+    ) -> "Plugins":
+        """Discover and import plugins. ``extra`` registers (name, module-or-object) pairs directly (tests)."""
+        env = os.environ if env is None else env
+        disabled, allow = plugin_filter(env, blocked)
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        from accel import defaults
+
+        pm.register(defaults, name=KERNEL)
+        scanned = scan_entry_points()
+        by_name: dict[str, list[PluginRecord]] = {}
+        for rec in scanned:
+            by_name.setdefault(rec.name, []).append(rec)
+        records: list[PluginRecord] = []
+        for name, recs in by_name.items():
+            if len(recs) > 1:
+                dists = " and ".join(f"{r.distribution} {r.version}" for r in recs)
+                for r in recs:
+                    r.status, r.reason = "failed", f"the name {name!r} is claimed by both {dists}; uninstall one"
+                records.extend(recs)
+                continue
+            rec = recs[0]
+            records.append(rec)
+            if name in disabled or (allow is not None and name not in allow):
+                rec.status = "disabled"
+                rec.reason = "disabled by -p no:/ACCEL_DISABLE_PLUGINS" if name in disabled else "not in ACCEL_PLUGINS"
+                continue
+            try:
+                module = _MODULES.get(rec.value)
+                if module is None:
+                    module = md.EntryPoint(name, rec.value, GROUP).load()
+                    _MODULES[rec.value] = module
+            except Exception as exc:  # any import failure of a third-party plugin is isolated
+                rec.status, rec.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
+                continue
+            cls._register_module(pm, rec, module)
+        for name, obj in extra:
+            rec = PluginRecord(name, "(registered directly)", "", "")
+            records.append(rec)
+            cls._register_module(pm, rec, obj)
+        return cls(records, pm)
+
+    @staticmethod
+    def _register_module(pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
+        try:
+            pm.register(module, name=rec.name)
+            pm.check_pending()
+        except Exception as exc:
+            if pm.is_registered(module):
+                pm.unregister(module)
+            rec.status, rec.reason = "failed", f"invalid hook implementation: {exc}"
+            return
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(module) or [])
+        runtime = [h for h in hooks if h not in hookspecs.DISCOVERY_HOOKS]
+        if runtime:
+            pm.unregister(module)
+            rec.status = "failed"
+            rec.reason = (
+                f"implements runtime hook(s) {', '.join(runtime)} at module level; implement them on the "
+                "Component returned by accel_activate"
+            )
+            return
+        rec.module = module
+        rec.hooks = hooks + component_hooks(module)
+
+    # ---- queries -------------------------------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> list[str]:
+        return [n for n, r in self.records.items() if r.status == "loaded"]
+
+    def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
+        An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type)."""
+        results = []
+        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            args = [kwargs[a] for a in impl.argnames]
+            try:
+                results.append((impl.plugin_name, impl.function(*args)))
+            except UsageError as exc:
+                raise UsageError(f"{exc}" if impl.plugin_name == KERNEL else f"plugin {impl.plugin_name!r}: {exc}") from None
+            except (PluginError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+        return results
+
+    def options(self) -> Options:
+        """The kernel's options plus every loaded plugin's."""
+        if self._options is None:
+            options = Options()
+            core_options(options)
+            for impl in reversed(self.pm.hook.accel_add_options.get_hookimpls()):
+                options.current_plugin = impl.plugin_name
+                try:
+                    impl.function(*[{"options": options}[a] for a in impl.argnames])
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(f"plugin {impl.plugin_name!r} failed in accel_add_options: {exc}") from exc
+            options.current_plugin = KERNEL
+            self._options = options
+        return self._options
+
+    def detect_hardware(self, env: Mapping[str, str] | None = None) -> HardwareInfo:
+        env = os.environ if env is None else env
+        answers = [r for _, r in self.call_each("accel_detect_hardware", env=env) if r is not None]
+        return max(answers, key=lambda h: h.priority)
+
+    def require(self, name: str) -> PluginRecord:
+        """The record of a plugin the user asked for by name, or a UsageError saying how to get it."""
+        rec = self.records.get(name)
+        if rec is None:
+            installed = ", ".join(self.loaded) or "none"
+            hint = install_hint(name)
+            hint = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
+            raise UsageError(f"unknown plugin {name!r} (installed: {installed}){hint}")
+        if rec.status != "loaded":
+            raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used: {rec.reason}")
+        return rec
+
+    # ---- resolution ----------------------------------------------------------------------------------------
+
+    def activate(self, settings: Settings) -> list[Component]:
+        """Ask every plugin whether it takes part, settle roles, check capabilities, register the components."""
+        for name in settings.selected:
+            self.require(name)
+        found: list[Component] = []
+        for name, comp in self.call_each("accel_activate", settings=settings):
+            if comp is None:
+                continue
+            if not isinstance(comp, Component):
+                raise PluginError(f"plugin {name!r}: accel_activate must return an accel.Component or None")
+            comp.name = comp.name or name
+            found.append(comp)
+        for role in EXCLUSIVE_ROLES:
+            claims = [c for c in found if c.role == role]
+            if len(claims) > 1:
+                chosen = [c for c in claims if settings.is_selected(c.name)]
+                if len(chosen) != 1:
+                    who = " and ".join(f"{c.name!r} ({self._dist(c.name)})" for c in claims)
+                    raise PluginError(
+                        f"plugins {who} both want to be the {role}; choose one with --plugin NAME "
+                        f"or disable the other with -p no:NAME"
+                    )
+                found = [c for c in found if c.role != role or c is chosen[0]]
+        active = {c.name for c in found}
+        for name in settings.selected:
+            if name not in active:
+                raise UsageError(f"plugin {name!r} was selected but does not take part with these settings")
+        self._check_capabilities(settings, found)
+        order = {role: i for i, role in enumerate(EXCLUSIVE_ROLES)}
+        found.sort(key=lambda c: order.get(c.role, len(order)), reverse=True)  # LIFO: strategy asked first
+        for comp in found:
+            self.pm.register(comp, name=f"{comp.name}:{comp.role}")
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f"plugin {exc.plugin_name!r}: {exc}") from None
+        self.components = list(reversed(found))
+        return self.components
+
+    def _dist(self, name: str) -> str:
+        rec = self.records.get(name)
+        return f"{rec.distribution} {rec.version}".strip() if rec else "registered directly"
+
+    def _check_capabilities(self, settings: Settings, found: list[Component]) -> None:
+        needs: list[tuple[str, str]] = []
+        if settings.world_size > 1:
+            needs.append(("distributed", f"running {settings.world_size} processes"))
+        if settings.mixed_precision != "no":
+            needs.append((f"precision:{settings.mixed_precision}", f"mixed_precision={settings.mixed_precision}"))
+        if str(settings.get("dynamo_backend", "no")).lower() != "no":
+            needs.append(("compile", f"dynamo_backend={settings.get('dynamo_backend')}"))
+        for capability, why in needs:
+            if any(capability in c.provides for c in found):
+                continue
+            names = providers_of(capability)
+            usable = [n for n in names if n in self.records and self.records[n].status == "loaded"]
+            if usable:
+                hint = f"select one with --plugin {usable[0]}"
+            else:
+                blocked = [n for n in names if n in self.records]
+                hints = [install_hint(n) for n in names if n not in self.records]
+                hint = (
+                    f"plugin {blocked[0]!r} is installed but {self.records[blocked[0]].status}: "
+                    f"{self.records[blocked[0]].reason}" if blocked else
+                    ("install one: " + " or ".join(f"`{h}`" for h in hints) if hints else "no published plugin has it")
+                )
+            raise UsageError(f"{why} needs a plugin that provides {capability!r}, and none is active; {hint}")
+
+    def answer_order(self) -> dict[str, list[str]]:
+        """For each hook, the plugins that implement it in the order they are asked (for --dry-run, accel env)."""
+        order = {}
+        for name in sorted(n for n in dir(self.pm.hook) if n.startswith("accel_")):
+            impls = getattr(self.pm.hook, name).get_hookimpls()
+            order[name] = [i.plugin_name for i in reversed(impls)]
+        return order
+
+
+def component_hooks(module: Any) -> list[str]:
+    """Runtime hooks implemented by the component classes a plugin module lists in ``accel_components``
+    (optional; strings ``"package.module:Class"``), for ``accel plugins``. Importing them must not import torch."""
+    names: list[str] = []
+    for spec in getattr(module, "accel_components", ()):
+        try:
+            mod_name, _, cls_name = spec.partition(":")
+            cls = getattr(__import__(mod_name, fromlist=[cls_name]), cls_name)
+        except Exception:
+            continue
+        for attr in dir(cls):
+            if attr.startswith("accel_") and hasattr(getattr(cls, attr), hookspecs.PROJECT + "_impl"):
+                names.append(attr)
+    return sorted(set(names))
+
+
+def hook_callers(plugins: Plugins, names: Iterable[str]) -> dict[str, Callable[..., Any]]:
+    return {n: getattr(plugins.pm.hook, n) for n in names}

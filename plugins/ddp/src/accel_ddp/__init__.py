@@ -1,0 +1,58 @@
+"""accel-plugin-ddp: the entry-point module. Cheap to import: no torch here (see ``strategy.py``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from accel import HardwareInfo, Options, Settings, hookimpl
+
+NAME = "ddp"
+accel_components = ["accel_ddp.strategy:DDPStrategy"]
+
+
+@hookimpl
+def accel_add_options(options: Options) -> None:
+    options.add("ddp_backend", default="auto", choices=("auto", "gloo", "nccl", "mpi", "xccl"),
+                help="Process-group backend; auto picks nccl on CUDA and gloo otherwise.")
+    options.add("ddp_find_unused_parameters", type="bool", default=False,
+                help="DistributedDataParallel(find_unused_parameters=...).")
+    options.add("ddp_bucket_cap_mb", type="float", default=25.0, minimum=0, help="DDP gradient bucket size in MB.")
+    options.add("ddp_timeout", type="float", default=1800.0, minimum=1, help="Collective timeout in seconds.")
+    options.add("rdzv_id", default="accel", help="Job id for c10d/etcd rendezvous.")
+
+
+def _gpu_count() -> int:
+    """NVIDIA GPUs visible to the driver, without importing torch (the CLI must stay fast)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+@hookimpl
+def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
+    count = _gpu_count()
+    if count == 0:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip()])
+    return HardwareInfo(name="cuda", device_count=count, priority=10, details={"source": "/proc/driver/nvidia"})
+
+
+def slurm_world(env: Mapping[str, str]) -> int:
+    """Number of tasks of a SLURM job step this process belongs to (0 when not under SLURM)."""
+    if "SLURM_PROCID" in env and "WORLD_SIZE" not in env:
+        return int(env.get("SLURM_NTASKS", "1"))
+    return 0
+
+
+@hookimpl
+def accel_activate(settings: Settings) -> object | None:
+    world = max(settings.world_size, slurm_world(settings.env))
+    if settings.is_selected(NAME) or world > 1:
+        from accel_ddp.strategy import DDPStrategy
+
+        return DDPStrategy(settings)
+    return None
