@@ -11,6 +11,7 @@ from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Topo
 from accel.errors import AccelError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
+from accel.tracking import Tracker
 
 try:
     from importlib.metadata import version as _version
@@ -31,7 +32,8 @@ _LAZY = {
 
 __all__ = [
     "AccelError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options", "PluginError",
-    "PreparedOptimizer", "PreparedScheduler", "Settings", "Topology", "UsageError", "hookimpl", "hookspec",
+    "PreparedOptimizer", "PreparedScheduler", "Settings", "Topology", "Tracker", "UsageError", "hookimpl",
+    "hookspec",
 ]
 
 
