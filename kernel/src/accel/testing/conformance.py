@@ -237,6 +237,7 @@ class TrackerConformance(_PluginChecks):
         if not hooks:
             pytest.skip(f"{self.name} logs neither images nor tables")
 
+    @pytest.mark.slow
     @pytest.mark.multiprocess
     def test_two_processes_log_once(self, tmp_path: Path) -> None:
         """``accel launch -n 2``: a main-process-only tracker records one run, with the main process's values."""
@@ -280,6 +281,7 @@ class StrategyConformance(_PluginChecks):
                           num_processes=self.num_processes, plugins=self.plugins(), home=tmp_path)
         assert f"{self.name} (strategy)" in proc.stdout, proc.stdout
 
+    @pytest.mark.slow
     @pytest.mark.multiprocess
     def test_trains_like_one_process(self, tmp_path: Path) -> None:
         from accel.testing.strategy_check import SAMPLES, make_data, reference_weights

@@ -18,6 +18,12 @@ import pytest
 from accel.testing import make_kernel, run_launch
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The markers accel's conformance suites use, so ``--strict-markers`` accepts them in any project."""
+    config.addinivalue_line("markers", "multiprocess: starts several real processes (accel launch -n 2)")
+    config.addinivalue_line("markers", "slow: takes more than ~20 s")
+
+
 @pytest.fixture
 def accel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "accel_home"
