@@ -228,7 +228,7 @@ def _read(path: Path) -> list[Any]:
 def test_trackers_are_finished_at_exit_without_end_training(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(RECORDING_SCRIPT))
-    env = isolated_env(tmp_path / "home", plugins=[])
+    env = isolated_env(tmp_path / "home", registered=[])
     subprocess.run([sys.executable, str(script), str(tmp_path), "no-end"], env=env, check=True, timeout=120)
     assert _read(tmp_path / "main_only-process0.jsonl") == ["init", [{"rank": 0}, 1], "end"]
 
@@ -237,7 +237,7 @@ def test_trackers_are_finished_at_exit_without_end_training(tmp_path: Path) -> N
 def test_main_process_only_unless_the_tracker_says_otherwise(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(RECORDING_SCRIPT))
-    run_launch([str(script), str(tmp_path)], num_processes=2, plugins=["ddp"], home=tmp_path / "home")
+    run_launch([str(script), str(tmp_path)], num_processes=2, registered=["ddp"], home=tmp_path / "home")
     assert _read(tmp_path / "main_only-process0.jsonl") == ["init", [{"rank": 0}, 1], "end"]
     assert not (tmp_path / "main_only-process1.jsonl").exists()
     assert _read(tmp_path / "everywhere-process0.jsonl") == ["init", [{"rank": 0}, 1], "end"]

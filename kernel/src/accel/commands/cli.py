@@ -13,6 +13,7 @@ commands:
   launch     run a training script on one or many processes/machines (accel launch --help)
   plugins    list installed plugins: name, distribution, version, hooks, status (--json)
   env        versions, platform, devices, plugins and config file, ready to paste in a bug report
+  new-plugin write a new plugin project (tracker or strategy) from a template, with its tests
 
 options:
   -h, --help     show this message
@@ -54,9 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accel.commands.info import env_command
 
         return run_guarded(lambda: env_command(rest))
+    if command == "new-plugin":
+        from accel.commands.new_plugin import new_plugin_command
+
+        return run_guarded(lambda: new_plugin_command(rest))
     from accel.options import did_you_mean
 
-    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env"])))
+    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env", "new-plugin"])))
 
 
 def _unknown(command: str, hint: str) -> int:

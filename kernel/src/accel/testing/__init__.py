@@ -35,17 +35,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def isolated_env(home: str | os.PathLike[str], plugins: Iterable[str] | None = None,
+def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None = None,
                  extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a subprocess, with ``ACCEL_HOME=home`` (no user config file leaks in),
-    no launcher variables, and, when ``plugins`` is given, ``ACCEL_PLUGINS`` set to exactly those names."""
+    no launcher variables, and, when ``registered`` is given, ``ACCEL_PLUGINS`` set to exactly those names."""
     env = {k: v for k, v in os.environ.items() if k not in WORKER_VARIABLES and not k.startswith("SLURM_")}
     for key in [k for k in env if k.startswith(("ACCEL_", "ACCELERATE_"))]:
         del env[key]
     env["ACCEL_HOME"] = os.fspath(home)
     env.setdefault("OMP_NUM_THREADS", "1")
-    if plugins is not None:
-        env["ACCEL_PLUGINS"] = ",".join(plugins)
+    if registered is not None:
+        env["ACCEL_PLUGINS"] = ",".join(registered)
     env.update(extra or {})
     return env
 
@@ -69,14 +69,15 @@ def patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def make_kernel(plugins: Sequence[str] = (), extra: Iterable[tuple[str, Any]] = (), **kwargs: Any) -> Kernel:
-    """A Kernel with only the entry-point plugins named in ``plugins`` (an ``ACCEL_PLUGINS`` allow-list) plus the
-    ``(name, module-or-object)`` pairs of ``extra`` registered; ``kwargs`` go to ``Kernel(...)``. The process is
-    treated as a single-process run (launcher variables are hidden). Call ``end_training()`` when done."""
+def make_kernel(registered: Sequence[str] = (), extra: Iterable[tuple[str, Any]] = (), **kwargs: Any) -> Kernel:
+    """A Kernel with only the entry-point plugins named in ``registered`` (an ``ACCEL_PLUGINS`` allow-list) plus
+    the ``(name, module-or-object)`` pairs of ``extra`` registered; ``kwargs`` go to ``Kernel(...)`` (e.g.
+    ``plugins=["mine"]`` to select one, ``log_with=...``). The process is treated as a single-process run
+    (launcher variables are hidden while the Kernel starts). Call ``end_training()`` when done."""
     from accel.kernel import Kernel
 
     hidden: dict[str, str | None] = {k: None for k in WORKER_VARIABLES}
-    hidden["ACCEL_PLUGINS"] = ",".join(plugins)
+    hidden["ACCEL_PLUGINS"] = ",".join(registered)
     hidden["ACCEL_DISABLE_PLUGINS"] = None
     with patched_environ(hidden):
         return Kernel(extra_plugins=list(extra), **kwargs)
@@ -90,7 +91,7 @@ def run_launch(
     args: Sequence[str],
     *,
     num_processes: int = 2,
-    plugins: Iterable[str] | None = None,
+    registered: Iterable[str] | None = None,
     home: str | os.PathLike[str],
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
@@ -98,10 +99,11 @@ def run_launch(
     check: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``accel launch --num_processes N ARGS`` (``ARGS``: launch flags, then the script or ``-m module``
-    and its arguments) with :func:`isolated_env` and return the finished process (text output captured).
+    and its arguments) with :func:`isolated_env` (``registered``: the ``ACCEL_PLUGINS`` allow-list, e.g.
+    ``["ddp", "mine"]``) and return the finished process (text output captured).
     With ``check``, a non-zero exit raises :class:`LaunchFailed` showing the output's tail."""
     command = [sys.executable, "-m", "accel.commands.launch", "--num_processes", str(num_processes), *args]
-    proc = subprocess.run(command, env=isolated_env(home, plugins, env), cwd=cwd, capture_output=True, text=True,
+    proc = subprocess.run(command, env=isolated_env(home, registered, env), cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
@@ -109,11 +111,11 @@ def run_launch(
     return proc
 
 
-def run_accel(args: Sequence[str], *, home: str | os.PathLike[str], plugins: Iterable[str] | None = None,
+def run_accel(args: Sequence[str], *, home: str | os.PathLike[str], registered: Iterable[str] | None = None,
               env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the ``accel`` command line (``accel plugins --json``, ``accel env``...) in a subprocess."""
     command = [sys.executable, "-m", "accel.commands.cli", *args]
-    return subprocess.run(command, env=isolated_env(home, plugins, env), capture_output=True, text=True,
+    return subprocess.run(command, env=isolated_env(home, registered, env), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 

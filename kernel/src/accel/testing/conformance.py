@@ -91,7 +91,7 @@ class _PluginChecks:
         assert imported_modules(f"accel_{self.name}", heavy) == []
 
     def test_listed_by_accel_plugins(self, tmp_path: Path) -> None:
-        proc = run_accel(["plugins", "--json"], home=tmp_path, plugins=[self.name])
+        proc = run_accel(["plugins", "--json"], home=tmp_path, registered=[self.name])
         assert proc.returncode == 0, proc.stderr
         rows = {row["name"]: row for row in json.loads(proc.stdout)}
         assert self.name in rows, f"{self.name!r} is not an installed entry point of group 'accel'"
@@ -247,7 +247,7 @@ class TrackerConformance(_PluginChecks):
             pytest.skip("count_runs is not implemented")
         proc = run_launch(["-m", "accel.testing.tracker_check", self.name, str(tmp_path / "project"), "two",
                            json.dumps(self._init_kwargs(tmp_path))],
-                          num_processes=2, plugins=[self.name, "ddp"], home=tmp_path / "accel_home",
+                          num_processes=2, registered=[self.name, "ddp"], home=tmp_path / "accel_home",
                           env=self.environment(tmp_path), check=False)
         if proc.returncode and "provides 'distributed'" in proc.stderr:
             pytest.skip("no plugin providing 'distributed' (e.g. accel-plugin-ddp) is installed")
@@ -270,7 +270,7 @@ class StrategyConformance(_PluginChecks):
     launch_args: tuple[str, ...] = ()
     tolerance: float = 1e-5
 
-    def plugins(self) -> list[str]:
+    def registered(self) -> list[str]:
         """The plugins allowed in the launched run (an ``ACCEL_PLUGINS`` allow-list)."""
         return [self.name]
 
@@ -278,7 +278,7 @@ class StrategyConformance(_PluginChecks):
         script = tmp_path / "train.py"
         script.write_text("print('never run')\n")
         proc = run_launch(["--dry-run", "--plugin", self.name, *self.launch_args, str(script)],
-                          num_processes=self.num_processes, plugins=self.plugins(), home=tmp_path)
+                          num_processes=self.num_processes, registered=self.registered(), home=tmp_path)
         assert f"{self.name} (strategy)" in proc.stdout, proc.stdout
 
     @pytest.mark.slow
@@ -288,7 +288,7 @@ class StrategyConformance(_PluginChecks):
 
         out = tmp_path / "out"
         run_launch(["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
-                   num_processes=self.num_processes, plugins=self.plugins(), home=tmp_path / "home")
+                   num_processes=self.num_processes, registered=self.registered(), home=tmp_path / "home")
         reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
         expected = reference_weights()
         n = self.num_processes

@@ -2,9 +2,9 @@
 accel-kernel, so they are available in any test session where accel is installed (they do nothing unless used).
 
 - ``accel_env``: this test's ``ACCEL_HOME`` (a tmp dir, set in ``os.environ``), so no user config leaks in.
-- ``accel_kernel``: ``accel_kernel(plugins=["mine"], extra=[...], **Kernel_kwargs)`` builds a Kernel with only
-  those plugins (see :func:`accel.testing.make_kernel`); every kernel it built is ended after the test.
-- ``accel_launch``: ``accel_launch(["--plugin", "mine", "train.py"], num_processes=2, plugins=[...])`` runs
+- ``accel_kernel``: ``accel_kernel(["mine"], extra=[...], **Kernel_kwargs)`` builds a Kernel with only those
+  plugins registered (see :func:`accel.testing.make_kernel`); every kernel it built is ended after the test.
+- ``accel_launch``: ``accel_launch(["--plugin", "mine", "train.py"], num_processes=2, registered=[...])`` runs
   ``accel launch`` in a subprocess with this test's ``ACCEL_HOME`` (see :func:`accel.testing.run_launch`).
 """
 
@@ -38,8 +38,8 @@ def accel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def accel_kernel(accel_env: Path) -> Iterator[Callable[..., Any]]:
     built: list[Any] = []
 
-    def build(plugins: list[str] | tuple[str, ...] = (), extra: Any = (), **kwargs: Any) -> Any:
-        kernel = make_kernel(plugins, extra, **kwargs)
+    def build(registered: list[str] | tuple[str, ...] = (), extra: Any = (), **kwargs: Any) -> Any:
+        kernel = make_kernel(registered, extra, **kwargs)
         built.append(kernel)
         return kernel
 
