@@ -265,6 +265,12 @@ def test_config_show_reports_the_source_of_every_value(env: dict[str, str], tmp_
     assert shown["num_machines"]["source"] == "flag"
     assert shown["rdzv_backend"]["source"] == "default"
     assert shown["ddp_backend"]["plugin"] == "ddp"
+    del env["ACCEL_MIXED_PRECISION"]
+    accelerate_env = dict(env, ACCELERATE_MIXED_PRECISION="bf16", ACCELERATE_USE_CPU="true")
+    shown = json.loads(accel(["config", "show", "--json", "--config_file", str(path)], accelerate_env).stdout)["settings"]
+    assert shown["mixed_precision"]["source"] == "env ACCELERATE_MIXED_PRECISION"  # Accelerate's variables work
+    assert shown["cpu"]["value"] is True and shown["cpu"]["source"] == "env ACCELERATE_USE_CPU"
+    env["ACCEL_MIXED_PRECISION"] = "bf16"
     text = accel(["config", "show", "--config_file", str(path)], env)
     assert text.returncode == 0 and f"file {path}" in text.stdout and "env ACCEL_MIXED_PRECISION" in text.stdout
 

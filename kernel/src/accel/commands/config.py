@@ -466,7 +466,7 @@ def update_command(argv: Sequence[str]) -> int:
     path = config_path_for(args.config_file, env)
     data = read_config_file(path)
     new, changes = upgrade(data, options)
-    validate_config(new, options, plugins.records, str(path))  # refuse to write a file that would not load
+    validate_config(new, options, plugins.loaded, str(path))  # refuse to write a file that would not load
     if not changes:
         print(f"{path} is already up to date")
         return 0
@@ -492,7 +492,7 @@ def show_command(argv: Sequence[str]) -> int:
     config: dict[str, Any] = {}
     ignored: list[str] = []
     if path is not None:
-        config, ignored = validate_config(read_config_file(path), options, plugins.records, str(path))
+        config, ignored = validate_config(read_config_file(path), options, plugins.loaded, str(path))
     flags = {opt.name: getattr(args, opt.name, None) for opt in options if opt.cli}
     values, sources = resolve(options, flags=flags, config=config, env=env)
     rows = [_row(opt, values[opt.name], sources[opt.name], path) for opt in options]
