@@ -39,6 +39,7 @@ def test_accel_test_uses_the_config_file(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_accel_test_reports_processes_that_die_before_reporting(tmp_path: Path) -> None:
     """A process-group backend this torch build does not have: the workers fail in Kernel() setup."""

@@ -128,3 +128,22 @@ def test_upgrade_keeps_values_and_reports_changes() -> None:
     assert any("fp16" in c for c in changes) and any("dynamo_backend" in c for c in changes)
     same, none = upgrade(new, options)
     assert same == new and none == []
+
+
+def test_default_config_uses_the_detected_hardware() -> None:
+    from accel import HardwareInfo
+    from accel.commands.config import default_config
+
+    gpus = module("gpus", accel_detect_hardware=lambda env: HardwareInfo("cuda", device_count=4, priority=10))
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp"}, extra=[("gpus", gpus)])
+    data = default_config(plugins, plugins.options(), {}, "bf16")
+    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == \
+        ("MULTI_GPU", 4, False, "bf16")
+    # without a plugin that runs several processes: one process on one device
+    alone = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("gpus", gpus)])
+    data = default_config(alone, alone.options(), {}, "no")
+    assert (data["distributed_type"], data["num_processes"], data["use_cpu"]) == ("NO", 1, False)
+    # a CPU-only machine (the kernel's own answer)
+    cpu = Plugins.load(env={"ACCEL_PLUGINS": ""})
+    data = default_config(cpu, cpu.options(), {}, "no")
+    assert (data["distributed_type"], data["num_processes"], data["use_cpu"]) == ("NO", 1, True)

@@ -77,14 +77,15 @@ def plugin_missing(plugins: Plugins, name: str | None) -> str | None:
     return f"not installed: {hint}" if hint else f"needs the {name!r} plugin"
 
 
-def capability_missing(plugins: Plugins, capability: str) -> str | None:
+def capability_missing(plugins: Plugins, capability: str, unknown_may_provide: bool = True) -> str | None:
     """``None`` when an installed plugin may provide ``capability``, else the reason with the install command.
-    Capabilities are known for published plugins only, so an unknown installed plugin counts as a maybe."""
+    Capabilities are known for published plugins only: an unknown installed plugin counts as a maybe in menus
+    (the user decides), not in ``config default`` (which must write a config that works)."""
     known = known_plugins()["plugins"]
     loaded = plugins.loaded
     if any(name in known and capability in known[name]["provides"] for name in loaded):
         return None
-    if any(name not in known for name in loaded):
+    if unknown_may_provide and any(name not in known for name in loaded):
         return None
     hints = [install_hint(n) for n in providers_of(capability)]
     return "needs a plugin: " + " or ".join(hints) if hints else "no published plugin provides it"
@@ -114,6 +115,9 @@ class Questionnaire:
             return self.answers[q.key]
         if q.kind not in QUESTION_KINDS:
             raise PluginError(f"plugin {owner!r}: question {q.key!r} has unknown kind {q.kind!r}")
+        if q.titles and len(q.titles) != len(q.choices):
+            raise PluginError(f"plugin {owner!r}: question {q.key!r} has {len(q.titles)} titles for "
+                              f"{len(q.choices)} choices")
         opt = self.options[q.key] if q.key in self.options else None
         if q.store and opt is None:
             raise PluginError(f"plugin {owner!r} asks about {q.key!r}, which no plugin declares as an option; declare "
@@ -284,7 +288,7 @@ def questionary_asker() -> Asker:
         if q.kind == "select":
             titles = q.titles or q.choices
             choices = [questionary.Choice(str(title), value=str(value), disabled=disabled.get(str(value)))
-                       for title, value in zip(titles, q.choices)]
+                       for title, value in zip(titles, q.choices, strict=True)]
             enabled = [c.value for c in choices if not c.disabled]
             if not enabled:
                 raise UsageError(f"no choice is available for {q.prompt!r}: " + "; ".join(
@@ -374,7 +378,7 @@ def default_config(plugins: Plugins, options: Options, env: Mapping[str, str], m
     values: dict[str, Any] = {"mixed_precision": options["mixed_precision"].coerce(mixed_precision, "--mixed_precision")}
     if hardware.name == "cpu":
         values.update(distributed_type="NO", num_processes=1, cpu=True)
-    elif hardware.device_count > 1 and capability_missing(plugins, "distributed") is None:
+    elif hardware.device_count > 1 and capability_missing(plugins, "distributed", unknown_may_provide=False) is None:
         kind = menu()["multi_device_types"].get(hardware.name, "MULTI_GPU")
         values.update(distributed_type=kind, num_processes=hardware.device_count, gpu_ids="all")
     else:
