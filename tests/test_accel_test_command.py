@@ -8,11 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugin_shadow import hide_plugins
 
 
 def accel_test(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`accel test` with only the kernel and the ddp plugin visible (other installed plugins hidden)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
-    env.update(ACCEL_HOME=str(tmp_path), **extra)
+    shadow = hide_plugins(tmp_path / "shadow", keep=("ddp",))
+    env.update(ACCEL_HOME=str(tmp_path), PYTHONPATH=str(shadow), **extra)
     return subprocess.run([sys.executable, "-m", "accel.commands.cli", "test", *args], env=env, capture_output=True,
                           text=True, timeout=600)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from plugin_shadow import hide_plugins
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -21,23 +22,32 @@ DOWN = "\x1b[B"  # arrow key down
 CLEAR = "\x15"  # Ctrl-U: clear the pre-filled default of a text prompt
 
 
+@pytest.fixture(scope="session")
+def shadow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every published plugin but ddp hidden, so the questions are the same whatever else is installed."""
+    return hide_plugins(tmp_path_factory.mktemp("shadow"), keep=("ddp",))
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """A clean environment: ACCEL_HOME in a tmp dir, no ACCEL_* / ACCELERATE_* variables of the caller."""
+def env(tmp_path: Path, shadow: Path) -> dict[str, str]:
+    """A clean environment: ACCEL_HOME in a tmp dir, no ACCEL_* / ACCELERATE_* variables of the caller, only the
+    kernel and the ddp plugin visible."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "MIXED_PRECISION"))}
     home = tmp_path / "home"
     home.mkdir()
-    clean.update(ACCEL_HOME=str(home), PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", COLUMNS="200")
+    clean.update(ACCEL_HOME=str(home), PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", COLUMNS="200", PYTHONPATH=str(shadow))
     return clean
 
 
 @pytest.fixture(scope="session")
 def fake_backends(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test plugin distribution that asks DeepSpeed's and dynamo's questions, pip-installed into a --target
-    directory (put it on PYTHONPATH to have it discovered through its entry points)."""
+    """Test plugins that ask DeepSpeed's and dynamo's questions, pip-installed into a --target directory. Put it
+    first on PYTHONPATH: they are discovered through their entry points and shadow real accel-plugin-deepspeed /
+    accel-plugin-dynamo installations (same distribution names)."""
     target = tmp_path_factory.mktemp("fake_backends")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target), str(FIXTURES / "fake_backends")],
+                    "--disable-pip-version-check", "--target", str(target),
+                    str(FIXTURES / "fake_deepspeed"), str(FIXTURES / "fake_dynamo")],
                    check=True, capture_output=True)
     return target
 
@@ -130,7 +140,7 @@ def test_config_multi_node_questions(env: dict[str, str], tmp_path: Path) -> Non
 
 def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], fake_backends: Path) -> None:
     """The DeepSpeed and dynamo questions come from a plugin through `accel_config_questions`."""
-    env = dict(env, PYTHONPATH=str(fake_backends))
+    env = dict(env, PYTHONPATH=f"{fake_backends}{os.pathsep}{env['PYTHONPATH']}")  # the fakes first: they win
     term = Terminal(env)
     machine = term.menu("Which type of machine are you using", r"TPU \(XLA\) \(not installed: pip install accel-plugin-xla\)")
     assert "multi-GPU" in machine

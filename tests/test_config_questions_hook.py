@@ -13,6 +13,13 @@ import pytest
 from accel import Options, PluginError, Question, hookimpl
 from accel.commands.config import Questionnaire, upgrade
 from accel.plugins import Plugins
+from plugin_shadow import hide_plugins
+
+
+@pytest.fixture(autouse=True)
+def only_ddp_installed(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide every published plugin but ddp from discovery (whatever this venv has installed)."""
+    monkeypatch.syspath_prepend(str(hide_plugins(tmp_path / "shadow", keep=("ddp",))))
 
 
 class Script:

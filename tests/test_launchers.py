@@ -25,6 +25,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if key.startswith(("ACCEL_", "ACCELERATE_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ACCEL_PLUGINS", "ddp")  # only the strategy these tests rely on, whatever else is installed
 
 
 def world(tag: str) -> dict:
@@ -84,7 +85,7 @@ def test_notebook_launcher_from_a_plain_python_process(tmp_path: Path) -> None:
             print("RESULT " + json.dumps(notebook_launcher(train, args=(10,), num_processes=2, mixed_precision="bf16")))
     """))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    env["ACCEL_HOME"] = str(tmp_path)
+    env.update(ACCEL_HOME=str(tmp_path), ACCEL_PLUGINS="ddp")  # the test's precision plugin, not an installed one
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))

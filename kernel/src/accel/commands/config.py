@@ -87,6 +87,10 @@ def capability_missing(plugins: Plugins, capability: str, unknown_may_provide: b
         return None
     if unknown_may_provide and any(name not in known for name in loaded):
         return None
+    for name in providers_of(capability):
+        rec = plugins.records.get(name)
+        if rec is not None:  # installed, but disabled or failed
+            return f"plugin {name!r} is {rec.status}: {rec.reason}"
     hints = [install_hint(n) for n in providers_of(capability)]
     return "needs a plugin: " + " or ".join(hints) if hints else "no published plugin provides it"
 
