@@ -321,3 +321,17 @@ def test_accelerate_deepspeed_config_without_plugin_says_what_to_install(env: di
     result = accel(["launch", "--config_file", str(ACCELERATE / "deepspeed_zero3.yaml"), "--dry-run", str(script)], env)
     assert result.returncode == 2
     assert "pip install accel-plugin-deepspeed" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_config_commands_do_not_import_torch(env: dict[str, str], tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from accel.commands.cli import main\n"
+        f"assert main(['config', 'default', '--config_file', {str(tmp_path / 'c.yaml')!r}]) == 0\n"
+        f"assert main(['config', 'show', '--config_file', {str(tmp_path / 'c.yaml')!r}]) == 0\n"
+        f"assert main(['config', 'update', '--config_file', {str(tmp_path / 'c.yaml')!r}]) == 0\n"
+        "import accel; accel.notebook_launcher\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

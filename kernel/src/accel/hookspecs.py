@@ -105,7 +105,8 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     ``key`` should be an option the plugin declares in ``accel_add_options`` with an Accelerate-compatible
     ``config_key``; that option checks the answer and places it in the YAML file.
 
-    Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. Example::
+    Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example (Accelerate's
+    DeepSpeed questions) is ``tests/fixtures/fake_deepspeed``; in short::
 
         @hookimpl
         def accel_config_questions(answers):
