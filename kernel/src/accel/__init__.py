@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Topology
+from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
 from accel.errors import AccelError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
@@ -28,12 +28,14 @@ _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
+    "debug_launcher": "accel.launchers",
+    "notebook_launcher": "accel.launchers",
 }
 
 __all__ = [
     "AccelError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options", "PluginError",
-    "PreparedOptimizer", "PreparedScheduler", "Settings", "Topology", "Tracker", "UsageError", "hookimpl",
-    "hookspec",
+    "PreparedOptimizer", "PreparedScheduler", "Question", "Settings", "Topology", "Tracker", "UsageError",
+    "debug_launcher", "hookimpl", "hookspec", "notebook_launcher",
 ]
 
 

@@ -13,6 +13,8 @@ commands:
   launch     run a training script on one or many processes/machines (accel launch --help)
   plugins    list installed plugins: name, distribution, version, hooks, status (--json)
   env        versions, platform, devices, plugins and config file, ready to paste in a bug report
+  config     write the config file: questions, or `config default`; also `config update`, `config show`
+  test       run a short real check of the installation with the current config (accel test -n 2)
   new-plugin write a new plugin project (tracker or strategy) from a template, with its tests
 
 options:
@@ -55,13 +57,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accel.commands.info import env_command
 
         return run_guarded(lambda: env_command(rest))
+    if command == "config":
+        from accel.commands.config import config_command
+
+        return run_guarded(lambda: config_command(rest))
+    if command == "test":
+        from accel.commands.test_cmd import test_command
+
+        return run_guarded(lambda: test_command(rest))
     if command == "new-plugin":
         from accel.commands.new_plugin import new_plugin_command
 
         return run_guarded(lambda: new_plugin_command(rest))
     from accel.options import did_you_mean
 
-    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env", "new-plugin"])))
+    commands = ["launch", "plugins", "env", "config", "test", "new-plugin"]
+    return run_guarded(lambda: _unknown(command, did_you_mean(command, commands)))
 
 
 def _unknown(command: str, hint: str) -> int:
