@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-import accel.plugins
 from accel import Tracker, UsageError, hookimpl
 from accel.testing import isolated_env, make_kernel, run_launch
 from accel.testing.conformance import BrokenTrackerPlugin
 from accel.tracking import as_scalar, flatten
+from plugin_shadow import hide_plugins
 
 
 class Recorder(Tracker):
@@ -148,16 +148,16 @@ def test_get_tracker_of_an_inactive_name_is_a_usage_error() -> None:
     kernel.end_training()
 
 
-def test_tracker_that_is_not_installed_names_the_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As if accel-plugin-mlflow were not installed: its entry point is left out of the scan."""
-    scan = accel.plugins.scan_entry_points
-    monkeypatch.setattr(accel.plugins, "scan_entry_points", lambda: [r for r in scan() if r.name != "mlflow"])
-    with pytest.raises(UsageError) as err:
-        make_kernel([], log_with="mlflow")
-    message = str(err.value)
-    assert "\n" not in message
-    assert message == ("log_with='mlflow' needs a plugin that provides 'tracker:mlflow', and none is active; "
-                       "install one: `pip install accel-plugin-mlflow`")
+def test_tracker_that_is_not_installed_names_the_distribution(tmp_path: Path) -> None:
+    """accel-plugin-mlflow hidden by an empty distribution of the same name (tests/plugin_shadow.py), so for the
+    subprocess it is not installed."""
+    hidden = hide_plugins(tmp_path / "hidden", keep=["ddp", "tensorboard", "wandb", "jsonl"])
+    code = ("from accel import Kernel, UsageError\n"
+            "try:\n    Kernel(log_with='mlflow')\nexcept UsageError as exc:\n    print(exc)\n")
+    env = isolated_env(tmp_path / "home", extra={"PYTHONPATH": str(hidden)})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout == ("log_with='mlflow' needs a plugin that provides 'tracker:mlflow', and none is active; "
+                          "install one: `pip install accel-plugin-mlflow`\n"), out.stderr
 
 
 def test_disabled_or_misspelt_tracker_is_one_clear_error() -> None:
