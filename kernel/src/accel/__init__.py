@@ -11,6 +11,7 @@ from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Ques
 from accel.errors import AccelError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
+from accel.tracking import Tracker
 
 try:
     from importlib.metadata import version as _version
@@ -33,8 +34,8 @@ _LAZY = {
 
 __all__ = [
     "AccelError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options", "PluginError",
-    "PreparedOptimizer", "PreparedScheduler", "Question", "Settings", "Topology", "UsageError", "debug_launcher",
-    "hookimpl", "hookspec", "notebook_launcher",
+    "PreparedOptimizer", "PreparedScheduler", "Question", "Settings", "Topology", "Tracker", "UsageError",
+    "debug_launcher", "hookimpl", "hookspec", "notebook_launcher",
 ]
 
 

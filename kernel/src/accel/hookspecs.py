@@ -364,21 +364,55 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
 
 @hookspec
 def accel_init_trackers(kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]) -> None:
-    """Start a run in each active tracker and record the hyper-parameters.
+    """Start a run in each active tracker and record the hyper-parameters (``config``, possibly nested).
 
-    When: ``kernel.init_trackers(...)``. Who: every tracker component, each isolated (a failure is warned about
-    once and that tracker is skipped from then on). ``init_kwargs`` is the whole mapping; take your own entry.
+    When: ``kernel.init_trackers(project_name, config, init_kwargs)``. Who: every tracker component, each isolated:
+    a tracker that raises is warned about once and skipped for every tracking hook from then on, the others go on.
+    ``init_kwargs`` is the whole mapping ``{tracker name: {keyword: value}}``; take your own entry. Keep the
+    backend's run object in the component's ``run`` attribute (``kernel.get_tracker(name, unwrap=True)``).
+    Tracker components are called on the main process only, unless the component sets ``main_process_only =
+    False``; this holds for every tracking hook. Returns nothing.
     """
 
 
 @hookspec
-def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None) -> None:
-    """Log values. When: ``kernel.log(values, step)``. Who: every tracker, each isolated as above.
+def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    """Log values (numbers, and whatever else the backend understands: text, nested dicts of numbers).
 
-    Tracker components are called on the main process only, unless the component sets
-    ``main_process_only = False``."""
+    When: ``kernel.log(values, step, log_kwargs)``, only after ``init_trackers``. Who: every tracker, each
+    isolated as in ``accel_init_trackers``. ``log_kwargs`` is ``{tracker name: {keyword: value}}``; take your own
+    entry. Returns nothing.
+    """
+
+
+@hookspec
+def accel_log_images(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    """Log images. ``values`` maps a name to one image or a list of images; an image is an array or tensor of shape
+    H x W, H x W x 3 or H x W x 4 (channels last; uint8 in 0..255 or float in 0..1) or a PIL image.
+
+    When: ``kernel.log_images(values, step, log_kwargs)``, only after ``init_trackers``. Who: every tracker that can
+    show images, each isolated as in ``accel_init_trackers``; trackers that cannot simply do not implement it (the
+    kernel warns once if no active tracker does). Returns nothing.
+    """
+
+
+@hookspec
+def accel_log_table(
+    kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]], step: int | None,
+    log_kwargs: Mapping[str, Any],
+) -> None:
+    """Log a table: ``columns`` (names) and ``data`` (rows, each as long as ``columns``; the kernel checked).
+
+    When: ``kernel.log_table(table_name, columns, data | dataframe, step, log_kwargs)``, only after
+    ``init_trackers``. Who: every tracker that can show tables, each isolated as in ``accel_init_trackers``;
+    trackers that cannot do not implement it. Returns nothing.
+    """
 
 
 @hookspec
 def accel_end_training(kernel: Kernel) -> None:
-    """Finish tracker runs. When: ``kernel.end_training()``. Who: every tracker, each isolated."""
+    """Finish the tracker runs (flush, close files, mark the run finished).
+
+    When: ``kernel.end_training()``, or at interpreter exit for a script that never called it; once, and only if
+    ``init_trackers`` was called. Who: every tracker, each isolated as in ``accel_init_trackers``. Returns nothing.
+    """
