@@ -248,7 +248,6 @@ def test_grad_scaler_state_round_trip_through_state_items() -> None:
     assert target.state_dict() == saved
 
 
-@pytest.mark.skipif(not hasattr(Kernel, "save_state"), reason="Kernel.save_state is not in this kernel yet")
 def test_grad_scaler_saved_and_restored_by_save_state(tmp_path: Path) -> None:
     kernel, model, opt, sched, net = fp16_run()
     kernel.backward(model(torch.randn(4, 16)).mean())
@@ -261,6 +260,31 @@ def test_grad_scaler_saved_and_restored_by_save_state(tmp_path: Path) -> None:
     assert amp_of(other).scaler.get_scale() == 65536.0
     other.load_state(tmp_path / "ckpt")
     assert amp_of(other).scaler.get_scale() == 32768.0
+    assert amp_of(other).scaler.state_dict() == amp_of(kernel).scaler.state_dict()
+    # the restored scaler keeps working: a clean step is applied, an overflow lowers the scale again
+    x = torch.randn(4, 16)
+    other.backward(model2(x).mean())
+    opt2.step()
+    opt2.zero_grad()
+    assert not opt2.step_was_skipped
+    other.backward(model2(x).mean() * float("inf"))
+    opt2.step()
+    assert opt2.step_was_skipped and amp_of(other).scaler.get_scale() == 16384.0
+
+
+def test_saved_weights_are_fp32_after_mixed_precision_training(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    for mode in ("fp16", "bf16"):
+        kernel = Kernel(mixed_precision=mode)
+        net = Net()
+        model, opt = kernel.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        kernel.backward(model(torch.randn(4, 16)).mean())
+        opt.step()
+        kernel.save_model(model, tmp_path / mode)
+        saved = load_file(tmp_path / mode / "model.safetensors")
+        assert sorted(saved) == sorted(net.state_dict())
+        assert all(v.dtype == torch.float32 for v in saved.values())
 
 
 # ---- bf16 --------------------------------------------------------------------------------------------------
@@ -560,3 +584,25 @@ def test_fp8_backend_from_config_file_is_checked_at_launch(tmp_path: Path) -> No
     config.write_text("mixed_precision: fp8\nfp8_config:\n  backend: TE\n")
     proc = cli(["--config_file", str(config)], tmp_path)
     assert proc.returncode == 2 and "fp8_config.backend TE is not provided by accel-plugin-amp" in proc.stderr
+
+
+def test_accel_config_asks_the_fp8_questions() -> None:
+    from accel import Question
+    from accel.commands.config import Questionnaire
+    from accel.plugins import Plugins
+
+    answers = {"distributed_type": "NO", "cpu": False, "use_dynamo": "no", "mixed_precision": "fp8",
+               "fp8_recipe": "rowwise", "fp8_pad_inner_dim": True}
+    asked: list[str] = []
+
+    def ask(q: Question, disabled: Any) -> Any:
+        asked.append(q.key)
+        return answers.get(q.key, q.default)
+
+    questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,amp"}), ask, env={})
+    questionnaire.run()
+    assert asked[asked.index("mixed_precision"):] == ["mixed_precision", "fp8_backend", "fp8_recipe",
+                                                       "fp8_pad_inner_dim"]
+    data = questionnaire.config_data()
+    assert data["mixed_precision"] == "fp8"
+    assert data["fp8_config"] == {"backend": "AO", "recipe": "rowwise", "pad_inner_dim": True}

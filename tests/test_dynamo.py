@@ -177,6 +177,16 @@ def test_torch_nn_containers_are_compiled_too() -> None:
     assert frames() >= 1
 
 
+def test_a_model_compiled_by_the_user_is_left_alone() -> None:
+    kernel = Kernel(dynamo_backend="eager")
+    net = Net()
+    compiled = torch.compile(net, backend="eager")
+    model = kernel.prepare(compiled)
+    model(torch.randn(2, 8))
+    assert frames() == 1 and model is compiled and net._compiled_call_impl is None
+    assert kernel.unwrap_model(model, keep_torch_compile=False) is net
+
+
 def test_aot_eager_trains_like_eager() -> None:
     torch.manual_seed(0)
     net = Net()
@@ -291,7 +301,8 @@ flat = torch.cat([p.detach().flatten() for p in net.parameters()])
 print("RESULT " + json.dumps({
     "rank": kernel.process_index, "world": kernel.num_processes, "wrapper": type(model).__name__,
     "backend": kernel.settings["dynamo_backend"], "frames": counters["frames"]["ok"] - frames_before,
-    "graphs": counters["stats"]["unique_graphs"], "unwrapped_is_net": kernel.unwrap_model(model) is net,
+    "graphs": counters["stats"]["unique_graphs"], "captured": counters["stats"]["calls_captured"],
+    "unwrapped_is_net": kernel.unwrap_model(model) is net,
     "keys": sorted(kernel.get_state_dict(model)), "params": kernel.gather(flat[None]).tolist()}))
 kernel.end_training()
 """
@@ -318,6 +329,7 @@ def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
     for r in ranks:
         assert (r["world"], r["wrapper"], r["backend"]) == (2, "DistributedDataParallel", "eager")
         assert r["frames"] >= 1 and r["graphs"] >= 1
+        assert r["captured"] >= 3  # linear, tanh, linear: the whole forward is in the graph, not fragments of DDP
         assert r["unwrapped_is_net"] and r["keys"] == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
     assert ranks[0]["params"][0] == ranks[0]["params"][1]
 
@@ -353,3 +365,57 @@ def test_inductor_compiles_with_its_cache_in_the_workspace(tmp_path: Path) -> No
     (result,) = worker_results(proc)
     assert result == {"rank": 0, "graphs": 1, "close": True, "cache_files": result["cache_files"], "unwrapped": True}
     assert result["cache_files"] > 0
+
+
+# ---- accel config ------------------------------------------------------------------------------------------------
+
+
+def test_accel_config_asks_the_torch_compile_questions() -> None:
+    from accel import Question
+    from accel.commands.config import Questionnaire
+    from accel.plugins import Plugins
+
+    answers = {"distributed_type": "NO", "cpu": True, "use_dynamo": "yes", "dynamo_backend": "inductor",
+               "dynamo_customize": True, "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
+               "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True, "mixed_precision": "no"}
+    asked: list[str] = []
+
+    def ask(q: Question, disabled: Any) -> Any:
+        asked.append(q.key)
+        return answers.get(q.key, q.default)
+
+    questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,dynamo"}), ask, env={})
+    questionnaire.run()
+    i = asked.index("dynamo_backend")
+    assert asked[i:i + 6] == ["dynamo_backend", "dynamo_customize", "dynamo_mode", "dynamo_use_fullgraph",
+                              "dynamo_use_dynamic", "dynamo_use_regional_compilation"]
+    assert questionnaire.config_data()["dynamo_config"] == {
+        "dynamo_backend": "inductor", "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
+        "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True}
+    # without customising, only the backend is written
+    answers["dynamo_customize"] = False
+    questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,dynamo"}), ask, env={})
+    questionnaire.run()
+    assert questionnaire.config_data()["dynamo_config"] == {"dynamo_backend": "inductor"}
+
+
+def test_checkpoints_of_a_compiled_model_load_into_an_uncompiled_one(tmp_path: Path) -> None:
+    """save_model/save_state of a compiled model: plain keys (no `_orig_mod.`), loadable without dynamo."""
+    from safetensors.torch import load_file
+
+    kernel = Kernel(dynamo_backend="eager")
+    net = Net()
+    model, _ = train(kernel, net)
+    assert frames() >= 1
+    kernel.save_model(model, tmp_path / "export")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert sorted(exported) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    kernel.save_state(tmp_path / "ckpt")
+
+    plain = Kernel()
+    net2 = Net()
+    model2, opt2 = plain.prepare(net2, torch.optim.SGD(net2.parameters(), lr=0.1))
+    plain.load_state(tmp_path / "ckpt")
+    for a, b in zip(net.parameters(), net2.parameters()):
+        assert torch.equal(a, b)
+    assert all(torch.equal(exported[k], v) for k, v in net2.state_dict().items())

@@ -6,7 +6,9 @@ Takes part when ``mixed_precision`` is ``fp16``, ``bf16`` or ``fp8`` (from ``Ker
 
 from __future__ import annotations
 
-from accel import Component, Options, Settings, UsageError, hookimpl
+from typing import Any, Mapping, Sequence
+
+from accel import Component, Options, Question, Settings, UsageError, hookimpl
 
 NAME = "amp"
 accel_components = ["accel_amp.precision:AmpPrecision"]
@@ -39,6 +41,26 @@ def accel_add_options(options: Options) -> None:
         help="All-gather FSDP2 weights in fp8 (tensorwise recipe only).")
     add("fp8_emulate", type="bool", default=False, config_key="fp8_config.emulate",
         help="Emulate fp8 matmuls (any device, slow): test an fp8 recipe without a GPU of compute capability 8.9+.")
+
+
+@hookimpl
+def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | None:
+    """The fp8 questions of ``accel config`` (Accelerate's, for its AO backend), once fp8 was chosen."""
+    if answers.get("mixed_precision") != "fp8":
+        return None
+    questions = [
+        Question("fp8_backend", "Which FP8 backend do you want to choose?", kind="select", choices=("AO",),
+                 titles=("ao (torchao float8 training)",), default="AO"),
+        Question("fp8_recipe", "Which float8 scaling recipe do you want to use?", kind="select", choices=FP8_RECIPES,
+                 default="tensorwise"),
+        Question("fp8_pad_inner_dim", "Do you want to pad the inner dimension of fp8 matmuls to a multiple of 16?",
+                 kind="confirm", default=False,
+                 help="Without it only Linear layers whose sizes are multiples of 16 run in fp8."),
+    ]
+    if answers.get("distributed_type") == "FSDP":
+        questions.append(Question("fp8_enable_fsdp_float8_all_gather", "Do you want to all-gather FSDP2 weights in "
+                                  "fp8?", kind="confirm", default=False))
+    return questions
 
 
 def check_settings(settings: Settings) -> None:

@@ -7,7 +7,9 @@ upper-case spellings (``INDUCTOR``, ``AOT_EAGER``, ``NO``) are accepted.
 
 from __future__ import annotations
 
-from accel import Component, Options, Settings, hookimpl
+from typing import Any, Mapping, Sequence
+
+from accel import Component, Options, Question, Settings, hookimpl
 
 NAME = "dynamo"
 accel_components = ["accel_dynamo.compiler:DynamoCompiler"]
@@ -31,6 +33,27 @@ def accel_add_options(options: Options) -> None:
         config_key="dynamo_config.dynamo_use_regional_compilation",
         env=("ACCEL_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),
         help="Compile each block of the model's nn.ModuleLists instead of the whole model (faster compile).")
+
+
+@hookimpl
+def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | None:
+    """Accelerate's "customize the defaults sent to torch.compile" questions, once a backend was chosen."""
+    if str(answers.get("dynamo_backend", "no")).lower() == "no":
+        return None
+    questions = [Question("dynamo_customize", "Do you want to customize the defaults sent to torch.compile?",
+                          kind="confirm", default=False, store=False)]
+    if answers.get("dynamo_customize"):
+        questions += [
+            Question("dynamo_mode", "Which mode do you want to use?", kind="select", choices=MODES, default="default"),
+            Question("dynamo_use_fullgraph", "Do you want the fullgraph mode or it is ok to break model into several "
+                     "subgraphs?", kind="confirm", default=False),
+            Question("dynamo_use_dynamic", "Do you want to enable dynamic shape tracing?", kind="confirm",
+                     default=False),
+            Question("dynamo_use_regional_compilation", "Do you want to enable regional compilation?",
+                     kind="confirm", default=False,
+                     help="Compiles each repeated block (transformer layer) once instead of the whole model."),
+        ]
+    return questions
 
 
 def wants_compile(settings: Settings) -> bool:

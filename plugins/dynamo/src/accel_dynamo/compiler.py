@@ -117,8 +117,10 @@ class DynamoCompiler(Component):
 
     @hookimpl
     def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:
-        if model in self._compiled:
-            return
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        if model in self._compiled or isinstance(model, OptimizedModule):
+            return  # compiled already (by us, or by the user with torch.compile)
         self._check_toolchain(kernel.device)
         targets = regions(model) if self.regional else []
         for module in targets or [model]:
