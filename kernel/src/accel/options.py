@@ -97,8 +97,8 @@ class Option:
                 raise UsageError(f"{bad} expects a mapping, got {raw!r}")
             value = dict(raw)
         else:
-            if raw is False and self.choices and "no" in self.choices:
-                raw = "no"  # YAML 1.1 reads an unquoted `no` as False
+            if raw is False and self.choices and "no" in {c.lower() for c in self.choices}:
+                raw = "no"  # YAML 1.1 reads an unquoted `no` (or `NO`) as False
             if raw is None or isinstance(raw, (dict, list)):
                 raise UsageError(f"{bad} expects a string, got {raw!r}")
             value = str(raw)
@@ -278,7 +278,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"config file {str(p)!r} does not exist; create one with `accel config` or fix the path")
+        raise UsageError(f"config file {str(p)!r} does not exist; fix the path")
     text = p.read_text(encoding="utf-8")
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
@@ -295,22 +295,44 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def validate_config(
-    data: Mapping[str, Any], options: Options, installed: Iterable[str], where: str
-) -> tuple[dict[str, Any], list[str]]:
-    """Check a parsed config file against the options. Return (values by option name, ignored keys).
+def _is_set(value: Any) -> bool:
+    """Whether an ignored config value asks for something (Accelerate writes ``tpu_env: []``, ``downcast_bf16: 'no'``
+    and ``false`` for features that are off: ignoring those needs no note)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "no", "none", "false")
+    return bool(value)
 
-    Keys owned by a published plugin that is not installed are ignored (reported); any other unknown key is an
-    error with a did-you-mean."""
+
+def validate_config(
+    data: Mapping[str, Any], options: Options, loaded: Iterable[str], where: str,
+    unavailable: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Check a parsed config file against the options. Return (values by option name, notes on ignored keys).
+
+    Keys owned by a published plugin that is not loaded (not installed, disabled or failed: ``unavailable`` gives
+    the reason by plugin name) and the Accelerate keys accel does not use are ignored; a note names those that ask
+    for something. Any other unknown key is an error with a did-you-mean."""
     known = known_plugins()
-    installed = set(installed)
+    loaded = set(loaded)
+    unavailable = unavailable or {}
     owner = {
-        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in installed
+        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in loaded
     }
     by_path = options.by_path()
     sections = {path[0] for path in by_path if len(path) > 1}
     values: dict[str, Any] = {}
-    ignored: list[str] = []
+    ignored: dict[str, list[str]] = {}  # reason -> keys
+
+    def ignore(key: str, raw: Any, plugin: str | None) -> None:
+        if not _is_set(raw):
+            return
+        if plugin is None:
+            reason = "not used by accel"
+        elif plugin in unavailable:
+            reason = f"plugin {plugin!r} is {unavailable[plugin]}"
+        else:
+            reason = f"needs {known['plugins'][plugin]['distribution']}, not installed"
+        ignored.setdefault(reason, []).append(key)
 
     def unknown(key: str, candidates: Iterable[str]) -> UsageError:
         return UsageError(f"{where}: unknown key `{key}`{did_you_mean(key.split('.')[-1], candidates)}")
@@ -326,14 +348,17 @@ def validate_config(
                 if path in by_path:
                     values[by_path[path].name] = by_path[path].coerce(sub_raw, f"{where}: `{key}.{sub}`")
                 elif key in owner or ".".join(path) in owner:
-                    ignored.append(".".join(path))
+                    ignore(".".join(path), sub_raw, owner.get(key) or owner[".".join(path)])
                 else:
                     raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key])
-        elif key in owner or key in known["ignored_keys"]:
-            ignored.append(key)
+        elif key in owner:
+            ignore(key, raw, owner[key])
+        elif key in known["ignored_keys"]:
+            ignore(key, raw, None)
         else:
-            raise unknown(key, [p[0] for p in by_path])
-    return values, ignored
+            raise unknown(key, [p[0] for p in by_path] + list(owner) + list(known["ignored_keys"]))
+    notes = [f"{', '.join(f'`{k}`' for k in keys)} ({reason})" for reason, keys in ignored.items()]
+    return values, notes
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def run_guarded(fn: Callable[[], int]) -> int:
     try:
         return fn()
     except AccelError as exc:
-        print(f"accel: error: {exc}", file=sys.stderr)
+        print(f"accel: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
