@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
-from accel.options import Options, Settings, find_default_config, read_config_file, resolve, validate_config
+from accel.options import Options, Settings, did_you_mean, find_default_config, read_config_file, resolve, validate_config
 from accel.plugins import Plugins
 
 #: Settings whose default is announced when no config file is used (as Accelerate does).
@@ -27,6 +27,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            flags = [flag for action in self._actions for flag in action.option_strings]
+            word = extra[0].split("=", 1)[0]
+            self.error(f"unrecognized argument {extra[0]!r}{did_you_mean(word, flags)}")
+        return parsed
 
 
 def blocked_plugins(argv: Sequence[str]) -> list[str]:
@@ -51,7 +59,7 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Options) -> None:
         if group is None:
             title = "launch options" if opt.plugin == "accel" else f"plugin {opt.plugin!r}"
             group = groups[opt.plugin] = parser.add_argument_group(title)
-        names = [f"--{opt.name}"]
+        names = [f for f in opt.flags if f.startswith("--")] + [f"--{opt.name}"]  # `--plugin` before `--plugins`
         if "_" in opt.name:
             names.append(f"--{opt.name.replace('_', '-')}")
         names += [f for f in opt.flags if f not in names]
