@@ -350,7 +350,8 @@ def validate_config(
                 elif key in owner or ".".join(path) in owner:
                     ignore(".".join(path), sub_raw, owner.get(key) or owner[".".join(path)])
                 else:
-                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key])
+                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key]
+                                  + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")])
         elif key in owner:
             ignore(key, raw, owner[key])
         elif key in known["ignored_keys"]:

@@ -241,8 +241,9 @@ class Plugins:
             tail = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
             raise UsageError(f"{lead} (installed: {self.describe_installed()}){tail}")
         if rec.status != "loaded":
-            lead = f"{why} needs plugin {name!r}" if why else f"plugin {name!r}"
-            raise UsageError(f"{lead} ({rec.distribution} {rec.version}) cannot be used: {rec.reason}")
+            who = f"plugin {name!r} ({rec.distribution} {rec.version})"
+            lead = f"{why} needs {who}, which cannot be used" if why else f"{who} cannot be used"
+            raise UsageError(f"{lead}: {rec.reason}")
         return rec
 
     # ---- resolution ----------------------------------------------------------------------------------------
