@@ -37,14 +37,24 @@ class Result:
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment without accel's variables, with every config lookup place inside ``home``."""
+    """The caller's environment without accel's variables, with every config lookup place inside ``home``, and
+    every published plugin but ddp hidden (``plugin_shadow``), so the tests see the same plugins whatever this venv
+    has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ACCEL_", "ACCELERATE_")) and k not in ("PYTHONPATH", "XDG_CACHE_HOME")}
     (home / "accel_home").mkdir(parents=True, exist_ok=True)
     env.update(ACCEL_HOME=str(home / "accel_home"), HOME=str(home / "user"), PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1")
     env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(hidden_plugins()), *filter(None, [extra.get("PYTHONPATH")])])
     return env
+
+
+@functools.cache
+def hidden_plugins() -> Path:
+    from plugin_shadow import hide_plugins
+
+    return hide_plugins(_ROOT / "hidden", keep=("ddp",))
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 240,
@@ -81,14 +91,3 @@ def install(*packages: str) -> Path:
 
 def pythonpath(*targets: Path) -> str:
     return os.pathsep.join(str(t) for t in targets)
-
-
-def is_installed(distribution: str) -> bool:
-    """Whether a distribution is installed in the environment the subprocesses use (the test's own)."""
-    import importlib.metadata as md
-
-    try:
-        md.distribution(distribution)
-        return True
-    except md.PackageNotFoundError:
-        return False

@@ -24,7 +24,7 @@ SEED_FLAGS = [
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    return clean_env(tmp_path, ACCEL_PLUGINS="ddp")
+    return clean_env(tmp_path)
 
 
 def settings_of(stdout: str) -> dict[str, str]:
@@ -192,7 +192,7 @@ def test_flags_beat_the_config_file(env, tmp_path):
 
 
 def test_default_config_lookup_order(tmp_path):
-    env = clean_env(tmp_path, ACCEL_PLUGINS="ddp", XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env = clean_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     places = {
         "ACCEL_HOME": Path(env["ACCEL_HOME"]),
         "XDG_CACHE_HOME": tmp_path / "xdg" / "accel",

@@ -114,7 +114,7 @@ def test_allow_list(env):
 
 
 def test_duplicate_names_refuse_both_naming_both(env, fork_site, site):
-    env = {**env, "PYTHONPATH": pythonpath(site, fork_site)}
+    env = {**env, "PYTHONPATH": pythonpath(Path(env["PYTHONPATH"]), fork_site)}
     result = run(["plugins", "--json"], env)
     assert result.returncode == 0, result
     hellos = [row for row in json.loads(result.stdout) if row["name"] == "hello"]

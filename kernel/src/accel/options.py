@@ -295,6 +295,28 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def migrate_legacy(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Read the keys older Accelerate versions wrote as Accelerate reads them today: ``fp16: true`` is
+    ``mixed_precision: fp16`` and a top-level ``dynamo_backend`` goes to ``dynamo_config``. Returns the new
+    mapping and one line per change."""
+    new: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    changes: list[str] = []
+    if "fp16" in new:
+        legacy = new.pop("fp16")
+        if legacy in (True, "true", "True", "yes") and new.get("mixed_precision") in (None, "no", False):
+            new["mixed_precision"] = "fp16"
+            changes.append("legacy `fp16: true` -> `mixed_precision: fp16`")
+        else:
+            changes.append(f"removed legacy `fp16: {legacy}`")
+    if "dynamo_backend" in new:
+        backend = new.pop("dynamo_backend")
+        section = new.setdefault("dynamo_config", {})
+        if isinstance(section, dict):
+            section.setdefault("dynamo_backend", backend)
+        changes.append(f"top-level `dynamo_backend: {backend}` -> `dynamo_config.dynamo_backend`")
+    return new, changes
+
+
 def _is_set(value: Any) -> bool:
     """Whether an ignored config value asks for something (Accelerate writes ``tpu_env: []``, ``downcast_bf16: 'no'``
     and ``false`` for features that are off: ignoring those needs no note)."""
@@ -339,12 +361,16 @@ def validate_config(
 
     for key, raw in data.items():
         key = str(key)
+        if raw is None:  # `main_process_ip: null`: not set
+            continue
         if (key,) in by_path:
             opt = by_path[(key,)]
             values[opt.name] = opt.coerce(raw, f"{where}: `{key}`")
         elif key in sections and isinstance(raw, Mapping):
             for sub, sub_raw in raw.items():
                 path = (key, str(sub))
+                if sub_raw is None:
+                    continue
                 if path in by_path:
                     values[by_path[path].name] = by_path[path].coerce(sub_raw, f"{where}: `{key}.{sub}`")
                 elif key in owner or ".".join(path) in owner:

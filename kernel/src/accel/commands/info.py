@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from accel.commands.launch import Parser
 from accel.options import find_default_config, read_config_file
-from accel.errors import UsageError
+from accel.errors import PluginError, UsageError
 from accel.plugins import PluginRecord, Plugins
 
 
@@ -92,8 +92,12 @@ def env_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel env", description="Print environment information for bug reports.")
     parser.add_argument("--config_file", "--config-file", default=None, help="report this config file instead")
     plugins, args = _load(argv, parser)
-    answers = [(name, hw) for name, hw in plugins.call_each("accel_detect_hardware", env=os.environ) if hw]
-    best = max((hw for _, hw in answers), key=lambda h: h.priority)
+    try:
+        answers = [(name, hw) for name, hw in plugins.call_each("accel_detect_hardware", env=os.environ) if hw]
+        used = max((hw for _, hw in answers), key=lambda h: h.priority)
+        devices = f"{used.name} x{used.device_count}"
+    except PluginError as exc:  # a diagnostics command reports, it does not fail
+        answers, devices = [], f"detection failed: {' '.join(str(exc).split())}"
     lines: list[tuple[str, Any]] = [
         ("accel-kernel version", _version("accel-kernel")),
         ("Platform", platform.platform()),
@@ -102,7 +106,7 @@ def env_command(argv: Sequence[str]) -> int:
         ("pluggy version", _version("pluggy")),
         ("CPU cores", os.cpu_count()),
         ("System RAM", _memory_gib()),
-        ("Devices (used)", f"{best.name} x{best.device_count}"),
+        ("Devices (used)", devices),
     ]
     for name, hw in answers:
         details = f" {dict(hw.details)}" if hw.details else ""

@@ -15,7 +15,16 @@ from typing import Any, Mapping, Sequence
 
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
-from accel.options import Options, Settings, did_you_mean, find_default_config, read_config_file, resolve, validate_config
+from accel.options import (
+    Options,
+    Settings,
+    did_you_mean,
+    find_default_config,
+    migrate_legacy,
+    read_config_file,
+    resolve,
+    validate_config,
+)
 from accel.plugins import Plugins
 
 #: Settings whose default is announced when no config file is used (as Accelerate does).
@@ -127,7 +136,10 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
             notices.append(f"using the default config file {path} (--config_file FILE picks another)")
     config: dict[str, Any] = {}
     if path is not None:
-        data = read_config_file(path)
+        data, legacy = migrate_legacy(read_config_file(path))
+        if legacy:
+            notices.append(f"read old Accelerate keys of {path}: {'; '.join(legacy)} "
+                           "(`accel config update` rewrites the file)")
         config, ignored = validate_config(data, options, plugins.loaded, path, plugins.unavailable())
         if ignored:
             notices.append(f"ignoring config keys: {'; '.join(ignored)}")
