@@ -150,12 +150,14 @@ def test_installed_but_not_selected_changes_nothing(env):
     assert "hello_imported=True components=[]" in result.stdout
 
 
+@pytest.mark.slow
 def test_p_no_reaches_the_workers(env):
     result = run(["launch", "-q", "-p", "no:hello", PROBE], env)
     assert result.returncode == 0, result
     assert "hello_imported=False components=[]" in result.stdout  # the worker did not even import it
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_hello_in_every_process(env):
     result = run(["launch", "-q", "-n", "2", "--plugin", "hello", PROBE], env)
