@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from accel import Kernel
 
 args = sys.argv[1:]

@@ -11,8 +11,8 @@ import sys
 from typing import Any, Sequence
 
 from accel.commands.launch import Parser
-from accel.options import find_default_config, read_config_file
 from accel.errors import PluginError, UsageError
+from accel.options import find_default_config, read_config_file
 from accel.plugins import PluginRecord, Plugins
 
 

@@ -8,7 +8,6 @@ from accel import Component, hookimpl
 
 if TYPE_CHECKING:
     import torch
-
     from accel.kernel import Kernel
 
 
