@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -50,22 +51,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as home:
         env = dict(os.environ, ACCEL_HOME=home, HF_HOME=home, XDG_CACHE_HOME=home)
         times: dict[str, list[float]] = {name: [] for name, _ in rows}
+        cpu: dict[str, list[float]] = {name: [] for name, _ in rows}
         for round_ in range(args.runs + 1):
             for name, cmd in rows:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 elapsed = time.perf_counter() - start
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if proc.returncode != 0:
                     raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
                 if round_:  # round 0 is the warm-up
                     times[name].append(elapsed)
+                    cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     print(f"{platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
           f"{args.runs} runs each after one warm-up, round-robin\n")
-    print("| command | median (s) | min (s) | max (s) |")
-    print("|---|---|---|---|")
+    print("| command | wall median (s) | wall min (s) | wall max (s) | CPU median (s) |")
+    print("|---|---|---|---|---|")
     for name, _ in rows:
         values = times[name]
-        print(f"| `{name}` | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+        print(f"| `{name}` | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} "
+              f"| {statistics.median(cpu[name]):.3f} |")
     return 0
 
 
