@@ -36,17 +36,19 @@ class Result:
         return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
 
 
-def clean_env(home: Path, **extra: str) -> dict[str, str]:
+def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     """The caller's environment without accel's variables, with every config lookup place inside ``home``, and
     every published plugin but ddp hidden (``plugin_shadow``), so the tests see the same plugins whatever this venv
-    has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory)."""
+    has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory). ``hide=False``
+    keeps every plugin of this venv visible."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ACCEL_", "ACCELERATE_")) and k not in ("PYTHONPATH", "XDG_CACHE_HOME")}
     (home / "accel_home").mkdir(parents=True, exist_ok=True)
     env.update(ACCEL_HOME=str(home / "accel_home"), HOME=str(home / "user"), PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1")
     env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(hidden_plugins()), *filter(None, [extra.get("PYTHONPATH")])])
+    paths = [str(hidden_plugins())] if hide else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [extra.get("PYTHONPATH")])])
     return env
 
 
