@@ -122,7 +122,7 @@ def test_with_the_ddp_plugin_disabled_multi_process_machines_are_not_offered() -
     plugins = Plugins.load(env={"ACCEL_DISABLE_PLUGINS": "ddp"})
     script = Script({"distributed_type": "NO", "cpu": True})
     Questionnaire(plugins, script, env={}).run()
-    reason = "plugin 'ddp' is disabled: disabled by -p no:/ACCEL_DISABLE_PLUGINS"
+    reason = "plugin 'ddp' is disabled: disabled by ACCEL_DISABLE_PLUGINS"
     assert script.disabled["distributed_type"]["MULTI_CPU"] == reason
     assert script.disabled["distributed_type"]["MULTI_GPU"] == reason
 

@@ -97,8 +97,8 @@ class Option:
                 raise UsageError(f"{bad} expects a mapping, got {raw!r}")
             value = dict(raw)
         else:
-            if raw is False and self.choices and "no" in self.choices:
-                raw = "no"  # YAML 1.1 reads an unquoted `no` as False
+            if raw is False and self.choices and "no" in {c.lower() for c in self.choices}:
+                raw = "no"  # YAML 1.1 reads an unquoted `no` (or `NO`) as False
             if raw is None or isinstance(raw, (dict, list)):
                 raise UsageError(f"{bad} expects a string, got {raw!r}")
             value = str(raw)
@@ -278,7 +278,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"config file {str(p)!r} does not exist; create one with `accel config` or fix the path")
+        raise UsageError(f"config file {str(p)!r} does not exist; fix the path")
     text = p.read_text(encoding="utf-8")
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
@@ -295,45 +295,97 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def validate_config(
-    data: Mapping[str, Any], options: Options, installed: Iterable[str], where: str
-) -> tuple[dict[str, Any], list[str]]:
-    """Check a parsed config file against the options. Return (values by option name, ignored keys).
+def migrate_legacy(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Read the keys older Accelerate versions wrote as Accelerate reads them today: ``fp16: true`` is
+    ``mixed_precision: fp16`` and a top-level ``dynamo_backend`` goes to ``dynamo_config``. Returns the new
+    mapping and one line per change."""
+    new: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    changes: list[str] = []
+    if "fp16" in new:
+        legacy = new.pop("fp16")
+        if legacy in (True, "true", "True", "yes") and new.get("mixed_precision") in (None, "no", False):
+            new["mixed_precision"] = "fp16"
+            changes.append("legacy `fp16: true` -> `mixed_precision: fp16`")
+        else:
+            changes.append(f"removed legacy `fp16: {legacy}`")
+    if "dynamo_backend" in new:
+        backend = new.pop("dynamo_backend")
+        section = new.setdefault("dynamo_config", {})
+        if isinstance(section, dict):
+            section.setdefault("dynamo_backend", backend)
+        changes.append(f"top-level `dynamo_backend: {backend}` -> `dynamo_config.dynamo_backend`")
+    return new, changes
 
-    Keys owned by a published plugin that is not installed are ignored (reported); any other unknown key is an
-    error with a did-you-mean."""
+
+def _is_set(value: Any) -> bool:
+    """Whether an ignored config value asks for something (Accelerate writes ``tpu_env: []``, ``downcast_bf16: 'no'``
+    and ``false`` for features that are off: ignoring those needs no note)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "no", "none", "false")
+    return bool(value)
+
+
+def validate_config(
+    data: Mapping[str, Any], options: Options, loaded: Iterable[str], where: str,
+    unavailable: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Check a parsed config file against the options. Return (values by option name, notes on ignored keys).
+
+    Keys owned by a published plugin that is not loaded (not installed, disabled or failed: ``unavailable`` gives
+    the reason by plugin name) and the Accelerate keys accel does not use are ignored; a note names those that ask
+    for something. Any other unknown key is an error with a did-you-mean."""
     known = known_plugins()
-    installed = set(installed)
+    loaded = set(loaded)
+    unavailable = unavailable or {}
     owner = {
-        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in installed
+        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in loaded
     }
     by_path = options.by_path()
     sections = {path[0] for path in by_path if len(path) > 1}
     values: dict[str, Any] = {}
-    ignored: list[str] = []
+    ignored: dict[str, list[str]] = {}  # reason -> keys
+
+    def ignore(key: str, raw: Any, plugin: str | None) -> None:
+        if not _is_set(raw):
+            return
+        if plugin is None:
+            reason = "not used by accel"
+        elif plugin in unavailable:
+            reason = f"plugin {plugin!r} is {unavailable[plugin]}"
+        else:
+            reason = f"needs {known['plugins'][plugin]['distribution']}, not installed"
+        ignored.setdefault(reason, []).append(key)
 
     def unknown(key: str, candidates: Iterable[str]) -> UsageError:
         return UsageError(f"{where}: unknown key `{key}`{did_you_mean(key.split('.')[-1], candidates)}")
 
     for key, raw in data.items():
         key = str(key)
+        if raw is None:  # `main_process_ip: null`: not set
+            continue
         if (key,) in by_path:
             opt = by_path[(key,)]
             values[opt.name] = opt.coerce(raw, f"{where}: `{key}`")
         elif key in sections and isinstance(raw, Mapping):
             for sub, sub_raw in raw.items():
                 path = (key, str(sub))
+                if sub_raw is None:
+                    continue
                 if path in by_path:
                     values[by_path[path].name] = by_path[path].coerce(sub_raw, f"{where}: `{key}.{sub}`")
                 elif key in owner or ".".join(path) in owner:
-                    ignored.append(".".join(path))
+                    ignore(".".join(path), sub_raw, owner.get(key) or owner[".".join(path)])
                 else:
-                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key])
-        elif key in owner or key in known["ignored_keys"]:
-            ignored.append(key)
+                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key]
+                                  + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")])
+        elif key in owner:
+            ignore(key, raw, owner[key])
+        elif key in known["ignored_keys"]:
+            ignore(key, raw, None)
         else:
-            raise unknown(key, [p[0] for p in by_path])
-    return values, ignored
+            raise unknown(key, [p[0] for p in by_path] + list(owner) + list(known["ignored_keys"]))
+    notes = [f"{', '.join(f'`{k}`' for k in keys)} ({reason})" for reason, keys in ignored.items()]
+    return values, notes
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -76,7 +76,12 @@ class Plugins:
     """The plugins of this process and the pluggy manager they are registered in."""
 
     def __init__(self, records: list[PluginRecord], pm: pluggy.PluginManager) -> None:
-        self.records = {r.name: r for r in records}
+        #: every entry point found, including both sides of a name claimed by two distributions
+        self.all_records = list(records)
+        #: by name (for a duplicated name, one of the two failed records)
+        self.records: dict[str, PluginRecord] = {}
+        for rec in records:
+            self.records.setdefault(rec.name, rec)
         self.pm = pm
         self.components: list[Component] = []
         self._options: Options | None = None
@@ -103,26 +108,28 @@ class Plugins:
         for rec in scanned:
             by_name.setdefault(rec.name, []).append(rec)
         records: list[PluginRecord] = []
+        from_env = set(_csv(env.get("ACCEL_DISABLE_PLUGINS")))
         for name, recs in by_name.items():
-            if len(recs) > 1:
+            records.extend(recs)
+            if name in disabled or (allow is not None and name not in allow):
+                for rec in recs:
+                    rec.status = "disabled"
+                    rec.reason = ("disabled by ACCEL_DISABLE_PLUGINS" if name in from_env else
+                                  f"disabled by -p no:{name}" if name in disabled else "not in ACCEL_PLUGINS")
+                continue
+            if len(recs) > 1:  # pluggy would silently keep one: refuse both, naming both
                 dists = " and ".join(f"{r.distribution} {r.version}" for r in recs)
-                for r in recs:
-                    r.status, r.reason = "failed", f"the name {name!r} is claimed by both {dists}; uninstall one"
-                records.extend(recs)
+                for rec in recs:
+                    rec.status, rec.reason = "failed", f"the name {name!r} is claimed by both {dists}; uninstall one"
                 continue
             rec = recs[0]
-            records.append(rec)
-            if name in disabled or (allow is not None and name not in allow):
-                rec.status = "disabled"
-                rec.reason = "disabled by -p no:/ACCEL_DISABLE_PLUGINS" if name in disabled else "not in ACCEL_PLUGINS"
-                continue
             try:
                 module = _MODULES.get(rec.value)
                 if module is None:
                     module = md.EntryPoint(name, rec.value, GROUP).load()
                     _MODULES[rec.value] = module
             except Exception as exc:  # any import failure of a third-party plugin is isolated
-                rec.status, rec.reason = "failed", f"import failed: {type(exc).__name__}: {exc}"
+                rec.status, rec.reason = "failed", one_line(f"import failed: {type(exc).__name__}: {exc}")
                 continue
             cls._register_module(pm, rec, module)
         for name, obj in extra:
@@ -133,20 +140,33 @@ class Plugins:
 
     @staticmethod
     def _register_module(pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
+        """Register a plugin module; on any contract violation unregister it and mark the record failed."""
+
+        def refuse(reason: str) -> None:
+            if pm.get_plugin(rec.name) is module:  # not another plugin that pluggy finds equal to this one
+                pm.unregister(name=rec.name)
+            rec.status, rec.reason = "failed", one_line(reason)
+
         try:
             pm.register(module, name=rec.name)
-            pm.check_pending()
-        except Exception as exc:
-            if pm.is_registered(module):
-                pm.unregister(module)
-            rec.status, rec.reason = "failed", f"invalid hook implementation: {exc}"
+        except Exception as exc:  # pluggy rejects wrong argument names, duplicate names, ...
+            refuse(f"invalid hook implementation: {exc}")
             return
-        hooks = sorted(caller.name for caller in pm.get_hookcallers(module) or [])
+        callers = pm.get_hookcallers(module) or []
+        specs = [n for n in dir(hookspecs) if n.startswith("accel_")]
+        unknown = [c.name for c in callers if not c.has_spec()]
+        if unknown:  # what pm.check_pending() reports, said with a did-you-mean
+            refuse("; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in sorted(unknown)))
+            return
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            refuse(f"invalid hook implementation: {exc}")
+            return
+        hooks = sorted(caller.name for caller in callers)
         runtime = [h for h in hooks if h not in hookspecs.DISCOVERY_HOOKS]
         if runtime:
-            pm.unregister(module)
-            rec.status = "failed"
-            rec.reason = (
+            refuse(
                 f"implements runtime hook(s) {', '.join(runtime)} at module level; implement them on the "
                 "Component returned by accel_activate"
             )
@@ -159,6 +179,19 @@ class Plugins:
     @property
     def loaded(self) -> list[str]:
         return [n for n, r in self.records.items() if r.status == "loaded"]
+
+    @property
+    def failed(self) -> list[PluginRecord]:
+        return [r for r in self.all_records if r.status == "failed"]
+
+    def unavailable(self) -> dict[str, str]:
+        """Why each installed plugin that is not loaded cannot be used, by name (for config-file notes)."""
+        return {r.name: f"{r.status}: {r.reason}" for r in self.all_records if r.status != "loaded"}
+
+    def describe_installed(self) -> str:
+        """``"ddp, hello, broken (failed)"``: every installed plugin, with its status when it is not loaded."""
+        names = [r.name if r.status == "loaded" else f"{r.name} ({r.status})" for r in self.all_records]
+        return ", ".join(names) or "none"
 
     def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
@@ -198,24 +231,28 @@ class Plugins:
         answers = [r for _, r in self.call_each("accel_detect_hardware", env=env) if r is not None]
         return max(answers, key=lambda h: h.priority)
 
-    def require(self, name: str) -> PluginRecord:
-        """The record of a plugin the user asked for by name, or a UsageError saying how to get it."""
+    def require(self, name: str, why: str = "") -> PluginRecord:
+        """The record of a plugin the user asked for by name, or a UsageError saying how to get it. ``why`` names
+        what asked for it when that was not ``--plugin`` (``"distributed_type FSDP"``)."""
         rec = self.records.get(name)
         if rec is None:
-            installed = ", ".join(self.loaded) or "none"
             hint = install_hint(name)
-            hint = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
-            raise UsageError(f"unknown plugin {name!r} (installed: {installed}){hint}")
+            lead = f"{why} needs plugin {name!r}, which is not installed" if why else f"unknown plugin {name!r}"
+            tail = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
+            raise UsageError(f"{lead} (installed: {self.describe_installed()}){tail}")
         if rec.status != "loaded":
-            raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used: {rec.reason}")
+            who = f"plugin {name!r} ({rec.distribution} {rec.version})"
+            lead = f"{why} needs {who}, which cannot be used" if why else f"{who} cannot be used"
+            raise UsageError(f"{lead}: {rec.reason}")
         return rec
 
     # ---- resolution ----------------------------------------------------------------------------------------
 
     def activate(self, settings: Settings) -> list[Component]:
         """Ask every plugin whether it takes part, settle roles, check capabilities, register the components."""
+        explicit = set(settings.get("plugins") or ())
         for name in settings.selected:
-            self.require(name)
+            self.require(name, "" if name in explicit else f"distributed_type {settings.get('distributed_type')}")
         found: list[Component] = []
         for name, comp in self.call_each("accel_activate", settings=settings):
             if comp is None:
@@ -242,12 +279,20 @@ class Plugins:
         self._check_capabilities(settings, found)
         order = {role: i for i, role in enumerate(EXCLUSIVE_ROLES)}
         found.sort(key=lambda c: order.get(c.role, len(order)), reverse=True)  # LIFO: strategy asked first
+        specs = [n for n in dir(hookspecs) if n.startswith("accel_")]
         for comp in found:
-            self.pm.register(comp, name=f"{comp.name}:{comp.role}")
+            try:
+                self.pm.register(comp, name=f"{comp.name}:{comp.role}")
+            except pluggy.PluginValidationError as exc:
+                raise PluginError(f"plugin {comp.name!r}: {one_line(exc)}") from None
+            unknown = [c.name for c in self.pm.get_hookcallers(comp) or [] if not c.has_spec()]
+            if unknown:
+                raise PluginError(f"plugin {comp.name!r}: {type(comp).__name__} implements unknown hook(s) "
+                                  + ", ".join(f"{n!r}{did_you_mean(n, specs)}" for n in sorted(unknown)))
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {exc.plugin_name!r}: {exc}") from None
+            raise PluginError(f"plugin {exc.plugin_name!r}: {one_line(exc)}") from None
         self.components = list(reversed(found))
         return self.components
 
@@ -284,13 +329,20 @@ class Plugins:
                 )
             raise UsageError(f"{why} needs a plugin that provides {capability!r}, and none is active; {hint}")
 
-    def answer_order(self) -> dict[str, list[str]]:
-        """For each hook, the plugins that implement it in the order they are asked (for --dry-run, accel env)."""
+    def answer_order(self) -> dict[str, tuple[bool, list[str]]]:
+        """For each hook: whether the first answer wins, and the plugins that implement it in the order they are
+        asked (for ``accel launch --dry-run``)."""
         order = {}
         for name in sorted(n for n in dir(self.pm.hook) if n.startswith("accel_")):
-            impls = getattr(self.pm.hook, name).get_hookimpls()
-            order[name] = [i.plugin_name for i in reversed(impls)]
+            caller = getattr(self.pm.hook, name)
+            firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
+            order[name] = (firstresult, [i.plugin_name for i in reversed(caller.get_hookimpls())])
         return order
+
+
+def one_line(text: object) -> str:
+    """An error message on one line (pluggy's and some libraries' messages span several)."""
+    return " ".join(str(text).split())
 
 
 def component_hooks(module: Any) -> list[str]:

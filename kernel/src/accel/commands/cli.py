@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -28,10 +29,13 @@ def run_guarded(fn: Callable[[], int]) -> int:
     try:
         return fn()
     except AccelError as exc:
-        print(f"accel: error: {exc}", file=sys.stderr)
+        print(f"accel: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `accel env | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from accel.options import (
     find_default_config,
     install_hint,
     known_plugins,
+    migrate_legacy,
     providers_of,
     read_config_file,
     resolve,
@@ -414,21 +415,7 @@ def default_command(argv: Sequence[str]) -> int:
 
 def upgrade(data: Mapping[str, Any], options: Options) -> tuple[dict[str, Any], list[str]]:
     """The current-schema form of an older or Accelerate-written config, and what changed (one line each)."""
-    new: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
-    changes: list[str] = []
-    if "fp16" in new:
-        legacy = new.pop("fp16")
-        if legacy in (True, "true", "True", "yes") and new.get("mixed_precision") in (None, "no", False):
-            new["mixed_precision"] = "fp16"
-            changes.append("legacy `fp16: true` -> `mixed_precision: fp16`")
-        else:
-            changes.append(f"removed legacy `fp16: {legacy}`")
-    if "dynamo_backend" in new:
-        backend = new.pop("dynamo_backend")
-        section = new.setdefault("dynamo_config", {})
-        if isinstance(section, dict):
-            section.setdefault("dynamo_backend", backend)
-        changes.append(f"top-level `dynamo_backend: {backend}` -> `dynamo_config.dynamo_backend`")
+    new, changes = migrate_legacy(data)
     section = new.get("dynamo_config")
     if isinstance(section, dict) and isinstance(section.get("dynamo_backend"), str) \
             and section["dynamo_backend"] != section["dynamo_backend"].lower():

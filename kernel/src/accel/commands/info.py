@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import json
 import os
@@ -10,8 +11,9 @@ import sys
 from typing import Any, Sequence
 
 from accel.commands.launch import Parser
+from accel.errors import PluginError, UsageError
 from accel.options import find_default_config, read_config_file
-from accel.plugins import Plugins
+from accel.plugins import PluginRecord, Plugins
 
 
 def _version(dist: str) -> str:
@@ -21,16 +23,31 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def plugins_command(argv: Sequence[str]) -> int:
-    parser = Parser(prog="accel plugins", description="List installed accel plugins.")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+def _load(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namespace]:
+    parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
+                        help="Disable a plugin: -p no:NAME (repeatable).")
     args = parser.parse_args(list(argv))
-    plugins = Plugins.load()
-    rows = [r.as_dict() for r in plugins.records.values()]
-    for row in rows:
-        row["status"] = "active" if row["status"] == "loaded" else row["status"]
+    for value in args.blocked:
+        if not value.startswith("no:") or not value[3:]:
+            raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}")
+    return Plugins.load(blocked=[v[3:] for v in args.blocked]), args
+
+
+def _status(rec: PluginRecord) -> str:
+    return "active" if rec.status == "loaded" else rec.status
+
+
+def plugins_command(argv: Sequence[str]) -> int:
+    parser = Parser(prog="accel plugins", description="List installed accel plugins (entry-point group 'accel').")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins, args = _load(argv, parser)
+    rows = [{"name": r.name, "distribution": r.distribution, "version": r.version, "hooks": r.hooks,
+             "status": _status(r), "reason": r.reason, "entry_point": r.value} for r in plugins.all_records]
     if args.json:
         print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -41,9 +58,6 @@ def plugins_command(argv: Sequence[str]) -> int:
     for row in rows:
         status = row["status"] + (f": {row['reason']}" if row["reason"] else "")
         table.add_row(row["name"], row["distribution"], row["version"], ", ".join(row["hooks"]), status)
-    if not rows:
-        print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
-        return 0
     Console(width=max(120, Console().width)).print(table)
     return 0
 
@@ -76,26 +90,32 @@ def _memory_gib() -> str:
 
 def env_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel env", description="Print environment information for bug reports.")
-    parser.add_argument("--config_file", "--config-file", default=None)
-    args = parser.parse_args(list(argv))
-    plugins = Plugins.load()
-    hw = plugins.detect_hardware()
+    parser.add_argument("--config_file", "--config-file", default=None, help="report this config file instead")
+    plugins, args = _load(argv, parser)
+    try:
+        answers = [(name, hw) for name, hw in plugins.call_each("accel_detect_hardware", env=os.environ) if hw]
+        used = max((hw for _, hw in answers), key=lambda h: h.priority)
+        devices = f"{used.name} x{used.device_count}"
+    except PluginError as exc:  # a diagnostics command reports, it does not fail
+        answers, devices = [], f"detection failed: {' '.join(str(exc).split())}"
     lines: list[tuple[str, Any]] = [
         ("accel-kernel version", _version("accel-kernel")),
         ("Platform", platform.platform()),
-        ("Python version", sys.version.split()[0]),
+        ("Python version", f"{sys.version.split()[0]} ({sys.executable})"),
         ("PyTorch version (build)", _torch_build()),
         ("pluggy version", _version("pluggy")),
         ("CPU cores", os.cpu_count()),
         ("System RAM", _memory_gib()),
-        ("Hardware (detected)", f"{hw.name} x{hw.device_count}" + (f" {dict(hw.details)}" if hw.details else "")),
+        ("Devices (used)", devices),
     ]
-    for rec in plugins.records.values():
-        status = "active" if rec.status == "loaded" else rec.status
-        lines.append((f"plugin {rec.name}", f"{rec.distribution} {rec.version}: {status}"
+    for name, hw in answers:
+        details = f" {dict(hw.details)}" if hw.details else ""
+        lines.append((f"Devices reported by {name}", f"{hw.name} x{hw.device_count} (priority {hw.priority}){details}"))
+    for rec in plugins.all_records:
+        lines.append((f"Plugin {rec.name}", f"{rec.distribution} {rec.version}: {_status(rec)}"
                       + (f" ({rec.reason})" if rec.reason else "")))
-    if not plugins.records:
-        lines.append(("plugins", "none installed"))
+    if not plugins.all_records:
+        lines.append(("Plugins", "none installed"))
     path = args.config_file or find_default_config()
     lines.append(("Config file", str(path) if path else "none (defaults)"))
     print("Copy-and-paste the text below in your bug report.\n")
@@ -107,7 +127,7 @@ def env_command(argv: Sequence[str]) -> int:
             for key, value in data.items():
                 print(f"\t- {key}: {value}")
         except Exception as exc:  # report, don't fail: this is a diagnostics command
-            print(f"\t- (cannot read: {exc})")
+            print(f"\t- (cannot read: {' '.join(str(exc).split())})")
     return 0
 
 

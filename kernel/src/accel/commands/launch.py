@@ -11,11 +11,20 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
-from accel.options import Options, Settings, find_default_config, read_config_file, resolve, validate_config
+from accel.options import (
+    Options,
+    Settings,
+    did_you_mean,
+    find_default_config,
+    migrate_legacy,
+    read_config_file,
+    resolve,
+    validate_config,
+)
 from accel.plugins import Plugins
 
 #: Settings whose default is announced when no config file is used (as Accelerate does).
@@ -27,6 +36,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            flags = [flag for action in self._actions for flag in action.option_strings]
+            word = extra[0].split("=", 1)[0]
+            self.error(f"unrecognized argument {extra[0]!r}{did_you_mean(word, flags)}")
+        return parsed
 
 
 def blocked_plugins(argv: Sequence[str]) -> list[str]:
@@ -51,7 +68,7 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Options) -> None:
         if group is None:
             title = "launch options" if opt.plugin == "accel" else f"plugin {opt.plugin!r}"
             group = groups[opt.plugin] = parser.add_argument_group(title)
-        names = [f"--{opt.name}"]
+        names = [f for f in opt.flags if f.startswith("--")] + [f"--{opt.name}"]  # `--plugin` before `--plugins`
         if "_" in opt.name:
             names.append(f"--{opt.name.replace('_', '-')}")
         names += [f for f in opt.flags if f not in names]
@@ -83,31 +100,31 @@ def build_parser(options: Options, prog: str = "accel launch") -> Parser:
     return parser
 
 
-def note(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(f"accel: {message}", file=sys.stderr)
-
-
 def check(values: dict[str, Any]) -> None:
     """Checks that need several values at once (single values were checked by their Option)."""
     if values["machine_rank"] >= values["num_machines"]:
         raise UsageError(f"--machine_rank {values['machine_rank']} is out of range for --num_machines "
                          f"{values['num_machines']} (ranks go from 0 to {values['num_machines'] - 1})")
+    if values["num_processes"] % values["num_machines"]:
+        raise UsageError(f"--num_processes {values['num_processes']} is not a multiple of --num_machines "
+                         f"{values['num_machines']} (num_processes counts the processes of all machines)")
     if values["num_machines"] > 1 and not values["main_process_ip"]:
         raise UsageError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
     if values["compute_environment"] != "LOCAL_MACHINE":
         raise UsageError(f"compute_environment {values['compute_environment']} is not supported; use LOCAL_MACHINE")
 
 
-def plan_launch(argv: Sequence[str], env: dict[str, str] | None = None) -> tuple[Plugins, LaunchPlan, bool]:
+def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Plugins, LaunchPlan, list[str]]:
+    """Resolve everything ``accel launch`` needs; raise ``UsageError`` on bad input before anything is printed,
+    started or written. Returns the plugins, the plan, and the notices to print (one line each)."""
     env = dict(os.environ if env is None else env)
+    notices: list[str] = []
     blocked = blocked_plugins(argv)
     plugins = Plugins.load(env=env, blocked=blocked)
     options = plugins.options()
     args = build_parser(options).parse_args(argv)
-    quiet = args.quiet
     for value in args.blocked:
-        if not value.startswith("no:"):
+        if not value.startswith("no:") or not value[3:]:
             raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}; select plugins with --plugin NAME")
     if not args.training_script:
         raise UsageError("no training script given: accel launch [options] script.py [script args]")
@@ -116,13 +133,16 @@ def plan_launch(argv: Sequence[str], env: dict[str, str] | None = None) -> tuple
         found = find_default_config(env)
         if found is not None:
             path = str(found)
-            note(quiet, f"using config file {path}")
+            notices.append(f"using the default config file {path} (--config_file FILE picks another)")
     config: dict[str, Any] = {}
     if path is not None:
-        data = read_config_file(path)
-        config, ignored = validate_config(data, options, plugins.records, path)
+        data, legacy = migrate_legacy(read_config_file(path))
+        if legacy:
+            notices.append(f"read old Accelerate keys of {path}: {'; '.join(legacy)} "
+                           "(`accel config update` rewrites the file)")
+        config, ignored = validate_config(data, options, plugins.loaded, path, plugins.unavailable())
         if ignored:
-            note(quiet, f"ignored config keys of plugins that are not installed: {', '.join(ignored)}")
+            notices.append(f"ignoring config keys: {'; '.join(ignored)}")
     flags = {opt.name: getattr(args, opt.name, None) for opt in options if opt.cli}
     values, sources = resolve(options, flags=flags, config=config, env=env)
     if values["multi_gpu"] and sources["num_processes"] == "default":
@@ -132,13 +152,16 @@ def plan_launch(argv: Sequence[str], env: dict[str, str] | None = None) -> tuple
     script = args.training_script
     if not (args.module or args.no_python) and not os.path.isfile(script):
         raise UsageError(f"training script {script!r} does not exist")
-    defaults = [n for n in ANNOUNCED if sources[n] == "default"]
-    if path is None and defaults:
-        listed = ", ".join(f"`--{n}` was set to a value of `{values[n]}`" for n in defaults)
-        note(quiet, f"defaults used (pass them or run `accel config` to silence this): {listed}")
     settings = Settings(values, sources, world_size=values["num_processes"], phase="launch", env=env)
     plugins.activate(settings)
-    handed = {k: v for k, v in values.items() if sources[k] not in ("default",)}
+    defaults = [n for n in ANNOUNCED if sources[n] in ("default", "hardware")]
+    if path is None and defaults:
+        listed = ", ".join(f"`--{n}` was set to a value of `{values[n]!r}`" for n in defaults)
+        notices.append(f"these values were not given, so defaults were used: {listed} "
+                       "(pass them or use a config file to silence this)")
+    for rec in plugins.failed:
+        notices.append(f"plugin {rec.name!r} ({rec.distribution} {rec.version}) is skipped: {rec.reason}")
+    handed = {k: v for k, v in values.items() if sources[k] != "default"}
     env["ACCEL_CONFIG"] = json.dumps(handed, sort_keys=True)
     if blocked:
         already = [p for p in env.get("ACCEL_DISABLE_PLUGINS", "").split(",") if p]
@@ -151,22 +174,35 @@ def plan_launch(argv: Sequence[str], env: dict[str, str] | None = None) -> tuple
         command = (["-m", script] if args.module else [script]) + list(args.training_script_args)
         python = sys.executable
     plan = LaunchPlan(settings=settings, command=command, env=env, python=python, dry_run=args.dry_run)
-    return plugins, plan, quiet
+    return plugins, plan, [] if args.quiet else notices
 
 
 def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:
-    print("accel launch plan (dry run)")
+    print("accel launch plan (dry run: nothing is started)")
     comps = ", ".join(f"{c.name} ({c.role})" for c in plugins.components) or "none (kernel only)"
     print(f"active plugins: {comps}")
-    print("hooks, in the order plugins are asked:")
-    for hook, who in plugins.answer_order().items():
-        print(f"  {hook}: {' -> '.join(who) if who else '-'}")
-    print("settings:")
+    print("settings (value, where it came from):")
     for key, value in sorted(plan.settings.values.items()):
         print(f"  {key} = {value!r} ({plan.settings.sources.get(key, '?')})")
-    print("environment for the workers (accel's own variables):")
-    for key in sorted(k for k in plan.env if k.startswith("ACCEL_")):
-        print(f"  {key}={shlex.quote(plan.env[key])}")
+    print("hooks (who answers; 'accel' is the kernel's default):")
+    for hook, (firstresult, who) in plugins.answer_order().items():
+        if not who:
+            print(f"  {hook}: -")
+        elif firstresult:
+            rest = f" (then {', '.join(who[1:])})" if len(who) > 1 else ""
+            print(f"  {hook}: {who[0]}{rest}")
+        else:
+            print(f"  {hook}: each of {', '.join(who)}")
+
+
+def print_env(env: Mapping[str, str], before: Mapping[str, str]) -> None:
+    """The environment variables the workers get on top of the caller's environment."""
+    print("environment for the workers (added to or changed from yours):")
+    changed = sorted(k for k in env if before.get(k) != env[k])
+    for key in changed:
+        print(f"  {key}={shlex.quote(env[key])}")
+    for key in sorted(k for k in before if k not in env):
+        print(f"  unset {key}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,10 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def launch(argv: list[str]) -> int:
-    plugins, plan, _ = plan_launch(argv)
-    if plan.dry_run:
-        print_plan(plugins, plan)
-    return int(plugins.pm.hook.accel_launch(plan=plan) or 0)
+    before = dict(os.environ)
+    plugins, plan, notices = plan_launch(argv, before)
+    for message in notices:
+        print(f"accel: {message}", file=sys.stderr)
+    if not plan.dry_run:
+        return int(plugins.pm.hook.accel_launch(plan=plan) or 0)
+    print_plan(plugins, plan)
+    code = int(plugins.pm.hook.accel_launch(plan=plan) or 0)  # prints the exact launcher command
+    print_env(plan.env, before)
+    return code
 
 
 if __name__ == "__main__":
