@@ -163,6 +163,7 @@ class Evil:
         return (Path.write_text, (self.marker, "pwned"))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_malicious_pickles_are_refused_not_executed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     payload = pickle.dumps(Evil(marker))
@@ -192,7 +193,13 @@ def test_malicious_pickles_are_refused_not_executed(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="refusing to load .*not a weights-only torch file"):
         load_weights_only(torch_file)
 
-    # 4. an Accelerate-style directory (pickles, no manifest)
+    # 4. a pickled metadata file (torch.distributed.checkpoint's format) read with an allow-list of globals
+    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
+
+    with pytest.raises(CheckpointError, match="references pathlib.Path.write_text, which is not allowed"):
+        load_restricted_pickle(torch_file, DCP_METADATA_GLOBALS)
+
+    # 5. an Accelerate-style directory (pickles, no manifest)
     foreign = tmp_path / "accelerate_ckpt"
     foreign.mkdir()
     (foreign / "random_states_0.pkl").write_bytes(payload)
@@ -576,3 +583,57 @@ def test_max_shard_size_parsing() -> None:
     assert parse_size(123) == 123
     with pytest.raises(UsageError, match="max_shard_size"):
         parse_size("lots")
+
+
+def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
+
+    with pytest.warns(UserWarning):  # "torch.distributed is ... uninitialized, assuming ... a single process"
+        dcp.save({"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
+                 checkpoint_id=tmp_path / "dcp")
+    metadata = load_restricted_pickle(tmp_path / "dcp" / ".metadata", DCP_METADATA_GLOBALS)
+    assert isinstance(metadata, Metadata) and "w" in metadata.state_dict_metadata
+
+
+def test_dataloader_and_optimizer_differences_are_refused(tmp_path: Path) -> None:
+    def loader_run(n: int) -> tuple[Kernel, Any]:
+        torch.manual_seed(0)
+        kernel = Kernel()
+        return kernel, kernel.prepare(DataLoader(CountingDataset(n), batch_size=4, shuffle=True))
+
+    kernel, dl = loader_run(30)
+    it = iter(dl)
+    next(it)
+    kernel.save_state(tmp_path / "dl")
+    kernel, dl = loader_run(26)
+    with pytest.raises(CheckpointError, match=r"'dataloader': the dataloader had 8 batches per process per epoch "
+                                              r"when saved and has 7 now"):
+        kernel.load_state(tmp_path / "dl")
+
+    run = make_run()
+    run["kernel"].save_state(tmp_path / "opt")
+    other = make_run()
+    other["opt"].add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+    with pytest.raises(CheckpointError, match=r"does not fit this optimizer: parameters per group \[4\] in the "
+                                              r"checkpoint, \[4, 1\] in this run"):
+        other["kernel"].load_state(tmp_path / "opt")
+
+
+def test_links_and_damaged_files_are_refused(tmp_path: Path) -> None:
+    run = make_run()
+    path = Path(run["kernel"].save_state(tmp_path / "ck"))
+    (path / "kernel.json").rename(tmp_path / "kernel.json")
+    with pytest.raises(CheckpointError, match="damaged: missing file"):
+        run["kernel"].load_state(path)
+    (path / "kernel.json").symlink_to(tmp_path / "kernel.json")
+    with pytest.raises(CheckpointError, match="kernel.json has -1 bytes"):
+        run["kernel"].load_state(path)
+    (path / "kernel.json").unlink()
+    (tmp_path / "kernel.json").rename(path / "kernel.json")
+    with open(path / "model.safetensors", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(CheckpointError, match="damaged: model.safetensors has"):
+        run["kernel"].load_state(path)
