@@ -124,7 +124,8 @@ def main() -> None:
     disk = shutil.disk_usage(base if base.exists() else base.parent)
     info = (f"Model: {len(model)} x Linear(2048, 2048), {nbytes / 2**20:.0f} MiB of fp32 tensors, SGD without state. "
             f"{args.repeats} rounds, each running every variant once; torch {torch.__version__}, Python {platform.python_version()}, "
-            f"{os.cpu_count()} CPUs, disk of {base} ({disk.total / 2**30:.0f} GiB), warm page cache.")
+            f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at the end), disk of {base} "
+            f"({disk.total / 2**30:.0f} GiB), warm page cache.")
     table = "\n".join(rows)
     print(info)
     print(table)
