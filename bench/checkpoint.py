@@ -1,6 +1,6 @@
 """Benchmark: ``save_state`` + ``load_state`` of a ~500 MB model against raw safetensors on the same disk.
 
-    python bench/checkpoint.py [--size-mb 512] [--repeats 3] [--dir DIR] [--write docs/benchmarks.md]
+    python bench/checkpoint.py [--size-mb 512] [--repeats 11] [--dir DIR] [--write]
 
 The raw baseline is what the same tensors cost by hand: ``safetensors.torch.save_file(model.state_dict())`` then
 ``load_file`` + ``model.load_state_dict`` (loading means the weights end up in the model; ``load_file`` alone maps
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -28,8 +27,8 @@ from torch import nn
 
 from accel import Kernel
 
-MARK_BEGIN = "<!-- bench/checkpoint.py: begin -->"
-MARK_END = "<!-- bench/checkpoint.py: end -->"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import machine, write_section  # noqa: E402
 
 
 def build(size_mb: int) -> nn.Module:
@@ -75,7 +74,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    parser.add_argument("--write", default=None, help="update this markdown file's checkpoint section")
+    parser.add_argument("--write", action="store_true", help="update the checkpoint section of docs/benchmarks.md")
     args = parser.parse_args()
 
     base = Path(args.dir or tempfile.mkdtemp(prefix="accel-bench-ckpt-"))
@@ -123,23 +122,14 @@ def main() -> None:
                     f"| {statistics.median(totals):.2f} | {min(totals):.2f} | {ratio} |")
     disk = shutil.disk_usage(base if base.exists() else base.parent)
     info = (f"Model: {len(model)} x Linear(2048, 2048), {nbytes / 2**20:.0f} MiB of fp32 tensors, SGD without state. "
-            f"{args.repeats} rounds, each running every variant once; torch {torch.__version__}, Python {platform.python_version()}, "
-            f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at the end), disk of {base} "
-            f"({disk.total / 2**30:.0f} GiB), warm page cache.")
+            f"{args.repeats} rounds, each running every variant once; files on the disk of {base} "
+            f"({disk.total / 2**30:.0f} GiB); warm page cache; load average at the end {os.getloadavg()[0]:.1f}.")
     table = "\n".join(rows)
     print(info)
     print(table)
     if args.write:
-        section = (f"{MARK_BEGIN}\n## Checkpoints: `save_state` + `load_state` vs raw safetensors\n\n"
-                   f"Measured with `python bench/checkpoint.py --write {args.write}`.\n{info}\n\n{table}\n{MARK_END}\n")
-        doc = Path(args.write)
-        text = doc.read_text(encoding="utf-8") if doc.exists() else "# Benchmarks\n"
-        if MARK_BEGIN in text and MARK_END in text:
-            head, rest = text.split(MARK_BEGIN, 1)
-            text = head + section.rstrip("\n") + rest.split(MARK_END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section
-        doc.write_text(text, encoding="utf-8")
+        write_section("checkpoint", "## Checkpoints: `save_state` + `load_state` vs raw safetensors\n\n"
+                                    f"`python bench/checkpoint.py --write`; {machine()}\n\n{info}\n\n{table}\n")
     kernel.end_training()
     sys.exit(0)
 
