@@ -773,6 +773,7 @@ def _plan_target(kernel: Kernel, output_dir: str | os.PathLike[str] | None) -> t
     else:
         target = Path(output_dir).absolute()
         _recover(target)
+        _remove_stale(target.parent, target.name)
         if target.exists() and not target.is_dir():
             raise UsageError(f"save_state: {target} exists and is not a directory")
         if target.is_dir() and any(target.iterdir()) and not is_complete(target):
@@ -859,10 +860,14 @@ def _publish(kernel: Kernel, items: Mapping[str, Item], claims: Mapping[str, Ite
         _prune(target.parent, kernel.project_configuration.total_limit)
 
 
-def _remove_stale(folder: Path) -> None:
-    """Temporary, set-aside and half-deleted directories of earlier (crashed) saves in a checkpoints folder."""
+def _remove_stale(folder: Path, name: str | None = None) -> None:
+    """Temporary, set-aside and half-deleted directories that crashed saves left in ``folder``: of every
+    ``checkpoint_<i>``, or only of the checkpoint called ``name``."""
+    if not folder.is_dir():
+        return
+    pattern = _STALE if name is None else re.compile(rf"^\.{re.escape(name)}\.(tmp|old|del)-[0-9a-f]+$")
     for entry in folder.iterdir():
-        if _STALE.match(entry.name) and entry.is_dir():
+        if pattern.match(entry.name) and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
 
 
