@@ -76,6 +76,7 @@ def differs(a: Path, b: Path) -> bool:
 STEPS, SAVE_AT = "45", "30"  # 26 batches per epoch with one process, 13 with two: the save is mid-epoch
 
 
+@pytest.mark.slow  # four process start-ups
 def test_exact_resume_in_a_new_process(tmp_path: Path) -> None:
     python(tmp_path, "--steps", STEPS, "--out", "a.pt")
     python(tmp_path, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck")
@@ -111,6 +112,7 @@ def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path) -> 
     assert "holds one state per process for 2 process(es); this run has 1" in proc.stderr
 
 
+@pytest.mark.slow  # two process start-ups
 def test_automatic_numbering_continues_after_restart(tmp_path: Path) -> None:
     # first process: checkpoints at steps 4, 8, 12 -> checkpoint_0..2, total_limit=2 keeps 1 and 2
     python(tmp_path, "--steps", "12", "--project", "proj", "--save-every", "4")
