@@ -530,6 +530,10 @@ def test_resume_mid_accumulation_restores_gradients(tmp_path: Path) -> None:
     c = fresh()
     c["kernel"].load_state(tmp_path / "acc")
     assert all(p.grad is not None for p in c["model"].parameters())
+    c["kernel"].save_state(tmp_path / "again")  # saving right after loading keeps the pending gradients
+    c = fresh()
+    c["kernel"].load_state(tmp_path / "again")
+    assert all(p.grad is not None for p in c["model"].parameters())
     steps(c, 5)
     assert all(torch.equal(v, params(a["model"])[k]) for k, v in params(c["model"]).items())
 

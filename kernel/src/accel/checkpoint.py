@@ -485,16 +485,19 @@ def _accelerator_module() -> tuple[str, Any] | None:
 
 
 class KernelState:
-    """The Kernel's own position: the gradient-accumulation micro-step counter."""
+    """The Kernel's own position: the gradient-accumulation micro-step counter and whether the last micro-step
+    synchronised."""
 
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
 
     def state_dict(self) -> dict[str, Any]:
-        return {"accumulation_step": self.kernel.gradient_state.step}
+        state = self.kernel.gradient_state
+        return {"accumulation_step": state.step, "sync_gradients": state.sync_gradients}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.kernel.gradient_state.step = int(state["accumulation_step"])
+        self.kernel.gradient_state.sync_gradients = bool(state.get("sync_gradients", True))
 
 
 class GradientsState:
