@@ -321,7 +321,10 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
     """Extra stateful objects (with ``state_dict``/``load_state_dict``) to include in checkpoints, by key, e.g.
     ``{"grad_scaler": scaler}``.
 
-    When: ``save_state`` and ``load_state``. Who: everyone; a key given by two plugins is an error naming both.
+    When: ``save_state`` and ``load_state``, on every process. Who: everyone; a key given by two plugins, or one of
+    the kernel's keys (below), is an error naming both. Unless a plugin claims it in ``accel_save_state``, the kernel
+    writes the item from the main process (its state must be the same on every process) and the manifest records
+    the plugin that gave it, so loading without that plugin says which plugin to install.
     """
 
 
@@ -330,10 +333,21 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
     """Write the checkpoint items this plugin owns (FSDP: sharded model/optimizer with
     torch.distributed.checkpoint; DeepSpeed: the engine's checkpoint) into ``directory``.
 
-    When: ``save_state``, on every process, inside the not-yet-published checkpoint directory. Who: everyone; each
-    returns ``{key: ItemRecord}`` for the keys it wrote, and the kernel writes every key nobody claimed in its own
-    formats (safetensors / JSON / weights-only torch files) and records all of it in the manifest.
-    A key claimed twice is an error naming both plugins.
+    ``items`` maps every key of the run to its object: ``model``, ``model_1``, ... (the prepared models, as
+    ``prepare`` returned them), ``optimizer``... (``PreparedOptimizer``; ``.optimizer`` is what the strategy
+    returned), ``scheduler``..., ``dataloader``..., ``custom_<i>`` (``register_for_checkpointing``), the keys of
+    ``accel_state_items``, and the kernel's own ``gradients`` (per process: gradients pending in the middle of
+    accumulation), ``rng`` (per process) and ``kernel``.
+
+    When: ``save_state``, on every process, before the kernel writes anything, inside the not-yet-published
+    temporary directory (it is fsynced, given a manifest and renamed into place afterwards). Who: everyone; each
+    returns ``{key: ItemRecord(plugin=..., format=..., files=...)}`` for the keys it wrote. ``files`` are paths
+    relative to ``directory`` (a directory name covers everything below it); the records of all processes are
+    merged (union of files), so each process lists what it wrote. ``plugin`` and ``version`` are filled in by the
+    kernel. The kernel writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``) and records
+    all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
+    unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
+    files that ``accel.checkpoint.load_weights_only`` accepts.
     """
 
 
@@ -341,10 +355,14 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
 def accel_load_state(
     kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
 ) -> Iterable[str] | None:
-    """Restore the items whose manifest record names this plugin.
+    """Restore the items whose manifest record names this plugin (``records`` holds only those).
 
-    When: ``load_state``, on every process, after the kernel checked the manifest. Who: everyone; returns the keys
-    it restored. A record naming a plugin that is not active is an error naming the plugin to install.
+    When: ``load_state``, on every process, after the kernel checked the checkpoint against the run (every file
+    listed with its size and nothing else present; no plugin missing; no item missing or extra; per-process items
+    saved by as many processes; the kernel-written models' parameter names and shapes) and before it restores its
+    own items (random states last). Who: every component named by a record; it returns the keys it restored, and
+    a key it leaves out is an error. A record naming a plugin that is not active is an error, raised before
+    anything is loaded, naming the plugin (and ``pip install ...`` when it is a published one).
     """
 
 
@@ -353,7 +371,8 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
     """The full, unsharded state dict of a prepared model (gathering FSDP shards or ZeRO-3 partitions), on the
     main process; other processes may return an empty dict.
 
-    When: ``kernel.get_state_dict(model)`` and ``save_model``. Who: first answer wins; default:
+    When: ``kernel.get_state_dict(model)``, ``save_model``, and ``save_state`` for a model no plugin claimed; on
+    every process (gathering may be a collective). Who: first answer wins; default:
     ``kernel.unwrap_model(model).state_dict()``.
     """
 
