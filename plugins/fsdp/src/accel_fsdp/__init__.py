@@ -7,7 +7,7 @@ Accelerate's ``distributed_type: FSDP`` in a config file.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
 
@@ -103,3 +103,20 @@ def accel_activate(settings: Settings) -> object | None:
     from accel_fsdp.strategy import FSDPStrategy
 
     return FSDPStrategy(settings)
+
+
+def load_sharded(kernel: Any, directory: str | os.PathLike[str], *, model: Any, optimizer: Any = None,
+                 model_key: str = "model", optimizer_key: str = "optimizer") -> None:
+    """Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin fsdp``,
+    on any number of processes: torch.distributed.checkpoint reshards them. Use it to continue on a different
+    number of processes than the run that saved (``load_state`` restores everything, including per-process
+    random states and dataloader positions, so it needs the same number). Call it on every process after
+    ``prepare``; the keys are the checkpoint's item names (``model``, ``optimizer``, ``model_1``, ...)."""
+    from pathlib import Path
+
+    from accel_fsdp.strategy import FSDPStrategy
+
+    comp = next((c for c in kernel.components if isinstance(c, FSDPStrategy)), None)
+    if comp is None:
+        raise UsageError("load_sharded needs a Kernel running with --plugin fsdp")
+    comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})

@@ -52,7 +52,11 @@ def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
     else:
         args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
                  f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
-    return args + command
+    # "--" ends torchrun's own options: without it argparse reads the script's options as abbreviations of
+    # torchrun's (a script's --start would be taken for --start-method).
+    if command[:1] == ["-m"]:
+        return [*args, "-m", "--", *command[1:]]
+    return [*args, "--", *command]
 
 
 def launch(plan: LaunchPlan) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from accel import Component, LaunchPlan, Settings, Topology, hookimpl
-from accel_fsdp import process, reshard_after_forward
+from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
+from accel_fsdp import checkpoint, process, reshard_after_forward
 from accel_fsdp.sharding import ParamSwap, ShardConfig, shard_model
 
 if TYPE_CHECKING:
@@ -159,6 +160,75 @@ class FSDPStrategy(Component):
         if not isinstance(module, FSDPModule):
             return None
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _sharded_model(self, kernel: Kernel, obj: Any) -> Any | None:
+        from torch import nn
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(obj, nn.Module):
+            return None
+        module = kernel.unwrap_model(obj)
+        return module if isinstance(module, FSDPModule) else None
+
+    def _optimizer_model(self, key: str, obj: Any) -> tuple[Any, Any] | None:
+        """(the user's optimizer, the one sharded model it steps) for a prepared optimizer of a sharded model."""
+        inner = getattr(obj, "optimizer", obj)
+        models = self.optimizer_models.get(id(inner))
+        if not models:
+            return None
+        if len(models) > 1:
+            raise UsageError(f"checkpoint item {key!r}: the optimizer steps parameters of {len(models)} sharded "
+                             "models; with --plugin fsdp use one optimizer per model")
+        return inner, models[0]
+
+    @hookimpl
+    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path) -> dict[str, ItemRecord]:
+        if not kernel.sync_gradients and self.optimizer_models:
+            raise UsageError("save_state in the middle of gradient accumulation is not supported with --plugin fsdp "
+                             "(FSDP keeps the partial gradients unsharded, outside the parameters); save on a step "
+                             "that synchronises (if kernel.sync_gradients: ...)")
+        full = self.settings["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+        records: dict[str, ItemRecord] = {}
+        for key in sorted(items):  # the same order on every rank: each save is a collective
+            obj = items[key]
+            model = self._sharded_model(kernel, obj)
+            if model is not None:
+                records[key] = checkpoint.save_model(model, key, Path(directory), full, kernel.is_main_process)
+                continue
+            pair = self._optimizer_model(key, obj)
+            if pair is not None:
+                records[key] = checkpoint.save_optimizer(pair[1], pair[0], key, Path(directory), full,
+                                                         kernel.is_main_process)
+        return records
+
+    @hookimpl
+    def accel_load_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
+                         records: Mapping[str, ItemRecord]) -> Iterable[str]:
+        mine = {k: rec for k, rec in records.items() if rec.plugin == self.name}
+        missing = sorted(k for k in mine if k not in items)
+        if missing:
+            raise UsageError(f"the checkpoint holds {missing} (written by accel-plugin-fsdp) but this run did not "
+                             "prepare them")
+        self.load_items(kernel, Path(directory), {k: items[k] for k in mine}, mine)
+        return sorted(mine)
+
+    def load_items(self, kernel: Kernel, directory: Path, objects: Mapping[str, Any],
+                   records: Mapping[str, ItemRecord] | None = None) -> None:
+        """Restore sharded models and optimizers by item key; records default to what the files show."""
+        for key in sorted(objects):  # the same order on every rank: each load is a collective
+            record = records[key] if records is not None else checkpoint.detect_record(directory, key)
+            if record is None:
+                raise UsageError(f"{directory} has no item {key!r} written by accel-plugin-fsdp")
+            obj = objects[key]
+            model = self._sharded_model(kernel, obj)
+            pair = None if model is not None else self._optimizer_model(key, obj)
+            if model is not None:
+                checkpoint.load_model(model, key, directory, record, kernel.is_main_process)
+            elif pair is not None:
+                checkpoint.load_optimizer(pair[1], pair[0], key, directory, record, kernel.is_main_process)
+            else:
+                raise UsageError(f"checkpoint item {key!r} was written by accel-plugin-fsdp, but in this run "
+                                 f"{key!r} is not a model or optimizer prepared with --plugin fsdp")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,143 @@
+"""Checkpoint worker for tests/test_fsdp_checkpoint.py (run under ``accel launch --plugin fsdp``).
+
+    python fsdp_ckpt_worker.py OUT --steps N [--save_at K --ckpt DIR [--reload]] [--load DIR --start K] [--direct]
+
+Trains a small model with dropout on a shuffled dataloader for global steps ``start .. N``; at step ``K`` saves a
+checkpoint to DIR (``--reload``: loads it back at once, Accelerate's #3896) and exits; ``--load`` restores DIR
+first. ``--direct`` saves and loads through the plugin's hooks and ``accel_fsdp.load_sharded`` instead of
+``Kernel.save_state``/``load_state`` (so loading works on another number of processes than saving).
+On the main process it writes, as files in OUT: ``<tag>_model.safetensors`` (full parameters) and
+``<tag>_optim.pt`` (full optimizer state) for the tags ``saved`` (just before saving), ``reloaded`` (after
+``--reload``), ``loaded`` (after ``--load``) and ``final``; ``losses.json``; and ``export/`` (``save_model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fsdp_worker import Net  # noqa: E402
+
+
+class DropNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.drop(x))
+
+
+def dataset() -> TensorDataset:
+    gen = torch.Generator().manual_seed(7)
+    return TensorDataset(torch.randn(64, 8, generator=gen), torch.randn(64, 4, generator=gen))
+
+
+def full_state(kernel: Kernel, model: nn.Module, optimizer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    params = kernel.get_state_dict(model)
+    optim = get_optimizer_state_dict(kernel.unwrap_model(model), optimizer.optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return params, optim
+
+
+def dump(kernel: Kernel, out: Path, tag: str, model: nn.Module, optimizer: Any) -> None:
+    params, optim = full_state(kernel, model, optimizer)
+    if kernel.is_main_process:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in params.items()}, str(out / f"{tag}_model.safetensors"))
+        torch.save(optim, out / f"{tag}_optim.pt")
+
+
+def save(kernel: Kernel, directory: Path, direct: bool) -> None:
+    if not direct:
+        kernel.save_state(directory)
+        return
+    from accel_fsdp import strategy
+
+    comp = next(c for c in kernel.components if isinstance(c, strategy.FSDPStrategy))
+    if kernel.is_main_process:
+        directory.mkdir(parents=True)
+    kernel.wait_for_everyone()
+    comp.accel_save_state(kernel, {"model": kernel._models[0], "optimizer": kernel._optimizers[0]}, directory)
+    kernel.wait_for_everyone()
+
+
+def load(kernel: Kernel, directory: Path, model: nn.Module, optimizer: Any, direct: bool) -> None:
+    if not direct:
+        kernel.load_state(directory)
+        return
+    from accel_fsdp import load_sharded
+
+    load_sharded(kernel, directory, model=model, optimizer=optimizer)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--save_at", type=int, default=-1)
+    parser.add_argument("--ckpt")
+    parser.add_argument("--reload", action="store_true")
+    parser.add_argument("--load")
+    parser.add_argument("--direct", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    kernel = Kernel(cpu=True)
+    torch.manual_seed(0 if args.load is None else 1)  # a resumed run starts from other weights: load must win
+    model = DropNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.8)
+    loader = DataLoader(dataset(), batch_size=8, shuffle=True)
+    model, optimizer, loader, scheduler = kernel.prepare(model, optimizer, loader, scheduler)
+    if kernel.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    if args.load:
+        load(kernel, Path(args.load), model, optimizer, args.direct)
+        dump(kernel, out, "loaded", model, optimizer)
+    step, losses = args.start, []
+    while step < args.steps:
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            kernel.backward(loss)
+            kernel.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(float(kernel.reduce(loss.detach(), "mean")))
+            step += 1
+            if step == args.save_at:
+                ckpt = Path(args.ckpt)
+                dump(kernel, out, "saved", model, optimizer)
+                save(kernel, ckpt, args.direct)
+                if args.reload:  # Accelerate #3896: load_state right after save_state
+                    load(kernel, ckpt, model, optimizer, args.direct)
+                    dump(kernel, out, "reloaded", model, optimizer)
+                kernel.end_training()
+                return
+            if step == args.steps:
+                break
+    dump(kernel, out, "final", model, optimizer)
+    if not args.direct:
+        kernel.save_model(model, out / "export")
+    if kernel.is_main_process:
+        (out / "losses.json").write_text(json.dumps(losses))
+    kernel.end_training()
+
+
+if __name__ == "__main__":
+    main()
