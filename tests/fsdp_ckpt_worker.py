@@ -1,11 +1,11 @@
 """Checkpoint worker for tests/test_fsdp_checkpoint.py (run under ``accel launch --plugin fsdp``).
 
-    python fsdp_ckpt_worker.py OUT --steps N [--save_at K --ckpt DIR [--reload]] [--load DIR --start K] [--direct]
+    python fsdp_ckpt_worker.py OUT --steps N [--save_at K --ckpt DIR [--reload]] [--load DIR --start K [--sharded]]
 
 Trains a small model with dropout on a shuffled dataloader for global steps ``start .. N``; at step ``K`` saves a
-checkpoint to DIR (``--reload``: loads it back at once, Accelerate's #3896) and exits; ``--load`` restores DIR
-first. ``--direct`` saves and loads through the plugin's hooks and ``accel_fsdp.load_sharded`` instead of
-``Kernel.save_state``/``load_state`` (so loading works on another number of processes than saving).
+checkpoint to DIR with ``save_state`` (``--reload``: ``load_state`` at once, Accelerate's #3896) and exits;
+``--load`` restores DIR first with ``load_state``, or with ``--sharded`` (another number of processes than the
+run that saved) checks that ``load_state`` refuses and loads model and optimizer with ``accel_fsdp.load_sharded``.
 On the main process it writes, as files in OUT: ``<tag>_model.safetensors`` (full parameters) and
 ``<tag>_optim.pt`` (full optimizer state) for the tags ``saved`` (just before saving), ``reloaded`` (after
 ``--reload``), ``loaded`` (after ``--load``) and ``final``; ``losses.json``; and ``export/`` (``save_model``).
@@ -61,27 +61,36 @@ def dump(kernel: Kernel, out: Path, tag: str, model: nn.Module, optimizer: Any) 
         torch.save(optim, out / f"{tag}_optim.pt")
 
 
-def save(kernel: Kernel, directory: Path, direct: bool) -> None:
-    if not direct:
-        kernel.save_state(directory)
-        return
-    from accel_fsdp import strategy
-
-    comp = next(c for c in kernel.components if isinstance(c, strategy.FSDPStrategy))
-    if kernel.is_main_process:
-        directory.mkdir(parents=True)
-    kernel.wait_for_everyone()
-    comp.accel_save_state(kernel, {"model": kernel._models[0], "optimizer": kernel._optimizers[0]}, directory)
-    kernel.wait_for_everyone()
-
-
-def load(kernel: Kernel, directory: Path, model: nn.Module, optimizer: Any, direct: bool) -> None:
-    if not direct:
+def load(kernel: Kernel, directory: Path, model: nn.Module, optimizer: Any, sharded: bool) -> None:
+    if not sharded:
         kernel.load_state(directory)
         return
+    from accel.errors import CheckpointError
     from accel_fsdp import load_sharded
 
+    try:
+        kernel.load_state(directory)
+    except CheckpointError as exc:
+        assert "holds one state per process for 2 process(es)" in str(exc), exc
+    else:
+        raise AssertionError("load_state on another number of processes must refuse (per-process items)")
     load_sharded(kernel, directory, model=model, optimizer=optimizer)
+
+
+def check_refusals(kernel: Kernel, out: Path) -> None:
+    """save_state in the middle of gradient accumulation is refused (FSDP holds the partial gradients)."""
+    from accel import UsageError
+
+    kernel.sync_gradients = False
+    try:
+        kernel.save_state(out / "mid_accumulation")
+    except UsageError as exc:
+        assert "middle of gradient accumulation" in str(exc), exc
+    else:
+        raise AssertionError("save_state in the middle of accumulation must be refused")
+    finally:
+        kernel.sync_gradients = True
+    assert not (out / "mid_accumulation").exists()
 
 
 def main() -> None:
@@ -93,7 +102,7 @@ def main() -> None:
     parser.add_argument("--ckpt")
     parser.add_argument("--reload", action="store_true")
     parser.add_argument("--load")
-    parser.add_argument("--direct", action="store_true")
+    parser.add_argument("--sharded", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
 
@@ -107,7 +116,7 @@ def main() -> None:
     if kernel.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     if args.load:
-        load(kernel, Path(args.load), model, optimizer, args.direct)
+        load(kernel, Path(args.load), model, optimizer, args.sharded)
         dump(kernel, out, "loaded", model, optimizer)
     step, losses = args.start, []
     while step < args.steps:
@@ -123,17 +132,17 @@ def main() -> None:
             if step == args.save_at:
                 ckpt = Path(args.ckpt)
                 dump(kernel, out, "saved", model, optimizer)
-                save(kernel, ckpt, args.direct)
+                kernel.save_state(ckpt)
                 if args.reload:  # Accelerate #3896: load_state right after save_state
-                    load(kernel, ckpt, model, optimizer, args.direct)
+                    kernel.load_state(ckpt)
                     dump(kernel, out, "reloaded", model, optimizer)
                 kernel.end_training()
                 return
             if step == args.steps:
                 break
     dump(kernel, out, "final", model, optimizer)
-    if not args.direct:
-        kernel.save_model(model, out / "export")
+    kernel.save_model(model, out / "export")
+    check_refusals(kernel, out)
     if kernel.is_main_process:
         (out / "losses.json").write_text(json.dumps(losses))
     kernel.end_training()

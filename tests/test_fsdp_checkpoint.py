@@ -3,6 +3,7 @@ and on a different number of processes, load right after save (Accelerate #3896)
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -51,34 +52,67 @@ def assert_identical(a: Any, b: Any, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def manifest_items(ckpt: Path) -> dict[str, tuple[str, str]]:
+    items = json.loads((ckpt / "accel_manifest.json").read_text())["items"]
+    return {k: (v["plugin"], v["format"]) for k, v in items.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
-def test_save_on_two_load_right_away_and_on_one_and_two(tmp_path: Path, kind: str) -> None:
-    """Through the plugin's own hooks (accel_save_state) and accel_fsdp.load_sharded: save on 2 processes, load in
-    the same process right after saving (#3896), and in new runs on 1 and on 2 processes (resharding). Every load
-    gives back bitwise the parameters and optimizer state that were saved."""
+def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path) -> None:
+    """Run A trains 6 steps straight. Run B trains 3, save_state (sharded), load_state at once (Accelerate #3896),
+    exits. Run C (2 processes) load_state and trains to 6: bitwise A. Run D (1 process): load_state refuses (per-process
+    random states and dataloader positions of 2 processes), accel_fsdp.load_sharded reshards model and optimizer."""
     ckpt = tmp_path / "ckpt"
-    extra = ("--fsdp_state_dict_type", kind)
-    launch(tmp_path, 2, str(tmp_path / "a"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload",
-           "--direct", flags=extra)
-    saved = state(tmp_path / "a", "saved")
+    launch(tmp_path, 2, str(tmp_path / "a"), "--steps", "6")
+    launch(tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload")
+    launch(tmp_path, 2, str(tmp_path / "c"), "--steps", "6", "--start", "3", "--load", str(ckpt))
+    launch(tmp_path, 1, str(tmp_path / "d"), "--steps", "5", "--start", "3", "--load", str(ckpt), "--sharded")
+
+    items = manifest_items(ckpt)
+    assert items["model"] == items["optimizer"] == ("fsdp", "torch.distributed.checkpoint")
+    assert items["scheduler"][0] == items["dataloader"][0] == items["rng"][0] == "accel"
+    for item in ("model", "optimizer"):  # one shard file per process, and DCP's index
+        assert sorted(p.name for p in (ckpt / item).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+    saved = state(tmp_path / "b", "saved")
     assert saved[1]["state"], "the optimizer had taken steps"
-    assert_identical(saved, state(tmp_path / "a", "reloaded"), "reloaded")
-    if kind == "SHARDED_STATE_DICT":
-        for item in ("model", "optimizer"):
-            files = sorted(p.name for p in (ckpt / item).iterdir())
-            assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"], files  # one shard file per process
-    else:
-        assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "optimizer.pt"]
-        assert_identical(load_file(str(ckpt / "model.safetensors")), saved[0], "model.safetensors")
-    for n in (1, 2) if kind == "SHARDED_STATE_DICT" else (1,):
-        out = tmp_path / f"b{n}"
-        launch(tmp_path, n, str(out), "--steps", "5", "--start", "3", "--load", str(ckpt), "--direct", flags=extra)
-        assert_identical(saved, state(out, "loaded"), f"loaded on {n}")
-        final = state(out, "final")[0]
-        assert all(torch.isfinite(v).all() for v in final.values())
-        assert any(not torch.equal(final[k], saved[0][k]) for k in final), "training went on after loading"
+    assert_identical(saved, state(tmp_path / "b", "reloaded"), "reloaded right after saving")
+    assert_identical(saved, state(tmp_path / "c", "loaded"), "loaded on 2")
+    assert_identical(state(tmp_path / "a", "final"), state(tmp_path / "c", "final"), "resumed")
+    losses_a = json.loads((tmp_path / "a" / "losses.json").read_text())
+    assert json.loads((tmp_path / "c" / "losses.json").read_text()) == losses_a[3:]
+
+    assert_identical(saved, state(tmp_path / "d", "loaded"), "loaded on 1")
+    final_d = state(tmp_path / "d", "final")[0]
+    assert all(torch.isfinite(v).all() for v in final_d.values())
+    assert any(not torch.equal(final_d[k], saved[0][k]) for k in final_d), "training went on after loading"
+
+    # save_model: plain safetensors that a model without FSDP loads
+    sys.path.insert(0, str(HERE))
+    from fsdp_ckpt_worker import DropNet
+
+    export = load_file(str(tmp_path / "a" / "export" / "model.safetensors"))
+    plain = DropNet()
+    plain.load_state_dict(export)
+    assert_identical({k: v for k, v in plain.state_dict().items()}, state(tmp_path / "a", "final")[0], "export")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_full_state_dict_checkpoint_saved_on_two_loaded_on_one(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    flags = ("--fsdp_state_dict_type", "FULL_STATE_DICT")
+    launch(tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload",
+           flags=flags)
+    launch(tmp_path, 1, str(tmp_path / "d"), "--steps", "5", "--start", "3", "--load", str(ckpt), "--sharded",
+           flags=flags)
+    items = manifest_items(ckpt)
+    assert items["model"] == ("fsdp", "safetensors-full") and items["optimizer"] == ("fsdp", "torch-weights-only-full")
+    saved = state(tmp_path / "b", "saved")
+    assert_identical(load_file(str(ckpt / "model.safetensors")), saved[0], "model.safetensors")
+    assert_identical(saved, state(tmp_path / "b", "reloaded"), "reloaded right after saving")
+    assert_identical(saved, state(tmp_path / "d", "loaded"), "loaded on 1")
 
 
 def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:

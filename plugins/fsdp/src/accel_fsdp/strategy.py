@@ -172,7 +172,11 @@ class FSDPStrategy(Component):
 
     def _optimizer_model(self, key: str, obj: Any) -> tuple[Any, Any] | None:
         """(the user's optimizer, the one sharded model it steps) for a prepared optimizer of a sharded model."""
-        inner = getattr(obj, "optimizer", obj)
+        import torch
+
+        if not isinstance(obj, torch.optim.Optimizer):  # a prepared scheduler has an .optimizer too
+            return None
+        inner = getattr(obj, "optimizer", obj)  # the kernel's PreparedOptimizer wraps the user's
         models = self.optimizer_models.get(id(inner))
         if not models:
             return None
