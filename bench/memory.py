@@ -158,7 +158,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker(args)
-        return
+        sys.stdout.flush()
+        os._exit(0)  # skip interpreter finalization: it sometimes aborts under load after the work is done
     results = {label: run_strategy(launch_args, args) for label, launch_args in STRATEGIES.items()}
     body = table(results)
     print(body)

@@ -6,6 +6,8 @@ Trains a small model with dropout on a shuffled dataloader for global steps ``st
 checkpoint to DIR with ``save_state`` (``--reload``: ``load_state`` at once, Accelerate's #3896) and exits;
 ``--load`` restores DIR first with ``load_state``, or with ``--sharded`` (another number of processes than the
 run that saved) checks that ``load_state`` refuses and loads model and optimizer with ``accel_fsdp.load_sharded``.
+Elastic: ``--project P --save_every M --kill_at S --marker F``: automatic checkpoints every M steps, resume from
+the latest at start-up, and the last process SIGKILLs itself once at step S (torchrun restarts the group).
 On the main process it writes, as files in OUT: ``<tag>_model.safetensors`` (full parameters) and
 ``<tag>_optim.pt`` (full optimizer state) for the tags ``saved`` (just before saving), ``reloaded`` (after
 ``--reload``), ``loaded`` (after ``--load``) and ``final``; ``losses.json``; and ``export/`` (``save_model``).
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,10 +27,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel
+from accel import Kernel, ProjectConfiguration
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fsdp_worker import Net  # noqa: E402
+from fsdp_worker import Net, finish  # noqa: E402
 
 
 class DropNet(Net):
@@ -36,6 +40,19 @@ class DropNet(Net):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(self.drop(x))
+
+
+class Progress:
+    """The global step, saved in checkpoints (register_for_checkpointing)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])
 
 
 def dataset() -> TensorDataset:
@@ -103,22 +120,32 @@ def main() -> None:
     parser.add_argument("--reload", action="store_true")
     parser.add_argument("--load")
     parser.add_argument("--sharded", action="store_true")
+    parser.add_argument("--project")
+    parser.add_argument("--save_every", type=int, default=0)
+    parser.add_argument("--kill_at", type=int, default=0)
+    parser.add_argument("--marker")
     args = parser.parse_args()
     out = Path(args.out)
 
-    kernel = Kernel(cpu=True)
+    config = ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2) if args.project else None
+    kernel = Kernel(cpu=True, project_dir=args.project, project_config=config)
     torch.manual_seed(0 if args.load is None else 1)  # a resumed run starts from other weights: load must win
     model = DropNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.8)
     loader = DataLoader(dataset(), batch_size=8, shuffle=True)
     model, optimizer, loader, scheduler = kernel.prepare(model, optimizer, loader, scheduler)
+    progress = Progress()
+    kernel.register_for_checkpointing(progress)
     if kernel.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+    progress.step = args.start
     if args.load:
         load(kernel, Path(args.load), model, optimizer, args.sharded)
         dump(kernel, out, "loaded", model, optimizer)
-    step, losses = args.start, []
+    elif args.project and kernel.latest_checkpoint() is not None:
+        kernel.load_state()
+    step, losses = (args.start if args.sharded else progress.step), []
     while step < args.steps:
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x), y)
@@ -129,6 +156,12 @@ def main() -> None:
             optimizer.zero_grad()
             losses.append(float(kernel.reduce(loss.detach(), "mean")))
             step += 1
+            progress.step = step
+            if args.save_every and step % args.save_every == 0:
+                kernel.save_state()
+            if args.kill_at == step and kernel.is_last_process and not Path(args.marker).exists():
+                Path(args.marker).write_text("killed once\n")
+                os.kill(os.getpid(), signal.SIGKILL)
             if step == args.save_at:
                 ckpt = Path(args.ckpt)
                 dump(kernel, out, "saved", model, optimizer)
@@ -137,7 +170,7 @@ def main() -> None:
                     kernel.load_state(ckpt)
                     dump(kernel, out, "reloaded", model, optimizer)
                 kernel.end_training()
-                return
+                finish()
             if step == args.steps:
                 break
     dump(kernel, out, "final", model, optimizer)
@@ -146,6 +179,7 @@ def main() -> None:
     if kernel.is_main_process:
         (out / "losses.json").write_text(json.dumps(losses))
     kernel.end_training()
+    finish()
 
 
 if __name__ == "__main__":

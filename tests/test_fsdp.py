@@ -167,3 +167,31 @@ def test_wrap_units_follow_the_policy() -> None:
     assert big == list(model.blocks)  # each Block has 4256 parameters; no single Linear reaches 4000
     with pytest.raises(UsageError, match="no module of class Nope in Net"):
         wrap_units(model, ShardConfig(layer_classes=("Nope",)))
+
+
+def test_accel_config_asks_accelerates_fsdp_questions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plugin_shadow import hide_plugins
+
+    from accel.commands.config import Questionnaire
+    from accel.plugins import Plugins
+
+    monkeypatch.syspath_prepend(str(hide_plugins(tmp_path / "shadow", keep=("ddp", "fsdp"))))
+    plugins = Plugins.load(env={})
+    answers = {"distributed_type": "MULTI_GPU", "strategy": "FSDP", "num_processes": "2",
+               "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+               "fsdp_min_num_params": "5000", "fsdp_offload_params": True}
+    asked: list[str] = []
+
+    def ask(q: Any, disabled: Any) -> Any:
+        asked.append(q.key)
+        return answers.get(q.key, q.default)
+
+    questionnaire = Questionnaire(plugins, ask, env={})
+    questionnaire.run()
+    data = questionnaire.config_data()
+    assert "fsdp_transformer_layer_cls_to_wrap" not in asked  # only the follow-up of the chosen policy
+    assert data["distributed_type"] == "FSDP"
+    assert data["fsdp_config"] == {
+        "fsdp_reshard_after_forward": True, "fsdp_offload_params": True, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+        "fsdp_min_num_params": 5000, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": False}

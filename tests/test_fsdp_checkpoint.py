@@ -62,7 +62,8 @@ def manifest_items(ckpt: Path) -> dict[str, tuple[str, str]]:
 def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path) -> None:
     """Run A trains 6 steps straight. Run B trains 3, save_state (sharded), load_state at once (Accelerate #3896),
     exits. Run C (2 processes) load_state and trains to 6: bitwise A. Run D (1 process): load_state refuses (per-process
-    random states and dataloader positions of 2 processes), accel_fsdp.load_sharded reshards model and optimizer."""
+    random states and dataloader positions of 2 processes), accel_fsdp.load_sharded reshards model and optimizer.
+    Run E is killed mid-run and restarted by torchrun (--max_restarts)."""
     ckpt = tmp_path / "ckpt"
     launch(tmp_path, 2, str(tmp_path / "a"), "--steps", "6")
     launch(tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload")
@@ -87,6 +88,13 @@ def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path)
     final_d = state(tmp_path / "d", "final")[0]
     assert all(torch.isfinite(v).all() for v in final_d.values())
     assert any(not torch.equal(final_d[k], saved[0][k]) for k in final_d), "training went on after loading"
+
+    # elastic: the last process dies at step 5; torchrun restarts both, they resume from the automatic checkpoint of
+    # step 4 and end bitwise where the uninterrupted run ended
+    launch(tmp_path, 2, str(tmp_path / "e"), "--steps", "6", "--project", str(tmp_path / "proj"), "--save_every", "2",
+           "--kill_at", "5", "--marker", str(tmp_path / "killed"), flags=("--max_restarts", "1"))
+    assert (tmp_path / "killed").exists()
+    assert_identical(state(tmp_path / "a", "final"), state(tmp_path / "e", "final"), "after an elastic restart")
 
     # save_model: plain safetensors that a model without FSDP loads
     sys.path.insert(0, str(HERE))
@@ -113,6 +121,17 @@ def test_full_state_dict_checkpoint_saved_on_two_loaded_on_one(tmp_path: Path) -
     assert_identical(load_file(str(ckpt / "model.safetensors")), saved[0], "model.safetensors")
     assert_identical(saved, state(tmp_path / "b", "reloaded"), "reloaded right after saving")
     assert_identical(saved, state(tmp_path / "d", "loaded"), "loaded on 1")
+
+
+@pytest.mark.slow
+def test_plain_python_kernel_arguments_and_saving_before_the_first_step(tmp_path: Path) -> None:
+    """Kernel(plugins=["fsdp"], fsdp_...=...) in a plain `python` process (a world of one); save_state/load_state
+    before the first optimizer step change nothing: training afterwards is bitwise the same as without them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "FSDP_"))}
+    env.update(ACCEL_HOME=str(tmp_path / "accel_home"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(HERE / "fsdp_single_worker.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
+from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
 
 NAME = "fsdp"
 accel_components = ["accel_fsdp.strategy:FSDPStrategy"]
@@ -52,6 +52,40 @@ def accel_add_options(options: Options) -> None:
                        ("fsdp_use_orig_params", "bool"), ("fsdp_sync_module_states", "bool")):
         add(name, type=what, default=None, cli=False,
             help="FSDP1 setting, accepted in config files and ignored (FSDP2 has no such knob).")
+
+
+@hookimpl
+def accel_config_questions(answers: Mapping[str, Any]) -> list[Question] | None:
+    """Accelerate's FSDP questions (its FSDP2 branch) for ``accel config``, when FSDP was chosen."""
+    if answers.get("distributed_type") != "FSDP":
+        return None
+    qs = [
+        Question("fsdp_reshard_after_forward", "Do you want to reshard the parameters after the forward pass "
+                 "(less memory, one more all-gather in backward)?", kind="confirm", default=True),
+        Question("fsdp_offload_params", "Do you want to offload parameters and gradients to CPU?", kind="confirm",
+                 default=False),
+        Question("fsdp_auto_wrap_policy", "What should be your auto wrap policy?", kind="select",
+                 choices=WRAP_POLICIES, default="TRANSFORMER_BASED_WRAP"),
+    ]
+    policy = answers.get("fsdp_auto_wrap_policy")
+    if policy == "TRANSFORMER_BASED_WRAP":
+        qs.append(Question("fsdp_transformer_layer_cls_to_wrap", "Specify the comma-separated list of transformer "
+                           "layer class names (case-sensitive) to wrap, e.g. BertLayer, GPTJBlock, T5Block:",
+                           kind="text", default="", help="Leave empty to use the model's _no_split_modules."))
+    elif policy == "SIZE_BASED_WRAP":
+        qs.append(Question("fsdp_min_num_params", "What should be your FSDP's minimum number of parameters for "
+                           "default auto wrapping?", kind="int", default=100_000_000))
+    if policy is not None:
+        qs += [
+            Question("fsdp_state_dict_type", "What should be your FSDP's state dict type?", kind="select",
+                     choices=STATE_DICT_TYPES, default="SHARDED_STATE_DICT"),
+            Question("fsdp_cpu_ram_efficient_loading", "Do you want to enable CPU RAM efficient model loading "
+                     "(only the main process holds the weights until they are sharded)?", kind="confirm",
+                     default=False),
+            Question("fsdp_activation_checkpointing", "Do you want to enable FSDP activation checkpointing?",
+                     kind="confirm", default=False),
+        ]
+    return qs
 
 
 def _gpu_count() -> int:

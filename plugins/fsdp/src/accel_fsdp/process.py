@@ -109,6 +109,22 @@ def distributed_env() -> None:
     env.setdefault("MASTER_PORT", str(free_port()))
 
 
+def restart_store(timeout: Any) -> dict[str, Any]:
+    """After a torchrun restart (``--max_restarts``) the agent keeps one store for every round: give the new group
+    a key prefix of its own, so restarted workers never read the dead group's addresses. Returns extra
+    ``init_process_group`` arguments (none on the first round)."""
+    env = os.environ
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    import torch.distributed as dist
+
+    world = int(env["WORLD_SIZE"])
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"accel-fsdp/restart_{restart}", store), "rank": int(env["RANK"]),
+            "world_size": world}
+
+
 class TorchDistributed:
     """Collectives over the default torch.distributed process group."""
 

@@ -64,8 +64,10 @@ class FSDPStrategy(Component):
             self.device = torch.device("cpu")
         if not dist.is_initialized():
             backend = dist.get_default_backend_for_device(self.device)
-            dist.init_process_group(backend=backend, timeout=timedelta(seconds=TIMEOUT_S),
-                                    device_id=self.device if self.device.type != "cpu" else None)
+            timeout = timedelta(seconds=TIMEOUT_S)
+            dist.init_process_group(backend=backend, timeout=timeout,
+                                    device_id=self.device if self.device.type != "cpu" else None,
+                                    **process.restart_store(timeout))
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
