@@ -1,7 +1,7 @@
 """Per-rank parameter + optimizer memory of FSDP (accel-plugin-fsdp) against DDP (accel-plugin-ddp) on 2 ranks.
 
-    python bench/memory.py                         # print the table
-    python bench/memory.py --write docs/benchmarks.md
+    python bench/memory.py            # print the table
+    python bench/memory.py --write    # ... and update the fsdp-memory section of docs/benchmarks.md
 
 Each strategy runs this file as a worker under ``accel launch -n 2 --plugin <strategy>``: an MLP of ``--layers``
 blocks of two ``--hidden``-wide linear layers (the default is about 300 MiB of fp32 parameters), AdamW, one training
@@ -19,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-MARK_BEGIN = "<!-- bench/memory.py: begin -->"
-MARK_END = "<!-- bench/memory.py: end -->"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, write_section  # noqa: E402
+
 MB = 1024 * 1024
 
 
@@ -137,34 +138,24 @@ def table(results: dict[str, list[dict[str, int]]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    section = f"{MARK_BEGIN}\n## FSDP vs DDP memory per rank (`bench/memory.py`)\n\n{body}\n{MARK_END}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=9, help="blocks of two hidden x hidden linear layers")
-    parser.add_argument("--write", type=Path, help="update this markdown file's section with the results")
+    parser.add_argument("--write", action="store_true", help="update the fsdp-memory section of docs/benchmarks.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         sys.stdout.flush()
         os._exit(0)  # skip interpreter finalization: it sometimes aborts under load after the work is done
+    where = machine()
     results = {label: run_strategy(launch_args, args) for label, launch_args in STRATEGIES.items()}
     body = table(results)
     print(body)
     if args.write:
-        write_section(args.write, body)
+        write_section("fsdp-memory", "## FSDP vs DDP: memory per process\n\n"
+                                     f"`python bench/memory.py --write`; {where}\n\n{body}\n")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ def train(args: argparse.Namespace) -> None:
     def record(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         seen["weight_dtype"] = str(module.weight.dtype)
         seen["input_dtype"] = str(inputs[0].dtype)
+        seen["autocast"] = torch.is_autocast_enabled(inputs[0].device.type)
 
     model.blocks[0].fc1.register_forward_pre_hook(record)
     model, optimizer = kernel.prepare(model, optimizer)

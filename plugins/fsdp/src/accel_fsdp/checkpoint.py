@@ -111,9 +111,9 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, key: str,
         fresh = bool(state.pop(FRESH))
         set_optimizer_state_dict(model, optimizer, state)
     elif record.format == FULL_OPTIM_FORMAT:
-        import torch
+        from accel.checkpoint import load_weights_only
 
-        state = torch.load(directory / record.files[0], map_location="cpu", weights_only=True) if is_main else {}
+        state = load_weights_only(directory / record.files[0]) if is_main else {}
         fresh = bool(state.pop(FRESH, False))
         set_optimizer_state_dict(model, optimizer, state, options=_options(True, broadcast=True))
         fresh = _broadcast_flag(fresh)
@@ -155,50 +155,22 @@ def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# DCP keeps its index (.metadata) as a pickle. Reading a checkpoint must never run code from it: unpickle with an
-# allow-list of the plain records DCP writes there (the tensors and other values are read by torch.load with
-# weights_only=True already).
-
-_ALLOWED = {
-    "builtins": {"set", "frozenset", "dict", "list", "tuple", "slice", "bytes", "bytearray"},
-    "collections": {"OrderedDict", "defaultdict"},
-    "torch": {"Size", "device", "dtype", "layout", "memory_format"} | {
-        "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool", "complex64",
-        "complex128", "float8_e4m3fn", "float8_e5m2", "strided", "sparse_coo", "contiguous_format",
-        "channels_last", "channels_last_3d", "preserve_format"},
-    "torch.serialization": {"_get_layout"},
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "torch.distributed.checkpoint.metadata": {"*"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.distributed.checkpoint.planner": {"*"},
-}
-
-
-def _safe_unpickler(stream: Any) -> Any:
-    import pickle
-
-    class Restricted(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            allowed = _ALLOWED.get(module, set())
-            if "*" not in allowed and name not in allowed:
-                raise UsageError(f"refusing to load checkpoint metadata that references {module}.{name} "
-                                 "(only torch.distributed.checkpoint records are allowed)")
-            return super().find_class(module, name)
-
-    return Restricted(stream)
+# DCP keeps its index (.metadata) as a pickle, and its FileSystemReader reads it with pickle.load. Loading a
+# checkpoint must never run code from it: read it with the kernel's allow-list of the records DCP writes there
+# (tensors and other values are read by DCP with torch.load(weights_only=True) already).
 
 
 def _safe_reader_class() -> type:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
+
     class Reader(FileSystemReader):
         """FileSystemReader whose ``read_metadata`` unpickles with an allow-list."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = self._get_metadata_path(kwargs.get("rank"))
-            with self.fs.create_stream(path, "rb") as stream:
-                metadata = _safe_unpickler(stream).load()
+            metadata = load_restricted_pickle(self._get_metadata_path(kwargs.get("rank")), DCP_METADATA_GLOBALS)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
