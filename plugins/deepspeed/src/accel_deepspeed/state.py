@@ -1,0 +1,65 @@
+"""Weights and checkpoints of DeepSpeed engines (imports torch and deepspeed: loaded only inside a worker).
+
+Every function here is collective: call it on every process, in the same order.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: Checkpoint tag used inside each engine's directory (DeepSpeed writes ``<dir>/<tag>/...``).
+TAG = "state"
+FORMAT = "deepspeed-checkpoint"
+
+
+def full_state_dict(engine: Any, sixteen_bit: bool) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on process 0 (``{}`` elsewhere), on the CPU, loadable without DeepSpeed.
+
+    ZeRO-3 partitions are gathered layer by layer. Parameters are the fp32 master weights the optimizer keeps
+    (DeepSpeed's ``zero_to_fp32`` result, gathered in memory) unless ``sixteen_bit``: then they are the weights in
+    the training dtype (bf16/fp16 under mixed precision; fp32 otherwise, where both are the same)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    if engine.zero_optimization_partition_weights():
+        state = engine._zero3_consolidated_16bit_state_dict() or {}
+    else:
+        state = {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+    low_precision = engine.bfloat16_enabled() or engine.fp16_enabled()
+    if low_precision and not sixteen_bit:
+        done: dict[int, torch.Tensor | None] = {}
+        for name, param in engine.module.named_parameters(remove_duplicate=False):
+            if id(param) not in done:
+                full = safe_get_full_fp32_param(param)  # collective
+                done[id(param)] = None if full is None else full.detach().float().cpu()
+            if done[id(param)] is not None and name in state:
+                state[name] = done[id(param)]
+    return state if dist.get_rank() == 0 else {}
+
+
+def files_under(root: Path, sub: Path) -> list[str]:
+    """Files below ``root/sub``, relative to ``root``, with '/' separators, sorted."""
+    out = []
+    for folder, _, files in os.walk(root / sub):
+        for name in files:
+            out.append(Path(os.path.relpath(os.path.join(folder, name), root)).as_posix())
+    return sorted(out)
+
+
+def save(engine: Any, root: Path, sub: str) -> list[str]:
+    """Write the engine's checkpoint (module, ZeRO partitions, optimizer states, step counters) to
+    ``root/sub/<TAG>/``; returns the files written there by any process on this machine."""
+    engine.save_checkpoint(os.fspath(root / sub), tag=TAG, save_latest=False)
+    dist.barrier()
+    return files_under(root, Path(sub))
+
+
+def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
+    path, _ = engine.load_checkpoint(os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer,
+                                     load_lr_scheduler_states=False)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load its checkpoint from {root / sub}")
