@@ -193,6 +193,7 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
     # A client torch optimizer with offloaded optimizer states: run it on the CPU partitions as it is (no
     # DeepSpeedCPUAdam build); set "zero_force_ds_cpu_optimizer": true in the file to require DeepSpeed's.
     config.setdefault("zero_force_ds_cpu_optimizer", False)
+    config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer the script brings (SGD, ...)
     config.setdefault("steps_per_print", 2**31 - 1)  # accel's trackers log; keep DeepSpeed's periodic prints off
     left = _autos(config)
     if left:

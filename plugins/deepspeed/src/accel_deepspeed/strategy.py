@@ -183,7 +183,10 @@ class DeepSpeedStrategy(Component):
         settings = plan.settings
         launcher.check_filters(settings)
         env = plan.env
-        env.update(self.launch_handoff(settings))
+        handoff = self.launch_handoff(settings)
+        env.update(handoff)
+        if plan.dry_run and handoff:
+            print("from the DeepSpeed config to the Kernel: " + " ".join(f"{k}={v}" for k, v in handoff.items()))
         gpu_ids = settings.get("gpu_ids")
         if gpu_ids and str(gpu_ids).lower() != "all":
             env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
