@@ -344,8 +344,16 @@ def test_zero_stages_match_ddp(tmp_path: Path) -> None:
     assert bf16["dtypes"] == ["torch.float32"]
     assert bf16["losses"] == pytest.approx(ddp["losses"], abs=3e-2)
     assert bf16["losses"] != pytest.approx(ddp["losses"], abs=1e-6)  # it did run in bf16
+    # ZeRO-3 bf16 with zero3_save_16bit_model: the export holds the bf16 training weights instead
+    assert res["zero3_bf16_16bit"]["dtypes"] == ["torch.bfloat16"]
+    assert res["zero3_bf16_16bit"]["losses"] == pytest.approx(ddp["losses"], abs=3e-2)
     # student + frozen teacher: ZeRO-3 partitions the teacher in its own engine and matches DDP
     assert res["teacher_zero3"]["teacher_type"] == "DeepSpeedEngine"
+    assert res["teacher_zero3"]["teacher_unchanged"] and res["teacher_zero3"]["teacher_export"] == ["torch.float32"]
+    assert res["teacher_ddp"]["teacher_type"] == "Sequential"
+    bf16_teacher = res["teacher_zero3_bf16"]
+    assert bf16_teacher["teacher_export"] == ["torch.float32"] and not bf16_teacher["teacher_unchanged"]  # bf16-rounded
+    assert bf16_teacher["losses"] == pytest.approx(res["teacher_ddp"]["losses"], abs=2e-2)
     assert res["teacher_zero3"]["losses"] == pytest.approx(res["teacher_ddp"]["losses"], rel=1e-4, abs=1e-6)
     assert "DeepSpeed trains one model per Kernel" in res["two_trained"]
 

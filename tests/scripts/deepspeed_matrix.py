@@ -76,6 +76,11 @@ def train(name: str, kernel: Kernel, teacher: bool = False) -> dict:
               "dtypes": sorted({str(v.dtype) for v in state.values()}), "keys": sorted(state)}
     if teacher:
         result["teacher_type"] = type(getattr(tutor, "module", tutor)).__name__
+        exported = kernel.get_state_dict(tutor)  # frozen: still the weights it was built with
+        if kernel.is_main_process:
+            original = net(seed=7).state_dict()
+            result["teacher_export"] = sorted({str(v.dtype) for v in exported.values()})
+            result["teacher_unchanged"] = all(torch.equal(exported[k].float(), original[k]) for k in original)
     kernel.end_training()
     return result
 
@@ -89,6 +94,7 @@ RUNS = {
     "zero3_offload": dict(plugins=["deepspeed"], zero_stage=3, offload_optimizer_device="cpu",
                           offload_param_device="cpu"),
     "zero2_bf16": dict(plugins=["deepspeed"], zero_stage=2, mixed_precision="bf16"),
+    "zero3_bf16_16bit": dict(plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", zero3_save_16bit_model=True),
 }
 
 
@@ -104,6 +110,8 @@ def main() -> None:
                                        teacher=True)
         results["teacher_zero3"] = train("teacher_zero3", Kernel(plugins=["deepspeed"], zero_stage=3,
                                                                  gradient_accumulation_steps=GAS), teacher=True)
+        results["teacher_zero3_bf16"] = train("teacher_zero3_bf16", Kernel(
+            plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", gradient_accumulation_steps=GAS), teacher=True)
         kernel = Kernel(plugins=["deepspeed"], zero_stage=2)
         a, b = net(), net(1)
         oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)

@@ -21,8 +21,10 @@ def full_state_dict(engine: Any, sixteen_bit: bool) -> dict[str, torch.Tensor]:
     """The whole model's state dict on process 0 (``{}`` elsewhere), on the CPU, loadable without DeepSpeed.
 
     ZeRO-3 partitions are gathered layer by layer. Parameters are the fp32 master weights the optimizer keeps
-    (DeepSpeed's ``zero_to_fp32`` result, gathered in memory) unless ``sixteen_bit``: then they are the weights in
-    the training dtype (bf16/fp16 under mixed precision; fp32 otherwise, where both are the same)."""
+    (DeepSpeed's ``zero_to_fp32`` result, gathered in memory; frozen parameters and buffers are cast to fp32) unless
+    ``sixteen_bit``: then they are the weights in the training dtype (bf16/fp16 under mixed precision; fp32
+    otherwise, where both are the same)."""
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
     from deepspeed.utils import safe_get_full_fp32_param
 
     if engine.zero_optimization_partition_weights():
@@ -30,14 +32,19 @@ def full_state_dict(engine: Any, sixteen_bit: bool) -> dict[str, torch.Tensor]:
     else:
         state = {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
     low_precision = engine.bfloat16_enabled() or engine.fp16_enabled()
-    if low_precision and not sixteen_bit:
+    has_masters = engine.optimizer is not None and not isinstance(engine.optimizer, DeepSpeedZeRoOffload)
+    if low_precision and has_masters and not sixteen_bit:
         done: dict[int, torch.Tensor | None] = {}
         for name, param in engine.module.named_parameters(remove_duplicate=False):
+            if not param.requires_grad:  # frozen parameters have no master copy
+                continue
             if id(param) not in done:
                 full = safe_get_full_fp32_param(param)  # collective
                 done[id(param)] = None if full is None else full.detach().float().cpu()
             if done[id(param)] is not None and name in state:
                 state[name] = done[id(param)]
+    if low_precision and not sixteen_bit:  # frozen parameters and buffers too: an all-fp32 export
+        state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     return state if dist.get_rank() == 0 else {}
 
 
