@@ -130,6 +130,13 @@ def explicit_accumulation(config: Mapping[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def placeholder_micro(config: Mapping[str, Any]) -> int | None:
+    """A micro-batch size to check a config with when no DataLoader is known (at launch, for frozen models):
+    ``None`` when the config determines it itself, else 1."""
+    fixed = isinstance(config.get("train_micro_batch_size_per_gpu"), int) or isinstance(config.get("train_batch_size"), int)
+    return None if fixed else 1
+
+
 def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, Any]:
     """Fill the Kernel-owned and ``"auto"`` values in place and check agreement. Returns ``config``."""
     gas = facts.gradient_accumulation_steps

@@ -151,7 +151,6 @@ class DeepSpeedStrategy(Component):
         self.settings = settings
         self.owns_process_group = False
         self.prepared: list[Prepared] = []
-        self.config: dict[str, Any] | None = None  # the filled config of the trained engine
 
     # ---- launching ----------------------------------------------------------------------------------------
 
@@ -171,9 +170,7 @@ class DeepSpeedStrategy(Component):
         if ds_precision is not None and settings.sources.get("mixed_precision") == "default":
             precision = ds_precision
             env["ACCEL_MIXED_PRECISION"] = ds_precision
-        micro = config.get("train_micro_batch_size_per_gpu")
-        placeholder = None if isinstance(micro, int) or isinstance(config.get("train_batch_size"), int) else 1
-        facts = dsconfig.KernelFacts(gas, precision, settings["num_processes"], placeholder)
+        facts = dsconfig.KernelFacts(gas, precision, settings["num_processes"], dsconfig.placeholder_micro(config))
         dsconfig.fill(config, facts, where)
         refuse_fp16_on_cpu(precision, bool(settings["cpu"]))
         return env
@@ -296,8 +293,10 @@ class DeepSpeedStrategy(Component):
         return dsconfig.KernelFacts(kernel.gradient_accumulation_steps, kernel.mixed_precision,
                                     kernel.num_processes, micro, hidden)
 
-    def _config(self, kernel: Kernel, micro: int | None, model: Any) -> dict[str, Any]:
+    def _config(self, kernel: Kernel, micro: int | None, model: Any, trained: bool) -> dict[str, Any]:
         config, where = dsconfig.base_config(self.settings)
+        if not trained:  # a frozen model's engine never sees a batch size: do not check one
+            micro = dsconfig.placeholder_micro(config)
         return dsconfig.fill(config, self._facts(kernel, micro, model), where)
 
     @hookimpl
@@ -309,8 +308,7 @@ class DeepSpeedStrategy(Component):
             return contextlib.nullcontext()  # zero.Init only partitions under ZeRO-3
         import deepspeed
 
-        micro = config.get("train_micro_batch_size_per_gpu")
-        facts = self._facts(kernel, micro if isinstance(micro, int) else 1, None)
+        facts = self._facts(kernel, dsconfig.placeholder_micro(config), None)
         return deepspeed.zero.Init(config_dict_or_path=dsconfig.fill(config, facts, where))
 
     @staticmethod
@@ -362,7 +360,7 @@ class DeepSpeedStrategy(Component):
         wrapped: list[Any] = []
         for model in models:
             opt = owner.get(id(model))
-            config = self._config(kernel, micro if opt is not None else (micro or 1), model)
+            config = self._config(kernel, micro, model, trained=opt is not None)
             dtype = torch.bfloat16 if config["bf16"]["enabled"] else torch.float16 if config["fp16"]["enabled"] else None
             stage = dsconfig.stage_of(config)
             if opt is None and stage != 3:
@@ -373,8 +371,6 @@ class DeepSpeedStrategy(Component):
                 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
                 rec = Prepared(module=model, wrapper=DeepSpeedModel(engine, dtype), engine=engine, optimizer=opt,
                                clip=float(config.get("gradient_clipping") or 0.0))
-                if opt is not None:
-                    self.config = config
             self.prepared.append(rec)
             wrapped.append(rec.wrapper)
         return wrapped, list(optimizers), list(schedulers)
