@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel
+from accel import Kernel, UsageError
+from accel.checkpoint import MANIFEST
 
 OUT = Path(sys.argv[1])
 SAVE_AT = 6
@@ -80,10 +81,26 @@ def weights(kernel: Kernel, model: nn.Module) -> dict[str, list]:
     return {k: v.tolist() for k, v in kernel.get_state_dict(model).items()}
 
 
+def mid_cycle_save_is_refused() -> str:
+    parts = build(dict(plugins=["deepspeed"], zero_stage=2), seed=0)
+    kernel, _, model, optimizer, loader, _ = parts
+    x, y = next(iter(loader))
+    with kernel.accumulate(model):  # the first of 2 micro-batches: no sync yet
+        kernel.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    try:
+        kernel.save_state(OUT / "mid_cycle")
+        message = "saved"
+    except UsageError as exc:
+        message = str(exc)
+    kernel.end_training()
+    return message
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo")
-    results = {}
+    results: dict = {"mid_cycle": mid_cycle_save_is_refused()}
     for name, kwargs in {"zero2": dict(zero_stage=2), "zero3": dict(zero_stage=3),
                          "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16")}.items():
         ckpt = OUT / f"ckpt_{name}"
@@ -103,7 +120,7 @@ def main() -> None:
         resumed = train(fresh)
         resumed_final = weights(fresh[0], fresh[2])
         fresh[0].end_training()
-        manifest = json.loads((ckpt / "manifest.json").read_text()) if (ckpt / "manifest.json").exists() else {}
+        manifest = json.loads((ckpt / MANIFEST).read_text())
         results[name] = {"after_save": after_save, "again": again, "resumed": resumed,
                          "final_equal": final == resumed_final, "again_equal": final == again_final,
                          "init_differs": before_load != final, "final": final,

@@ -498,7 +498,12 @@ class DeepSpeedStrategy(Component):
         from accel_deepspeed import state
 
         records: dict[str, ItemRecord] = {}
-        for rec, model_key, opt_key in self._items(kernel, items):
+        found = self._items(kernel, items)
+        if found and not kernel.sync_gradients:
+            raise UsageError("save_state in the middle of gradient accumulation: DeepSpeed keeps the gradients of the "
+                             "unfinished cycle inside its engine, where no checkpoint can hold them; save after a step "
+                             "that synchronises (if kernel.sync_gradients: kernel.save_state(...))")
+        for rec, model_key, opt_key in found:
             sub = f"deepspeed_{model_key}"
             files = state.save(rec.engine, Path(directory), sub)
             extra = {"dir": sub, "tag": state.TAG, "zero_stage": int(rec.engine.zero_optimization_stage()),
