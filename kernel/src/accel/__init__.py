@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Topology
-from accel.errors import AccelError, PluginError, UsageError
+from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
+from accel.errors import AccelError, CheckpointError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
 
@@ -20,6 +20,8 @@ except Exception:  # running from a source tree without installation
     __version__ = "0.0.0"
 
 if TYPE_CHECKING:
+    from accel.checkpoint import ProjectConfiguration, load_model
+    from accel.data import skip_first_batches
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
 
@@ -27,11 +29,18 @@ _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
+    "ProjectConfiguration": "accel.checkpoint",
+    "debug_launcher": "accel.launchers",
+    "load_model": "accel.checkpoint",
+    "notebook_launcher": "accel.launchers",
+    "skip_first_batches": "accel.data",
 }
 
 __all__ = [
-    "AccelError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options", "PluginError",
-    "PreparedOptimizer", "PreparedScheduler", "Settings", "Topology", "UsageError", "hookimpl", "hookspec",
+    "AccelError", "CheckpointError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
+    "PluginError", "PreparedOptimizer", "PreparedScheduler", "ProjectConfiguration", "Question", "Settings",
+    "Topology", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model", "notebook_launcher",
+    "skip_first_batches",
 ]
 
 

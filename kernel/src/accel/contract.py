@@ -87,6 +87,33 @@ class ItemRecord:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: Kinds of :class:`Question`: a menu (arrow keys), yes/no, free text, a whole number, a number, a file path.
+QUESTION_KINDS = ("select", "confirm", "text", "int", "float", "path")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question of ``accel config``, returned by ``accel_config_questions``.
+
+    - ``key``: the name of an option (declared in ``accel_add_options`` by this plugin, another plugin or the
+      kernel). The answer is checked and converted by that option (so a bad answer is asked again) and written to
+      the config file at the option's ``config_key`` (``deepspeed_config.zero_stage``). With ``store=False`` the key
+      is only a name in ``answers`` that steers later questions (``"deepspeed_use_json"``) and is not written.
+    - ``prompt``: the sentence shown. ``kind``: one of ``QUESTION_KINDS``. ``choices``: the values of a ``select``
+      (shown as they are, or through ``titles``, same length). ``default``: pre-selected value (``None``: the
+      option's default). ``help``: one extra line shown under the prompt.
+    """
+
+    key: str
+    prompt: str
+    kind: str = "text"
+    choices: tuple[str, ...] = ()
+    default: Any = None
+    titles: tuple[str, ...] = ()
+    help: str = ""
+    store: bool = True
+
+
 class Collectives(Protocol):
     """Communication between the processes of the run. ``accel_collectives`` returns one; the Kernel builds
     ``gather``, ``reduce``, ``broadcast`` ... on top of it. Every method is called by every process."""

@@ -9,6 +9,12 @@ that run out early get *empty* batches (zero rows) for the remaining steps, so c
 Shuffling: a ``RandomSampler`` without its own generator is replaced by ``SeedableRandomSampler``, seeded
 identically on every process (drawn from torch's global generator and broadcast from process 0) and reseeded with
 ``seed + epoch``, so all processes agree on the permutation and an epoch can be replayed exactly.
+
+Resuming: a prepared dataloader knows how many batches of the current pass it handed out and the sampler's (and
+generators') state when the pass began (``state_dict``). ``load_state_dict`` makes the next pass replay that
+epoch's order and skip the batches already seen, at the batch-sampler level (:class:`SkipBatchSampler`): the
+skipped batches' indices are drawn, their samples are never loaded. ``skip_first_batches`` does the same on
+request.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+from accel.errors import UsageError
 
 if TYPE_CHECKING:
     from accel.kernel import Kernel
@@ -116,6 +124,41 @@ class BatchSamplerShard(Sampler[list[int]]):
         yield group[r]
 
 
+class SkipBatchSampler(Sampler[Any]):
+    """The batches (or indices) of ``batch_sampler``, leaving out the first ``skip`` of the *next* pass only.
+    Skipped batches are drawn from the inner sampler (so its order and state advance exactly as in a full pass)
+    but never loaded."""
+
+    def __init__(self, batch_sampler: Any, skip: int = 0):
+        self.batch_sampler = batch_sampler
+        self.skip = int(skip)
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.skip = self.skip, 0
+        return self._iter(skip)
+
+    def _iter(self, skip: int) -> Iterator[Any]:
+        for i, batch in enumerate(self.batch_sampler):
+            if i >= skip:
+                yield batch
+
+
+def innermost_sampler(loader: Any) -> Any:
+    """The sampler at the bottom of a loader's chain of batch samplers (through shards and skips)."""
+    obj = loader.batch_sampler if getattr(loader, "batch_sampler", None) is not None else loader.sampler
+    for _ in range(32):
+        inner = getattr(obj, "batch_sampler", None)
+        if inner is None:
+            inner = getattr(obj, "sampler", None)
+        if inner is None:
+            return obj
+        obj = inner
+    return obj
+
+
 def _cycle(items: list[int]) -> Iterator[int]:
     while True:
         yield from items
@@ -211,17 +254,23 @@ def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
 class PreparedDataLoader:
     """Iterates this process's shard, moves batches to the device and tells the Kernel when the epoch's last batch
     is out (one batch of look-ahead), so ``accumulate`` syncs and ``gather_for_metrics`` trims duplicates.
-    Other attributes are those of the underlying DataLoader."""
+    ``state_dict``/``load_state_dict`` save and restore the position in the current pass (see the module
+    docstring). Other attributes are those of the underlying DataLoader."""
 
     def __init__(self, kernel: Kernel, base: DataLoader, steps: int | None, remainder: int,
-                 device_placement: bool = True, shard: Any = None):
+                 device_placement: bool = True, shard: Any = None, skipper: SkipBatchSampler | None = None):
         self.kernel = kernel
         self.base = base
         self.steps = steps
         self.remainder = remainder
         self.device_placement = device_placement
         self.shard = shard
+        self.skipper = skipper
         self.end_of_dataloader = False
+        self._skip = 0  # batches to leave out at the start of the next pass
+        self._position = 0  # batches of the current pass handed out, skipped ones included
+        self._open = False  # a pass started (or was restored) and has neither finished nor been abandoned
+        self._start: dict[str, Any] = {}  # sampler and generator states when the current pass started
 
     def __getattr__(self, name: str) -> Any:
         if name == "base":
@@ -232,32 +281,126 @@ class PreparedDataLoader:
         return self.steps if self.steps is not None else len(self.base)
 
     def set_epoch(self, epoch: int) -> None:
-        for obj in (self.base.sampler, getattr(self.base.batch_sampler, "batch_sampler", None), self.base.dataset):
-            sampler = getattr(obj, "sampler", obj)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
+        for obj in (innermost_sampler(self.base), self.base.dataset):
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
                 return
 
-    def _batches(self) -> Iterator[Any]:
+    # ---- position -----------------------------------------------------------------------------------------
+
+    def skip_next(self, num_batches: int) -> None:
+        """Leave out the first ``num_batches`` batches of the next pass (they are not loaded)."""
+        if self._skip:
+            raise UsageError(f"this dataloader already starts its next pass at batch {self._skip} (restored by "
+                             "load_state); do not call skip_first_batches after load_state, the position is "
+                             "restored for you")
+        if num_batches < 0:
+            raise UsageError(f"skip_first_batches needs a number of batches >= 0, got {num_batches}")
+        self._skip = int(num_batches)
+
+    def _snapshot(self) -> dict[str, Any]:
+        sampler = innermost_sampler(self.base)
+        snap: dict[str, Any] = {}
+        if isinstance(sampler, SeedableRandomSampler):
+            snap["sampler"] = sampler.state_dict()
+        elif isinstance(getattr(sampler, "epoch", None), int):  # DistributedSampler and the like
+            snap["sampler"] = {"epoch": sampler.epoch}
+        generator = getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            snap["sampler_generator"] = generator.get_state()
+        generator = getattr(self.base, "generator", None)
+        if isinstance(generator, torch.Generator):
+            snap["loader_generator"] = generator.get_state()
+        return snap
+
+    def _apply(self, snap: dict[str, Any]) -> None:
+        sampler = innermost_sampler(self.base)
+        if "sampler" in snap:
+            if isinstance(sampler, SeedableRandomSampler):
+                sampler.load_state_dict(snap["sampler"])
+            elif hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(int(snap["sampler"]["epoch"]))
+        if "sampler_generator" in snap:
+            sampler.generator.set_state(snap["sampler_generator"])
+        if "loader_generator" in snap:
+            self.base.generator.set_state(snap["loader_generator"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current pass stands: ``position`` batches out of ``steps`` handed out, and the sampler state
+        that reproduces this pass's order. A pass that finished (or handed out its last batch, or was abandoned)
+        is recorded as position 0 of the next one."""
+        in_pass = self._open and (self.steps is None or self._position < self.steps)
+        return {
+            "position": self._position if in_pass else 0,
+            "start": self._start if in_pass else self._snapshot(),
+            "steps": self.steps,
+            "num_processes": self.kernel.num_processes,
+        }
+
+    def check_state(self, state: dict[str, Any]) -> str | None:
+        """Why ``state`` cannot be restored into this dataloader, or None."""
+        if int(state.get("position", 0)) == 0:
+            return None
+        saved_n, saved_steps = state.get("num_processes"), state.get("steps")
+        if saved_n != self.kernel.num_processes:
+            return (f"the dataloader stopped mid-epoch with {saved_n} process(es); this run has "
+                    f"{self.kernel.num_processes}, so the rest of that epoch cannot be replayed: resume with "
+                    f"{saved_n} process(es)")
+        if saved_steps != self.steps:
+            return (f"the dataloader had {saved_steps} batches per process per epoch when saved and has {self.steps} "
+                    "now (different dataset, batch size or drop_last)")
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        problem = self.check_state(state)
+        if problem:
+            raise UsageError(problem)
+        self._apply(state["start"])
+        self._start = dict(state["start"])
+        self._position = self._skip = int(state["position"])
+        self._open = self._position > 0
+
+    # ---- iteration ----------------------------------------------------------------------------------------
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        if self.skipper is not None:
+            self.skipper.skip = skip
+            drop = 0
+        else:
+            drop = skip  # iterable datasets: nothing to skip by index, the batches are read and dropped
+        if skip:
+            # Starting a loader's iterator draws a seed from torch's global generator when the loader has no
+            # generator of its own. The interrupted pass already drew it before the state was saved.
+            rng = torch.get_rng_state()
+            it = iter(self.base)
+            torch.set_rng_state(rng)
+        else:
+            it = iter(self.base)
         last = None
         count = 0
-        for batch in self.base:
+        for batch in it:
+            if drop:
+                drop -= 1
+                continue
             last = batch
             count += 1
             yield batch
-        if self.steps is not None and count < self.steps:
+        if self.steps is not None and count < self.steps - skip:
             if last is None:
                 last = self.base.collate_fn([self.base.dataset[0]])
             empty = empty_like_batch(last)
-            for _ in range(self.steps - count):
+            for _ in range(self.steps - skip - count):
                 yield empty
 
     def __iter__(self) -> Iterator[Any]:
         state = self.kernel.gradient_state
+        skip, self._skip = self._skip, 0
+        self._start = self._snapshot()
+        self._position, self._open = skip, True
         state.enter(self)
         self.end_of_dataloader = False
         try:
-            it = self._batches()
+            it = self._batches(skip)
             try:
                 current = next(it)
             except StopIteration:
@@ -270,11 +413,16 @@ class PreparedDataLoader:
                     if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
                         span = self.shard.batch_size * self.shard.num_processes
                         self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
+                    self._position += 1
                     yield self._place(current)
                     return
+                self._position += 1
                 yield self._place(current)
                 current = upcoming
         finally:
+            # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
+            # starts a fresh epoch, as it would without a checkpoint.
+            self._open = False
             state.leave(self)
 
     def _place(self, batch: Any) -> Any:
@@ -295,7 +443,9 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         return PreparedDataLoader(kernel, base, None, -1, device_placement, shard)
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the dataset yields whole batches
-        return PreparedDataLoader(kernel, dataloader, None, 0, device_placement)
+        skipper = SkipBatchSampler(dataloader.sampler)
+        base = DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)
+        return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper)
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, RandomSampler) and sampler.generator is None:
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -303,7 +453,8 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         seeded = SeedableRandomSampler(sampler.data_source, seed, sampler._num_samples, sampler.replacement)
         batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even)
-    base = DataLoader(dataloader.dataset, batch_sampler=shard_sampler, **kwargs)
+    skipper = SkipBatchSampler(shard_sampler)
+    base = DataLoader(dataloader.dataset, batch_sampler=skipper, **kwargs)
     steps = shard_sampler.steps()
     try:
         size = len(dataloader.dataset)
@@ -311,4 +462,46 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         size = -1
     span = (shard_sampler.batch_size or 1) * n
     remainder = size % span if (even and not shard_sampler.drop_last and size >= 0) else 0
-    return PreparedDataLoader(kernel, base, steps, remainder, device_placement, shard_sampler)
+    return PreparedDataLoader(kernel, base, steps, remainder, device_placement, shard_sampler, skipper)
+
+
+class _DropFirst:
+    """An iterable over a loader whose first ``n`` batches of the next pass are read and dropped (iterable
+    datasets have no index to skip by)."""
+
+    def __init__(self, loader: Any, n: int):
+        self.loader = loader
+        self.n = n
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - self.n)
+
+    def __iter__(self) -> Iterator[Any]:
+        n, self.n = self.n, 0
+        for i, batch in enumerate(self.loader):
+            if i >= n:
+                yield batch
+
+
+def skip_first_batches(dataloader: Any, num_batches: int) -> Any:
+    """A dataloader whose next pass starts at batch ``num_batches`` (later passes are whole epochs).
+
+    For a prepared dataloader this is the dataloader itself; the skipped batches' indices are drawn but their
+    samples are never loaded. A plain map-style DataLoader gets a new DataLoader over the same dataset and
+    sampler. After ``load_state`` there is no need to call it: the position is restored automatically."""
+    if isinstance(num_batches, bool) or int(num_batches) < 0:
+        raise UsageError(f"skip_first_batches needs a number of batches >= 0, got {num_batches!r}")
+    num_batches = int(num_batches)
+    if isinstance(dataloader, PreparedDataLoader):
+        dataloader.skip_next(num_batches)
+        return dataloader
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"skip_first_batches expects a DataLoader, got {type(dataloader).__name__}")
+    if isinstance(dataloader.dataset, IterableDataset):
+        return _DropFirst(dataloader, num_batches)
+    kwargs = _loader_kwargs(dataloader)
+    if dataloader.batch_sampler is not None:
+        return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+                          **kwargs)
+    return DataLoader(dataloader.dataset, batch_size=None, sampler=SkipBatchSampler(dataloader.sampler, num_batches),
+                      **kwargs)

@@ -13,3 +13,8 @@ class UsageError(AccelError):
 
 class PluginError(AccelError):
     """A plugin is missing, failed to load, or two plugins conflict."""
+
+
+class CheckpointError(UsageError):
+    """A checkpoint cannot be saved or loaded as asked: incomplete, damaged, refused (unlisted or unsafe files), or
+    not compatible with this run (the message says what differs). Printed as one line like any UsageError."""

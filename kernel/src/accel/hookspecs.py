@@ -11,7 +11,8 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 
 There are two kinds of implementers:
 
-1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``) are implemented at
+1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
+   ``accel_config_questions``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -25,7 +26,7 @@ default values (arguments with defaults are never passed). Misspelt hook names a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import pluggy
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Topology
+    from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
     from accel.kernel import Kernel
     from accel.options import Options, Settings
 
@@ -43,7 +44,7 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
-DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate")
+DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -80,6 +81,43 @@ def accel_activate(settings: Settings) -> Component | None:
     (``settings.is_selected(name)``) or, for the default data-parallel strategy, when ``world_size > 1``. If two
     components claim one exclusive role, the one the user selected wins; with no selection it is an error naming
     both. Must not touch devices or start processes: that happens in ``accel_setup``.
+    """
+
+
+@hookspec
+def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | None:
+    """The plugin's questions for the interactive ``accel config``, given the answers so far.
+
+    When: ``accel config`` only (never in a run). The kernel asks its own questions in three sections: (1) the
+    machine: ``distributed_type`` (``"NO"``, ``"MULTI_CPU"``, ``"MULTI_GPU"``, ``"XLA"``, or the strategy chosen in
+    the same section, ``"DEEPSPEED"``/``"FSDP"``), ``cpu``, ``num_machines``, ``machine_rank``, ``main_process_ip``,
+    ``main_process_port``, ``same_network``, ``rdzv_backend``, ``debug``; (2) compilation: ``dynamo_backend``
+    (``"no"`` or a backend); (3) ``num_processes``, ``gpu_ids``, ``mixed_precision``. After each section it calls
+    this hook with every answer so far, keyed by option name (plus the ``store=False`` keys), asks the first
+    returned question whose key has no answer yet (plugins in call order, questions in list order), and calls the
+    hook again with that answer added, until no implementation returns an unanswered question. So return, each
+    time, every question that applies to these answers, in the order they should be asked: answered ones are
+    skipped, and a follow-up appears right after the answer it depends on (``zero_stage`` >= 2 -> offload devices).
+
+    Who: everyone, at module level like the other discovery hooks (cheap, no torch import). A plugin asks only about
+    its own backend, and only when the answers select it (``answers.get("distributed_type") == "DEEPSPEED"``,
+    ``answers.get("dynamo_backend", "no") != "no"``, ``answers.get("mixed_precision") == "fp8"``). A question's
+    ``key`` should be an option the plugin declares in ``accel_add_options`` with an Accelerate-compatible
+    ``config_key``; that option checks the answer and places it in the YAML file.
+
+    Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example (Accelerate's
+    DeepSpeed questions) is ``tests/fixtures/fake_deepspeed``; in short::
+
+        @hookimpl
+        def accel_config_questions(answers):
+            if answers.get("distributed_type") != "DEEPSPEED":
+                return None
+            questions = [Question("zero_stage", "What should be your DeepSpeed's ZeRO optimization stage?",
+                                  kind="select", choices=("0", "1", "2", "3"), default="2")]
+            if int(answers.get("zero_stage", 0)) >= 2:
+                questions.append(Question("offload_optimizer_device", "Where to offload optimizer states?",
+                                          kind="select", choices=("none", "cpu", "nvme"), default="none"))
+            return questions
     """
 
 

@@ -15,12 +15,15 @@ import gc
 import json
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from accel import checkpoint
+from accel.checkpoint import ProjectConfiguration
 from accel.contract import Topology
-from accel.data import PreparedDataLoader
+from accel.data import PreparedDataLoader, skip_first_batches
 from accel.errors import UsageError
 from accel.options import Settings, did_you_mean, resolve
 from accel.plugins import Plugins
@@ -204,8 +207,9 @@ class Kernel:
     Arguments (all optional; ``None`` means "from ``accel launch``/environment/default"):
     ``mixed_precision`` ("no", "fp16", "bf16", "fp8"), ``gradient_accumulation_steps``, ``cpu``, ``log_with``,
     ``project_dir``, ``dynamo_backend``, ``plugins`` (names to select), ``even_batches`` (default True),
-    ``extra_plugins`` ((name, module-or-object) pairs registered without entry points, for tests), and any
-    option a plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
+    ``extra_plugins`` ((name, module-or-object) pairs registered without entry points, for tests),
+    ``project_config`` (:class:`accel.ProjectConfiguration`: checkpoint naming and retention), and any option a
+    plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
     """
 
     def __init__(
@@ -220,9 +224,12 @@ class Kernel:
         plugins: Sequence[str] | None = None,
         even_batches: bool = True,
         extra_plugins: Iterable[tuple[str, Any]] = (),
+        project_config: ProjectConfiguration | None = None,
         **options: Any,
     ) -> None:
         env = dict(os.environ)
+        if project_dir is None and project_config is not None:
+            project_dir = project_config.project_dir
         self.plugins = Plugins.load(env=env, extra=extra_plugins)
         declared = self.plugins.options()
         for name in options:
@@ -246,6 +253,8 @@ class Kernel:
         world = int(env.get("WORLD_SIZE") or 1)
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
         self.even_batches = even_batches
+        self.project_configuration = checkpoint.configure_project(project_config, self.settings["project_dir"])
+        self._custom_objects: list[Any] = []
         self.gradient_state = GradientState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -655,6 +664,56 @@ class Kernel:
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
         """The full state dict of a prepared model (gathered from shards where a plugin shards it)."""
         return self.plugins.pm.hook.accel_model_state_dict(kernel=self, model=model)
+
+    # ---- checkpoints (accel.checkpoint) -------------------------------------------------------------------
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``/``load_state`` (items
+        ``custom_0``, ``custom_1``, ... in registration order)."""
+        for obj in objects:
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise UsageError(f"register_for_checkpointing: {type(obj).__name__} has no state_dict() and "
+                                 "load_state_dict(); only such objects can be checkpointed")
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
+        """Save everything needed to resume exactly: prepared models, optimizers, schedulers and dataloader
+        positions, registered objects, plugin items (grad scaler, ...), and every process's random states.
+        Call it on every process. Without ``output_dir`` it writes ``project_dir/checkpoints/checkpoint_<i>``
+        (see :class:`accel.ProjectConfiguration`). Atomic: the directory appears complete or not at all.
+        Returns the checkpoint's directory."""
+        return checkpoint.save_state(self, output_dir)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
+        """Restore what ``save_state`` saved, after checking that it fits this run (plugins, items, number of
+        processes, shapes). Without ``input_dir``: the newest complete checkpoint of the project. Call it on every
+        process, after ``prepare``. The next pass over each prepared dataloader continues where the saved one
+        stopped. Returns the directory loaded."""
+        return checkpoint.load_state(self, input_dir)
+
+    def latest_checkpoint(self) -> os.PathLike[str] | None:
+        """The newest complete checkpoint of the project (as the main process sees it), or None. Call it on every
+        process: ``if kernel.latest_checkpoint(): kernel.load_state()``."""
+        project = self.project_configuration.project_dir
+        found = checkpoint.latest_checkpoint(project) if (project and self.is_main_process) else None
+        found = self.collectives.broadcast_object(None if found is None else os.fspath(found), 0)
+        return None if found is None else Path(found)
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatic checkpoint gets."""
+        return self.project_configuration.iteration
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
+                   max_shard_size: int | str = "10GB") -> list[os.PathLike[str]]:
+        """Write a prepared model's full weights as safetensors (``model.safetensors``, or shards plus
+        ``model.safetensors.index.json`` above ``max_shard_size``); tied weights are stored once. Call it on every
+        process; the main process writes. Load with :func:`accel.load_model`."""
+        return list(checkpoint.save_model(self, model, save_directory, max_shard_size))
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:
+        """A dataloader whose next pass starts at batch ``num_batches``; skipped batches are not loaded."""
+        return skip_first_batches(dataloader, num_batches)
 
     # ---- memory and teardown ------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import pluggy
 
@@ -302,7 +302,3 @@ def component_hooks(module: Any) -> list[str]:
             if attr.startswith("accel_") and hasattr(getattr(cls, attr), hookspecs.PROJECT + "_impl"):
                 names.append(attr)
     return sorted(set(names))
-
-
-def hook_callers(plugins: Plugins, names: Iterable[str]) -> dict[str, Callable[..., Any]]:
-    return {n: getattr(plugins.pm.hook, n) for n in names}

@@ -13,6 +13,8 @@ commands:
   launch     run a training script on one or many processes/machines (accel launch --help)
   plugins    list installed plugins: name, distribution, version, hooks, status (--json)
   env        versions, platform, devices, plugins and config file, ready to paste in a bug report
+  config     write the config file: questions, or `config default`; also `config update`, `config show`
+  test       run a short real check of the installation with the current config (accel test -n 2)
 
 options:
   -h, --help     show this message
@@ -54,9 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accel.commands.info import env_command
 
         return run_guarded(lambda: env_command(rest))
+    if command == "config":
+        from accel.commands.config import config_command
+
+        return run_guarded(lambda: config_command(rest))
+    if command == "test":
+        from accel.commands.test_cmd import test_command
+
+        return run_guarded(lambda: test_command(rest))
     from accel.options import did_you_mean
 
-    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env"])))
+    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env", "config", "test"])))
 
 
 def _unknown(command: str, hint: str) -> int:

@@ -182,9 +182,26 @@ class DDPStrategy(Component):
             backend = self.settings["ddp_backend"]
             if backend == "auto":
                 backend = dist.get_default_backend_for_device(self.device)
-            dist.init_process_group(backend=backend, timeout=timedelta(seconds=self.settings["ddp_timeout"]),
-                                    device_id=self.device if self.device.type != "cpu" else None)
+            timeout = timedelta(seconds=self.settings["ddp_timeout"])
+            dist.init_process_group(backend=backend, timeout=timeout,
+                                    device_id=self.device if self.device.type != "cpu" else None,
+                                    **self._restart_store(env, timeout))
             self.owns_process_group = True
+
+    @staticmethod
+    def _restart_store(env: Mapping[str, str], timeout: timedelta) -> dict[str, Any]:
+        """After a torchrun restart (``--max_restarts``): the agent keeps one store for every round, so the new
+        group's keys must not meet the dead group's (restarted workers would read stale addresses and fail to
+        connect). Returns ``init_process_group`` arguments with a store prefixed by the restart count."""
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if restart == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return {}
+        import torch.distributed as dist
+
+        world = int(env["WORLD_SIZE"])
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+        return {"store": dist.PrefixStore(f"accel/restart_{restart}", store), "rank": int(env["RANK"]),
+                "world_size": world}
 
     @hookimpl
     def accel_topology(self, kernel: Kernel) -> Topology:

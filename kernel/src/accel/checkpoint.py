@@ -1,0 +1,1165 @@
+"""Checkpoints: ``save_state`` / ``load_state`` that never lose work and never unpickle, and ``save_model``.
+
+A checkpoint is a directory::
+
+    checkpoint_3/
+        accel_manifest.json        written last: its presence is what makes the checkpoint complete
+        model.json                 structure of the model's state dict (JSON) ...
+        model.safetensors          ... and its tensors
+        optimizer.json / optimizer.safetensors
+        scheduler.json, dataloader.json, kernel.json, custom_0.json, ...
+        rng_rank0.json / rng_rank0.safetensors, rng_rank1.json, ...   one per process
+        <whatever a plugin wrote for the items it claimed>
+
+The manifest records, for every item, which plugin wrote it (``"accel"`` for the kernel), the plugin's version,
+the format and the files, plus the size of every file in the directory. Loading refuses a directory that holds a
+file the manifest does not list (a stray ``*.pkl`` is never opened), a listed file of the wrong size, an item
+written by a plugin that is not active, and items or shapes that do not match the run, before anything is loaded.
+
+The kernel's own format (``accel.tree``) stores a state dict as JSON (structure, numbers, strings, with tags for
+tuples, non-string keys, dtypes, non-finite floats) plus one safetensors file with every tensor. Nothing in it is
+ever unpickled. Plugins may use :func:`write_tree` / :func:`read_tree` for their items too.
+
+Saving is atomic: every process writes into ``.<name>.tmp-<token>`` next to the target, files are fsynced, the
+main process writes the manifest, fsyncs, and renames the directory into place. A crash at any moment leaves the
+previous complete checkpoint (and perhaps a temporary directory that is ignored and removed later) or the new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import secrets
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import torch
+
+from accel.contract import ItemRecord
+from accel.errors import CheckpointError, PluginError, UsageError
+from accel.options import KERNEL, install_hint
+
+if TYPE_CHECKING:
+    from accel.kernel import Kernel
+
+MANIFEST = "accel_manifest.json"
+MANIFEST_FORMAT = "accel-checkpoint"
+MANIFEST_VERSION = 1
+TREE_FORMAT = "accel.tree"
+CHECKPOINTS = "checkpoints"
+RESERVED = ("gradients", "rng", "kernel")  # item keys of the kernel's own per-run state
+_CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+_STALE = re.compile(r"^\.checkpoint_\d+\.(tmp|old|del)-[0-9a-f]+$")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Project layout
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a run keeps its checkpoints and how they are named (Accelerate's ``ProjectConfiguration``).
+
+    With ``Kernel(project_dir=..., project_config=ProjectConfiguration(automatic_checkpoint_naming=True,
+    total_limit=3))``, ``save_state()`` writes ``project_dir/checkpoints/checkpoint_<i>``, keeps the newest
+    ``total_limit`` complete checkpoints, and ``load_state()`` resumes from the newest complete one. ``iteration``
+    is the number the next automatic checkpoint gets; ``load_state`` sets it to one past the loaded checkpoint, and
+    a save never reuses a number that exists on disk, so numbering continues across restarts.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        if self.total_limit is not None and (isinstance(self.total_limit, bool) or int(self.total_limit) < 1):
+            raise UsageError(f"ProjectConfiguration(total_limit=...) must be at least 1 or None, got {self.total_limit!r}")
+        if isinstance(self.iteration, bool) or int(self.iteration) < 0:
+            raise UsageError(f"ProjectConfiguration(iteration=...) must be 0 or more, got {self.iteration!r}")
+        if self.project_dir is not None:
+            self.project_dir = os.fspath(self.project_dir)
+        if self.logging_dir is not None:
+            self.logging_dir = os.fspath(self.logging_dir)
+
+
+def configure_project(config: ProjectConfiguration | None, project_dir: str | None) -> ProjectConfiguration:
+    """The Kernel's project configuration: ``config`` (copied) with ``project_dir`` from the Kernel's settings."""
+    config = dataclasses.replace(config) if config is not None else ProjectConfiguration()
+    if project_dir is not None:
+        if config.project_dir is not None and Path(config.project_dir) != Path(project_dir):
+            raise UsageError(f"Kernel(project_dir={project_dir!r}) and ProjectConfiguration(project_dir="
+                             f"{config.project_dir!r}) differ; give the directory once")
+        config.project_dir = os.fspath(project_dir)
+    if config.automatic_checkpoint_naming and config.project_dir is None:
+        raise UsageError("ProjectConfiguration(automatic_checkpoint_naming=True) needs a project directory: "
+                         "Kernel(project_dir=...)")
+    if config.logging_dir is None and config.project_dir is not None:
+        config.logging_dir = config.project_dir
+    return config
+
+
+def checkpoints_folder(project_dir: str | os.PathLike[str]) -> Path:
+    return Path(project_dir) / CHECKPOINTS
+
+
+def numbered_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """``checkpoint_<i>`` directories of ``folder`` (complete or not), oldest first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        match = _CHECKPOINT_NAME.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` is a published checkpoint (its manifest exists; it is written last)."""
+    return (path / MANIFEST).is_file()
+
+
+def latest_checkpoint(project_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint under ``project_dir/checkpoints`` whose files match its manifest, or None."""
+    for _, path in reversed(numbered_checkpoints(checkpoints_folder(project_dir))):
+        if not is_complete(path):
+            continue
+        try:
+            read_manifest(path)
+        except CheckpointError as exc:
+            warnings.warn(f"skipping damaged checkpoint {path}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        return path
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Durable files
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file or directory to disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON and fsync it (callers write into a directory that is renamed into place afterwards)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, allow_nan=False, separators=(",", ":"))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+
+
+def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu") -> Any:
+    """Load a file a plugin wrote with ``torch.save``, refusing anything but tensors and plain containers
+    (``torch.load(weights_only=True)``): a pickle that would run code is an error, never executed."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"refusing to load {path}: it is not a weights-only torch file "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The accel.tree format: JSON structure + one safetensors file of tensors
+
+
+class _Packer:
+    """Turns a state dict into JSON-able structure plus a flat dict of CPU tensors for safetensors."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._names: dict[tuple[Any, ...], str] = {}  # identity of a tensor already stored -> its name
+        self._storages: set[int] = set()
+
+    def encode(self, obj: Any, path: str = "") -> Any:
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int):
+            return int(obj)
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        if isinstance(obj, torch.Tensor):
+            return {"__tensor__": self.add(obj, path)}
+        if isinstance(obj, torch.dtype):
+            return {"__dtype__": str(obj).removeprefix("torch.")}
+        if isinstance(obj, torch.device):
+            return {"__device__": str(obj)}
+        if isinstance(obj, torch.Size):
+            return {"__size__": list(obj)}
+        if type(obj).__module__ == "numpy":
+            import numpy as np
+
+            if isinstance(obj, np.ndarray):
+                return {"__ndarray__": self.add(torch.from_numpy(np.ascontiguousarray(obj)), path)}
+            if isinstance(obj, np.generic):
+                return self.encode(obj.item(), path)
+        if isinstance(obj, tuple):
+            return {"__tuple__": [self.encode(v, f"{path}.{i}") for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.encode(v, f"{path}.{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, (set, frozenset)):
+            return {"__set__": [self.encode(v, f"{path}.{i}") for i, v in enumerate(sorted(obj, key=repr))]}
+        if isinstance(obj, bytes):
+            return {"__bytes__": base64.b64encode(obj).decode("ascii")}
+        if isinstance(obj, Mapping):
+            def sub(k: Any) -> str:
+                return f"{path}.{k}" if path else str(k)
+
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: self.encode(v, sub(k)) for k, v in obj.items()}
+            return {"__dict__": [[self.encode(k, sub("key")), self.encode(v, sub(k))] for k, v in obj.items()]}
+        where = f" at {path!r}" if path else ""
+        raise CheckpointError(f"cannot store an object of type {type(obj).__module__}.{type(obj).__qualname__}{where}: "
+                              "state_dict() must return tensors, numbers, strings, None and lists/tuples/dicts of "
+                              "them (checkpoints hold no pickled objects)")
+
+    def add(self, t: torch.Tensor, path: str) -> str:
+        """Name under which ``t`` is stored. The same tensor twice (tied weights) is stored once; a different view
+        of memory already stored gets its own copy (safetensors refuses shared memory)."""
+        t = t.detach()
+        ident = (t.device, t.dtype, t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.numel() and ident in self._names:
+            return self._names[ident]
+        name, n = path or "tensor", 1
+        while name in self.tensors:
+            n += 1
+            name = f"{path}#{n}"
+        out = t.to("cpu").contiguous()
+        if out.numel():
+            if out.untyped_storage().data_ptr() in self._storages:
+                out = out.clone()
+            self._storages.add(out.untyped_storage().data_ptr())
+            self._names[ident] = name
+        self.tensors[name] = out
+        return name
+
+
+def _decode(doc: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(doc, list):
+        return [_decode(v, tensors) for v in doc]
+    if not isinstance(doc, dict):
+        return doc
+    if len(doc) == 1:
+        (tag, value), = doc.items()
+        if tag == "__tensor__":
+            return tensors[value]
+        if tag == "__ndarray__":
+            array = tensors[value]
+            return None if array is None else array.numpy()
+        if tag == "__tuple__":
+            return tuple(_decode(v, tensors) for v in value)
+        if tag == "__float__":
+            return float(value)
+        if tag == "__dtype__":
+            dtype = getattr(torch, value, None)
+            if not isinstance(dtype, torch.dtype):
+                raise CheckpointError(f"unknown dtype {value!r} in checkpoint")
+            return dtype
+        if tag == "__device__":
+            return torch.device(value)
+        if tag == "__size__":
+            return torch.Size(value)
+        if tag == "__set__":
+            return {_decode(v, tensors) for v in value}
+        if tag == "__bytes__":
+            return base64.b64decode(value)
+        if tag == "__dict__":
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+    return {k: _decode(v, tensors) for k, v in doc.items()}
+
+
+def write_tree(directory: str | os.PathLike[str], name: str, obj: Any) -> list[str]:
+    """Write ``obj`` (a state dict) as ``name.json`` (+ ``name.safetensors`` when it holds tensors), fsynced.
+    Returns the file names written, relative to ``directory``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    packer = _Packer()
+    doc = packer.encode(obj)
+    tensors = packer.tensors
+    files = [f"{name}.json"]
+    if tensors:
+        target = directory / f"{name}.safetensors"
+        save_file(tensors, os.fspath(target), metadata={"format": "pt"})
+        fsync_path(target)
+        files.append(target.name)
+    write_json(directory / files[0], {"format": TREE_FORMAT, "tree": doc, "tensors": files[1] if tensors else None})
+    return files
+
+
+def read_tree(directory: str | os.PathLike[str], name: str) -> Any:
+    """Read what :func:`write_tree` wrote (safetensors + JSON only: nothing is unpickled)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    doc = _tree_doc(directory, name)
+    tensors: Mapping[str, torch.Tensor] = {}
+    if doc.get("tensors"):
+        try:
+            tensors = load_file(os.fspath(directory / doc["tensors"]))
+        except Exception as exc:
+            raise CheckpointError(f"cannot read {directory / doc['tensors']}: {exc}") from None
+    try:
+        return _decode(doc["tree"], tensors)
+    except KeyError as exc:
+        raise CheckpointError(f"{directory / (name + '.json')} names tensor {exc} that its safetensors file lacks") from None
+
+
+def _tree_doc(directory: Path, name: str) -> dict[str, Any]:
+    doc = read_json(directory / f"{name}.json")
+    if not isinstance(doc, dict) or doc.get("format") != TREE_FORMAT or "tree" not in doc:
+        raise CheckpointError(f"{directory / (name + '.json')} is not an {TREE_FORMAT} file")
+    return doc
+
+
+def tree_shapes(directory: Path, name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (shape, dtype)}`` of the top-level tensors of a tree, from the safetensors header only."""
+    from safetensors import safe_open
+
+    doc = _tree_doc(directory, name)
+    tree = doc["tree"]
+    if not isinstance(tree, dict) or not doc.get("tensors"):
+        return {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    try:
+        with safe_open(os.fspath(directory / doc["tensors"]), framework="pt") as fh:
+            for key, value in tree.items():
+                if isinstance(value, dict) and set(value) == {"__tensor__"}:
+                    sl = fh.get_slice(value["__tensor__"])
+                    out[key] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {directory / doc['tensors']}: {exc}") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Items
+
+
+class RNGState:
+    """The random states of this process: python, numpy, torch CPU and every device of the current accelerator
+    (through ``torch.accelerator`` and the accelerator's device module, whatever its type)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        try:
+            import numpy as np
+
+            state["numpy"] = np.random.get_state()
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+        acc = _accelerator_module()
+        if acc is not None:
+            kind, module = acc
+            if hasattr(module, "get_rng_state_all"):
+                states = list(module.get_rng_state_all())
+            else:
+                states = [module.get_rng_state()]
+            state["accelerator"] = {"type": kind, "states": states}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "numpy" in state:
+            import numpy as np
+
+            np.random.set_state(state["numpy"])
+        saved = state.get("accelerator")
+        if saved is None:
+            return
+        acc = _accelerator_module()
+        if acc is None or acc[0] != saved["type"]:
+            warnings.warn(f"the checkpoint holds random states of {saved['type']} devices, which this run does not "
+                          "use; they are not restored", RuntimeWarning, stacklevel=2)
+            return
+        _, module = acc
+        states = list(saved["states"])
+        if hasattr(module, "set_rng_state_all"):
+            count = torch.accelerator.device_count()
+            if count != len(states):
+                warnings.warn(f"the checkpoint holds random states of {len(states)} {saved['type']} devices, this "
+                              f"machine has {count}; restoring the first {min(count, len(states))}",
+                              RuntimeWarning, stacklevel=2)
+            for index, st in enumerate(states[:count]):
+                module.set_rng_state(st, index)
+        else:
+            module.set_rng_state(states[0])
+
+
+def _accelerator_module() -> tuple[str, Any] | None:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return None
+    kind = accelerator.current_accelerator().type
+    try:
+        module = torch.get_device_module(kind)
+    except Exception:
+        return None
+    if not hasattr(module, "get_rng_state"):
+        return None
+    return kind, module
+
+
+class KernelState:
+    """The Kernel's own position: the gradient-accumulation micro-step counter."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"accumulation_step": self.kernel.gradient_state.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.kernel.gradient_state.step = int(state["accumulation_step"])
+
+
+class GradientsState:
+    """Gradients accumulated since the last optimizer step, per process (under DDP's ``no_sync`` they differ
+    between processes). Saved only when the last micro-step did not synchronise (``save_state`` in the middle
+    of gradient accumulation); otherwise empty, so checkpoints taken on optimizer steps carry no gradients."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+
+    def _parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {f"{i}.{name}": p for i, m in enumerate(self.kernel._models)
+                for name, p in self.kernel.unwrap_model(m).named_parameters()}
+
+    def state_dict(self) -> dict[str, Any]:
+        grads: dict[str, torch.Tensor] = {}
+        if not self.kernel.gradient_state.sync_gradients:
+            for name, p in self._parameters().items():
+                if p.grad is None:
+                    continue
+                if type(p.grad) is not torch.Tensor:
+                    raise CheckpointError(
+                        f"save_state in the middle of gradient accumulation: the gradient of {name} is a "
+                        f"{type(p.grad).__name__}, which the kernel cannot store; save on a step that synchronises "
+                        "(if kernel.sync_gradients: ...) or use a strategy plugin that claims the 'gradients' item")
+                grads[name] = p.grad
+        return {"grads": grads}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        grads = state["grads"]
+        params = self._parameters()
+        unknown = sorted(set(grads) - set(params))
+        if unknown:
+            raise CheckpointError(f"the checkpoint holds gradients of parameters this run does not have: {unknown[:5]}")
+        for name, p in params.items():
+            g = grads.get(name)
+            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).reshape(p.shape)
+
+
+@dataclass
+class Item:
+    """One thing a checkpoint holds. ``kind``: model, optimizer, scheduler, dataloader, custom, plugin, rng,
+    kernel. ``per_rank`` items hold one state per process; the others are written by the main process."""
+
+    key: str
+    obj: Any
+    kind: str
+    per_rank: bool = False
+    provider: str = KERNEL
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def collect_items(kernel: Kernel) -> dict[str, Item]:
+    """Every item of this run by key: ``model``, ``model_1``, ..., ``optimizer``..., ``scheduler``...,
+    ``dataloader``..., ``custom_<i>`` (``register_for_checkpointing``), the keys plugins give through
+    ``accel_state_items``, ``gradients`` and ``rng`` (per process) and ``kernel``."""
+    items: dict[str, Item] = {}
+
+    def add(key: str, obj: Any, kind: str, per_rank: bool = False, provider: str = KERNEL) -> None:
+        items[key] = Item(key, obj, kind, per_rank, provider)
+
+    loaders = [dl for dl in kernel._dataloaders if _stateful(dl)]
+    for kind, objs in (("model", kernel._models), ("optimizer", kernel._optimizers),
+                       ("scheduler", kernel._schedulers), ("dataloader", loaders)):
+        for i, obj in enumerate(objs):
+            add(kind if i == 0 else f"{kind}_{i}", obj, kind)
+    for i, obj in enumerate(kernel._custom_objects):
+        add(f"custom_{i}", obj, "custom")
+    for impl in reversed(kernel.plugins.pm.hook.accel_state_items.get_hookimpls()):
+        name = _component_name(impl)
+        answer = impl.function(*[{"kernel": kernel}[a] for a in impl.argnames])
+        for key, obj in (answer or {}).items():
+            if key in items or key in RESERVED:
+                other = items[key].provider if key in items else KERNEL
+                raise PluginError(f"checkpoint item {key!r} is given by both {other!r} and {name!r}")
+            if not _stateful(obj):
+                raise PluginError(f"plugin {name!r}: checkpoint item {key!r} has no state_dict/load_state_dict")
+            add(key, obj, "plugin", provider=name)
+    add("gradients", GradientsState(kernel), "gradients", per_rank=True)
+    add("rng", RNGState(), "rng", per_rank=True)
+    add("kernel", KernelState(kernel), "kernel")
+    return items
+
+
+def _component_name(impl: Any) -> str:
+    return getattr(impl.plugin, "name", "") or impl.plugin_name.split(":")[0]
+
+
+def _state_of(kernel: Kernel, item: Item) -> Any:
+    if item.kind == "model":
+        return kernel.get_state_dict(item.obj)
+    return item.obj.state_dict()
+
+
+def _restore(kernel: Kernel, item: Item, state: Any) -> None:
+    if item.kind == "model":
+        kernel.unwrap_model(item.obj).load_state_dict(state)
+    else:
+        item.obj.load_state_dict(state)
+
+
+def _file_stem(item: Item, rank: int) -> str:
+    return f"{item.key}_rank{rank}" if item.per_rank else item.key
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Agreement between processes
+
+
+def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on every process and make every process raise if any of them failed (so no process waits
+    forever in a collective that a failed process never reaches). Returns ``fn``'s result."""
+    error: BaseException | None = None
+    result = None
+    try:
+        result = fn()
+    except Exception as exc:
+        error = exc
+    messages = kernel.collectives.all_gather_object(None if error is None else _one_line(error))
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message is not None:
+            raise CheckpointError(f"{what} failed on process {rank}: {message}")
+    return result
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Manifest
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint, after checking that the directory holds exactly the files it lists, with
+    their recorded sizes. Raises :class:`CheckpointError` saying what is wrong."""
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint {directory} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a complete accel checkpoint (no {MANIFEST}); it may be a partial "
+                              "save or another library's checkpoint, and is not loaded")
+    manifest = read_json(path)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise CheckpointError(f"{path} is not an accel checkpoint manifest")
+    if int(manifest.get("version", 0)) > MANIFEST_VERSION:
+        raise CheckpointError(f"{directory} was written by a newer accel (manifest version {manifest['version']}); "
+                              "upgrade accel-kernel to load it")
+    listed: dict[str, int] = manifest.get("files", {})
+    present = _files_under(directory)
+    present.pop(MANIFEST, None)
+    unexpected = sorted(set(present) - set(listed))
+    if unexpected:
+        raise CheckpointError(f"refusing to load {directory}: it holds file(s) its manifest does not list: "
+                              f"{', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''} (remove them if "
+                              "you trust them; they are never opened)")
+    missing = sorted(set(listed) - set(present))
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} is damaged: missing file(s) {', '.join(missing[:5])}")
+    for name, size in listed.items():
+        if present[name] != size:
+            raise CheckpointError(f"checkpoint {directory} is damaged: {name} has {present[name]} bytes, the "
+                                  f"manifest says {size}")
+    return manifest
+
+
+def _files_under(directory: Path) -> dict[str, int]:
+    """Every entry below ``directory`` that is not a directory, with its size (-1 for links: a save never
+    writes links, so a link is always refused)."""
+    out: dict[str, int] = {}
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            full = os.path.join(root, name)
+            rel = os.path.relpath(full, directory).replace(os.sep, "/")
+            out[rel] = -1 if os.path.islink(full) else os.lstat(full).st_size
+    return out
+
+
+def _records(manifest: Mapping[str, Any]) -> dict[str, ItemRecord]:
+    records = {}
+    for key, rec in manifest.get("items", {}).items():
+        records[key] = ItemRecord(plugin=rec["plugin"], format=rec["format"], files=tuple(rec.get("files", ())),
+                                  version=rec.get("version", ""), extra=dict(rec.get("extra", {})))
+    return records
+
+
+# --------------------------------------------------------------------------------------------------------------
+# save_state
+
+
+def save_state(kernel: Kernel, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    """See :meth:`accel.kernel.Kernel.save_state`."""
+    items = collect_items(kernel)
+    plan = _agreed(kernel, "save_state", lambda: _plan_target(kernel, output_dir) if kernel.is_main_process else None)
+    target, tmp, index = kernel.collectives.broadcast_object(plan, 0)
+    target, tmp = Path(target), Path(tmp)
+    try:
+        _write_and_publish(kernel, items, target, tmp, index)
+    except BaseException:
+        if kernel.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if index is not None:
+        kernel.project_configuration.iteration = index + 1
+    return target
+
+
+def _write_and_publish(kernel: Kernel, items: Mapping[str, Item], target: Path, tmp: Path, index: int | None) -> None:
+    # 1. plugins write the items they claim (every process), 2. the kernel writes the rest (main process; every
+    # process its per-process items), 3. the main process writes the manifest and renames. Each step ends with
+    # every process learning whether any process failed.
+    claimed_by_rank = _agreed(kernel, "save_state (plugins)", lambda: _plugin_save(kernel, items, tmp))
+    claims: dict[str, ItemRecord] = {}
+    for rank_records in kernel.collectives.all_gather_object(claimed_by_rank):
+        for key, fields in rank_records.items():
+            rec = ItemRecord(**fields)
+            if key not in claims:
+                claims[key] = rec
+            elif (claims[key].plugin, claims[key].format) != (rec.plugin, rec.format):
+                raise CheckpointError(f"processes disagree on who writes checkpoint item {key!r}: "
+                                      f"{claims[key].plugin!r} and {rec.plugin!r}")
+            else:
+                claims[key] = dataclasses.replace(claims[key], files=tuple(sorted({*claims[key].files, *rec.files})))
+    unknown = sorted(set(claims) - set(items))
+    if unknown:
+        raise CheckpointError(f"plugin {claims[unknown[0]].plugin!r} claimed checkpoint item(s) {unknown} that this "
+                              "run does not have")
+
+    def write_own() -> dict[str, list[str]]:
+        written: dict[str, list[str]] = {}
+        for key, item in items.items():
+            if key in claims:
+                continue
+            if item.kind == "model":
+                state = _state_of(kernel, item)  # on every process: a sharding strategy may gather here
+            elif item.per_rank or kernel.is_main_process:
+                state = _state_of(kernel, item)
+            if item.per_rank or kernel.is_main_process:
+                written[key] = write_tree(tmp, _file_stem(item, kernel.process_index), state)
+        return written
+
+    own = _agreed(kernel, "save_state (writing)", write_own)
+    all_own = kernel.collectives.all_gather_object(own)
+    _agreed(kernel, "save_state (publishing)",
+            lambda: _publish(kernel, items, claims, all_own, target, tmp, index) if kernel.is_main_process else None)
+
+
+def _plan_target(kernel: Kernel, output_dir: str | os.PathLike[str] | None) -> tuple[str, str, int | None]:
+    """(target, temporary directory, automatic index or None), on the main process; creates the temporary dir."""
+    config = kernel.project_configuration
+    token = secrets.token_hex(6)
+    index: int | None = None
+    if output_dir is None:
+        if config.project_dir is None:
+            raise UsageError("save_state() needs a directory, or a project: Kernel(project_dir=..., project_config="
+                             "ProjectConfiguration(automatic_checkpoint_naming=True))")
+        folder = checkpoints_folder(config.project_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_stale(folder)
+        existing = numbered_checkpoints(folder)
+        index = max(int(config.iteration), existing[-1][0] + 1 if existing else 0)
+        target = folder / f"checkpoint_{index}"
+    else:
+        target = Path(output_dir).absolute()
+        _recover(target)
+        if target.exists() and not target.is_dir():
+            raise UsageError(f"save_state: {target} exists and is not a directory")
+        if target.is_dir() and any(target.iterdir()) and not is_complete(target):
+            raise UsageError(f"save_state: {target} is not empty and is not an accel checkpoint; refusing to "
+                             "overwrite it (choose another directory)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{token}"
+    tmp.mkdir()
+    return os.fspath(target), os.fspath(tmp), index
+
+
+def _plugin_save(kernel: Kernel, items: Mapping[str, Item], tmp: Path) -> dict[str, dict[str, Any]]:
+    objects = {key: item.obj for key, item in items.items()}
+    claims: dict[str, ItemRecord] = {}
+    for impl in reversed(kernel.plugins.pm.hook.accel_save_state.get_hookimpls()):
+        name = _component_name(impl)
+        args = {"kernel": kernel, "items": objects, "directory": tmp}
+        answer = impl.function(*[args[a] for a in impl.argnames]) or {}
+        for key, rec in answer.items():
+            if not isinstance(rec, ItemRecord):
+                raise PluginError(f"plugin {name!r}: accel_save_state must return {{key: ItemRecord}}, got "
+                                  f"{type(rec).__name__} for {key!r}")
+            if key in claims:
+                raise PluginError(f"checkpoint item {key!r} is claimed by both {claims[key].plugin!r} and {name!r}")
+            for f in rec.files:
+                if os.path.isabs(f) or ".." in Path(f).parts:
+                    raise PluginError(f"plugin {name!r}: item {key!r} names file {f!r} outside the checkpoint")
+            claims[key] = dataclasses.replace(rec, plugin=name, version=rec.version or _plugin_version(kernel, name),
+                                              files=tuple(rec.files))
+    return {key: dataclasses.asdict(rec) for key, rec in claims.items()}
+
+
+def _plugin_version(kernel: Kernel, name: str) -> str:
+    rec = kernel.plugins.records.get(name)
+    return rec.version if rec is not None else ""
+
+
+def _publish(kernel: Kernel, items: Mapping[str, Item], claims: Mapping[str, ItemRecord],
+             all_own: list[dict[str, list[str]]], target: Path, tmp: Path, index: int | None) -> None:
+    from accel import __version__
+
+    records: dict[str, dict[str, Any]] = {}
+    for key, item in items.items():
+        if key in claims:
+            rec = dataclasses.asdict(claims[key])
+            rec["files"] = list(rec["files"])
+            rec["extra"] = {"kind": item.kind, "provider": item.provider, "per_rank": item.per_rank, **rec["extra"]}
+        else:
+            files = sorted({f for rank_files in all_own for f in rank_files.get(key, [])})
+            rec = {"plugin": KERNEL, "format": TREE_FORMAT, "files": files, "version": __version__,
+                   "extra": {"kind": item.kind, "provider": item.provider, "per_rank": item.per_rank}}
+        if item.per_rank:
+            rec["extra"]["world_size"] = kernel.num_processes
+        records[key] = rec
+    present = _files_under(tmp)
+    for key, rec in records.items():
+        for f in rec["files"]:
+            if f not in present and not any(p.startswith(f.rstrip("/") + "/") for p in present):
+                raise CheckpointError(f"checkpoint item {key!r}: file {f!r} was not written")
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "accel_version": __version__,
+        "torch_version": torch.__version__,
+        "world_size": kernel.num_processes,
+        "iteration": index,
+        "items": records,
+        "files": present,
+    }
+    for name in present:
+        fsync_path(tmp / name)  # plugins' files too (the kernel's own are already synced; this is cheap then)
+    for root, dirs, _ in os.walk(tmp):
+        for d in dirs:
+            fsync_path(os.path.join(root, d))
+    write_json(tmp / MANIFEST, manifest)
+    fsync_path(tmp)
+    aside = None
+    if target.exists():
+        aside = target.parent / f".{target.name}.old-{tmp.name.rsplit('-', 1)[1]}"
+        os.rename(target, aside)
+    os.rename(tmp, target)
+    fsync_path(target.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    if index is not None:
+        _prune(target.parent, kernel.project_configuration.total_limit)
+
+
+def _remove_stale(folder: Path) -> None:
+    """Temporary, set-aside and half-deleted directories of earlier (crashed) saves in a checkpoints folder."""
+    for entry in folder.iterdir():
+        if _STALE.match(entry.name) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _prune(folder: Path, total_limit: int | None) -> None:
+    if total_limit is None:
+        return
+    complete = [(i, p) for i, p in numbered_checkpoints(folder) if is_complete(p)]
+    for _, path in complete[: max(0, len(complete) - total_limit)]:
+        doomed = folder / f".{path.name}.del-{secrets.token_hex(6)}"
+        os.rename(path, doomed)  # first out of sight, so a half-deleted checkpoint never looks complete
+        shutil.rmtree(doomed, ignore_errors=True)
+    fsync_path(folder)
+
+
+def _recover(target: Path) -> None:
+    """If a crash happened between setting an old checkpoint aside and renaming the new one into place, put the
+    newest complete one back at ``target``."""
+    if target.exists():
+        return
+    parent = target.parent
+    if not parent.is_dir():
+        return
+    for kind in ("tmp", "old"):
+        pattern = re.compile(rf"^\.{re.escape(target.name)}\.{kind}-[0-9a-f]+$")
+        candidates = [p for p in parent.iterdir() if pattern.match(p.name) and is_complete(p)]
+        if candidates:
+            newest = max(candidates, key=lambda p: (p / MANIFEST).stat().st_mtime)
+            os.rename(newest, target)
+            fsync_path(parent)
+            return
+
+
+# --------------------------------------------------------------------------------------------------------------
+# load_state
+
+
+def load_state(kernel: Kernel, input_dir: str | os.PathLike[str] | None = None) -> Path:
+    """See :meth:`accel.kernel.Kernel.load_state`."""
+    items = collect_items(kernel)
+
+    def resolve() -> str:
+        if input_dir is not None:
+            path = Path(input_dir).absolute()
+            _recover(path)
+            return os.fspath(path)
+        project = kernel.project_configuration.project_dir
+        if project is None:
+            raise UsageError("load_state() needs a directory, or a project: Kernel(project_dir=...)")
+        latest = latest_checkpoint(project)
+        if latest is None:
+            raise CheckpointError(f"no complete checkpoint in {checkpoints_folder(project)}")
+        return os.fspath(latest)
+
+    chosen = _agreed(kernel, "load_state", lambda: resolve() if kernel.is_main_process else None)
+    directory = Path(kernel.collectives.broadcast_object(chosen, 0))
+
+    def check() -> tuple[dict[str, Any], dict[str, ItemRecord]]:
+        manifest = read_manifest(directory)
+        records = _records(manifest)
+        check_compatible(kernel, items, records, directory)
+        return manifest, records
+
+    manifest, records = _agreed(kernel, "load_state (checking)", check)
+
+    def restore() -> None:
+        done = _plugin_load(kernel, items, records, directory)
+        order = sorted(items, key=lambda k: items[k].kind == "rng")  # random states last: nothing draws after them
+        for key in order:
+            if key in done:
+                continue
+            item = items[key]
+            stem = _file_stem(item, kernel.process_index)
+            _restore(kernel, item, read_tree(directory, stem))
+
+    _agreed(kernel, "load_state (restoring)", restore)
+    if manifest.get("iteration") is not None:
+        kernel.project_configuration.iteration = int(manifest["iteration"]) + 1
+    return directory
+
+
+def check_compatible(kernel: Kernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord],
+                     directory: Path) -> None:
+    """Raise :class:`CheckpointError` saying what differs between the checkpoint and this run, before anything
+    is loaded: a plugin that wrote items is not active, items missing on either side, a different number of
+    processes for per-process items or dataloader positions, different parameter names or shapes."""
+    active = {c.name for c in kernel.components}
+    for key, rec in sorted(records.items()):
+        if rec.plugin != KERNEL and rec.plugin not in active:
+            raise CheckpointError(f"checkpoint item {key!r} of {directory} was written by plugin {rec.plugin!r}"
+                                  f"{' ' + rec.version if rec.version else ''} in format {rec.format!r}; "
+                                  f"{_plugin_advice(kernel, rec.plugin)}")
+        if rec.plugin == KERNEL and rec.format != TREE_FORMAT:
+            raise CheckpointError(f"checkpoint item {key!r} has unknown kernel format {rec.format!r}")
+    missing = [k for k in items if k not in records]
+    if missing:
+        held = ", ".join(sorted(records)) or "nothing"
+        raise CheckpointError(f"checkpoint {directory} has no {', '.join(repr(k) for k in missing)} "
+                              f"(this run has {_describe(items, missing)}); it holds: {held}")
+    extra = [k for k in records if k not in items]
+    if extra:
+        hints = []
+        for k in extra:
+            provider = records[k].extra.get("provider", KERNEL)
+            if provider != KERNEL:
+                hints.append(f"{k!r} came from plugin {provider!r}: {_plugin_advice(kernel, provider)}")
+        raise CheckpointError(f"checkpoint {directory} holds {', '.join(repr(k) for k in extra)} that this run does "
+                              f"not have (prepare/register the same objects as the run that saved it)"
+                              f"{'; ' + '; '.join(hints) if hints else ''}")
+    for key, rec in records.items():
+        size = rec.extra.get("world_size")
+        if items[key].per_rank and size is not None and int(size) != kernel.num_processes:
+            raise CheckpointError(f"checkpoint item {key!r} holds one state per process for {size} process(es); "
+                                  f"this run has {kernel.num_processes}: resume with {size} process(es)")
+    for key, item in items.items():
+        rec = records[key]
+        if rec.plugin != KERNEL:
+            continue
+        if item.kind == "model":
+            _check_model(kernel, key, item, directory)
+        elif item.kind == "optimizer":
+            _check_optimizer(key, item, directory)
+        elif item.kind == "dataloader":
+            _check_dataloader(key, item, directory)
+
+
+def _describe(items: Mapping[str, Item], keys: list[str]) -> str:
+    parts = []
+    for k in keys:
+        item = items[k]
+        if item.kind == "custom":
+            parts.append(f"{k!r}: an object given to register_for_checkpointing ({type(item.obj).__name__})")
+        elif item.kind == "plugin":
+            parts.append(f"{k!r} from plugin {item.provider!r}")
+        else:
+            parts.append(f"{k!r}: a prepared {item.kind}")
+    return "; ".join(parts)
+
+
+def _plugin_advice(kernel: Kernel, name: str) -> str:
+    rec = kernel.plugins.records.get(name)
+    if rec is not None and rec.status == "loaded":
+        return f"it is installed ({rec.distribution} {rec.version}) but not active in this run: select it with " \
+               f"--plugin {name} (or Kernel(plugins=[{name!r}]))"
+    if rec is not None:
+        return f"it is installed ({rec.distribution} {rec.version}) but {rec.status}: {rec.reason}"
+    hint = install_hint(name)
+    return f"install it with `{hint}`" if hint else f"install the plugin that provides {name!r}"
+
+
+def _check_model(kernel: Kernel, key: str, item: Item, directory: Path) -> None:
+    saved = tree_shapes(directory, key)
+    current = {k: v for k, v in kernel.unwrap_model(item.obj).state_dict().items() if isinstance(v, torch.Tensor)}
+    problems = []
+    for name in current:
+        if name not in saved:
+            problems.append(f"{name} is missing from the checkpoint")
+        elif tuple(current[name].shape) != saved[name][0]:
+            problems.append(f"{name} has shape {tuple(saved[name][0])} in the checkpoint, "
+                            f"{tuple(current[name].shape)} in this model")
+    for name in saved:
+        if name not in current:
+            problems.append(f"{name} is in the checkpoint but not in this model")
+    if problems:
+        more = f" (and {len(problems) - 6} more)" if len(problems) > 6 else ""
+        raise CheckpointError(f"checkpoint item {key!r} does not fit this model: {'; '.join(problems[:6])}{more}")
+
+
+def _check_optimizer(key: str, item: Item, directory: Path) -> None:
+    tree = _decode(_tree_doc(directory, key)["tree"], _NoTensors())
+    saved = [len(g.get("params", ())) for g in tree.get("param_groups", [])] if isinstance(tree, dict) else []
+    current = [len(g["params"]) for g in item.obj.param_groups]
+    if saved != current:
+        raise CheckpointError(f"checkpoint item {key!r} does not fit this optimizer: parameters per group "
+                              f"{saved} in the checkpoint, {current} in this run")
+
+
+def _check_dataloader(key: str, item: Item, directory: Path) -> None:
+    state = _decode(_tree_doc(directory, key)["tree"], _NoTensors())
+    check = getattr(item.obj, "check_state", None)
+    if callable(check):
+        problem = check(state)
+        if problem:
+            raise CheckpointError(f"checkpoint item {key!r}: {problem}")
+
+
+class _NoTensors(dict):  # type: ignore[type-arg]
+    """Tensor lookups during checks, which only read the JSON structure."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _plugin_load(kernel: Kernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord],
+                 directory: Path) -> set[str]:
+    objects = {key: item.obj for key, item in items.items()}
+    done: set[str] = set()
+    for impl in reversed(kernel.plugins.pm.hook.accel_load_state.get_hookimpls()):
+        name = _component_name(impl)
+        mine = {k: r for k, r in records.items() if r.plugin == name}
+        if not mine:
+            continue
+        args = {"kernel": kernel, "items": objects, "directory": directory, "records": mine}
+        restored = set(impl.function(*[args[a] for a in impl.argnames]) or ())
+        left = sorted(set(mine) - restored)
+        if left:
+            raise PluginError(f"plugin {name!r} did not restore checkpoint item(s) {left} that it wrote")
+        done |= set(mine)
+    left = sorted(k for k, r in records.items() if r.plugin != KERNEL and k not in done)
+    if left:
+        raise PluginError(f"no active plugin restored checkpoint item(s) {left} (written by "
+                          f"{', '.join(sorted({records[k].plugin for k in left}))})")
+    return done
+
+
+# --------------------------------------------------------------------------------------------------------------
+# save_model / load_model
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from ``10_000`` or ``"500MB"`` (10**6), ``"2GiB"`` (2**30)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size < 1:
+            raise UsageError(f"max_shard_size must be positive, got {size}")
+        return size
+    match = _SIZE.match(str(size))
+    if not match:
+        raise UsageError(f"max_shard_size must be a number of bytes or a size such as '10GB' or '500MiB', got {size!r}")
+    unit = (match.group(2) or "").lower().removesuffix("b")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise UsageError(f"max_shard_size must be positive, got {size!r}")
+    return value
+
+
+def _split_shared(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors to store, {dropped name: stored name}) where names that are the same tensor are stored once."""
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    storages: set[int] = set()
+    bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"save_model stores tensors only; the state dict has other values at {bad[:5]}")
+    for name, t in state.items():
+        t = t.detach()
+        ident = (t.device, t.dtype, t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if t.numel() and ident in seen:
+            aliases[name] = seen[ident]
+            continue
+        c = t.to("cpu").contiguous()
+        if c.numel():
+            ptr = c.untyped_storage().data_ptr()
+            if ptr in storages:
+                c = c.clone()
+                ptr = c.untyped_storage().data_ptr()
+            storages.add(ptr)
+            seen[ident] = name
+        out[name] = c
+    return out, aliases
+
+
+def save_model(kernel: Kernel, model: torch.nn.Module, save_directory: str | os.PathLike[str],
+               max_shard_size: int | str = "10GB") -> list[Path]:
+    """See :meth:`accel.kernel.Kernel.save_model`."""
+    limit = parse_size(max_shard_size)
+    state = kernel.get_state_dict(model)  # every process: a sharding strategy gathers here
+
+    def write() -> list[str]:
+        if not kernel.is_main_process:
+            return []
+        return [os.fspath(p) for p in write_model(state, save_directory, limit)]
+
+    written = _agreed(kernel, "save_model", write)
+    return [Path(p) for p in kernel.collectives.broadcast_object(written, 0)]
+
+
+def write_model(state: Mapping[str, Any], save_directory: str | os.PathLike[str], max_shard_size: int) -> list[Path]:
+    """Write a state dict as ``model.safetensors``, or as ``model-0000i-of-0000n.safetensors`` shards plus
+    ``model.safetensors.index.json`` (Hugging Face's layout) when it exceeds ``max_shard_size`` bytes. Tensors
+    that share memory (tied weights) are stored once; the others are recorded as aliases. Each file is written
+    under a temporary name, fsynced and renamed; the index is written last."""
+    from safetensors.torch import save_file
+
+    directory = Path(save_directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"save_model: {directory} exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, aliases = _split_shared(state)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    names = [WEIGHTS] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                                               for i in range(len(shards))]
+    metadata = {"format": "pt"}
+    if len(shards) == 1 and aliases:
+        metadata["accel.aliases"] = json.dumps(aliases)
+    token = secrets.token_hex(6)
+    written = []
+    for name, shard in zip(names, shards):
+        tmp = directory / f".{name}.tmp-{token}"
+        save_file(shard, os.fspath(tmp), metadata=metadata)
+        fsync_path(tmp)
+        os.replace(tmp, directory / name)
+        written.append(directory / name)
+    stale = [p for p in directory.iterdir() if re.match(r"^model-\d{5}-of-\d{5}\.safetensors$", p.name)
+             and p.name not in names]
+    if len(shards) == 1:
+        stale += [p for p in (directory / WEIGHTS_INDEX,) if p.exists()]
+    else:
+        index = {"metadata": {"total_size": total, "accel.aliases": aliases},
+                 "weight_map": {n: names[i] for i, shard in enumerate(shards) for n in shard}}
+        tmp = directory / f".{WEIGHTS_INDEX}.tmp-{token}"
+        write_json(tmp, index)
+        os.replace(tmp, directory / WEIGHTS_INDEX)
+        written.append(directory / WEIGHTS_INDEX)
+        stale += [p for p in (directory / WEIGHTS,) if p.exists()]
+    for p in stale:
+        p.unlink()
+    fsync_path(directory)
+    return written
+
+
+def load_model(model: torch.nn.Module, directory: str | os.PathLike[str], strict: bool = True,
+               device: str | torch.device = "cpu") -> torch.nn.Module:
+    """Load what ``save_model`` wrote (one file or shards + index) into ``model``; returns ``model``."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    index_path = directory / WEIGHTS_INDEX
+    state: dict[str, torch.Tensor] = {}
+    if index_path.is_file():
+        index = read_json(index_path)
+        aliases = dict(index.get("metadata", {}).get("accel.aliases", {}))
+        for shard in sorted(set(index["weight_map"].values())):
+            if Path(shard).name != shard:
+                raise CheckpointError(f"{index_path} names a shard outside the directory: {shard!r}")
+            state.update(load_file(os.fspath(directory / shard), device=str(device)))
+    elif (directory / WEIGHTS).is_file():
+        with safe_open(os.fspath(directory / WEIGHTS), framework="pt") as fh:
+            aliases = json.loads((fh.metadata() or {}).get("accel.aliases", "{}"))
+        state = load_file(os.fspath(directory / WEIGHTS), device=str(device))
+    else:
+        raise CheckpointError(f"no {WEIGHTS} or {WEIGHTS_INDEX} in {directory}")
+    for dropped, kept in aliases.items():
+        state[dropped] = state[kept]
+    model.load_state_dict(state, strict=strict)
+    return model
+
+

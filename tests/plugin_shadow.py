@@ -1,0 +1,27 @@
+"""Hide installed accel plugins from entry-point discovery, for tests that must see an exact set of plugins.
+
+importlib.metadata keeps the *first* distribution of a name found on ``sys.path``. A directory of empty
+``accel-plugin-NAME`` distributions (metadata only, no entry points) put first on ``sys.path`` / ``PYTHONPATH``
+therefore hides the real ones, which then count as "not installed" — whatever the developer's or CI's venv has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from accel.options import known_plugins
+
+
+def hide_plugins(directory: Path, keep: Iterable[str] = ("ddp",)) -> Path:
+    """Write empty distributions for every published plugin except ``keep`` into ``directory``; return it."""
+    keep = set(keep)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, info in known_plugins()["plugins"].items():
+        if name in keep:
+            continue
+        dist = info["distribution"]
+        meta = directory / f"{dist.replace('-', '_')}-0.0.0.dist-info"
+        meta.mkdir(exist_ok=True)
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.0\n", encoding="utf-8")
+    return directory
