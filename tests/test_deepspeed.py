@@ -130,6 +130,40 @@ def test_option_and_file_must_agree(tmp_path: Path) -> None:
         filled(settings(deepspeed_config_file=str(tmp_path / "missing.json")))
 
 
+def test_config_questions_follow_accelerate() -> None:
+    """`accel config` asks Accelerate's DeepSpeed questions; each stored answer is valid for the option whose
+    Accelerate config key it is written under."""
+    import accel_deepspeed as plugin
+
+    assert plugin.accel_config_questions({"distributed_type": "MULTI_CPU"}) is None
+    script = {"deepspeed_use_json": False, "zero_stage": 3, "offload_optimizer_device": "nvme",
+              "offload_param_device": "cpu", "offload_optimizer_nvme_path": "/nvme",
+              "deepspeed_gradient_accumulation_steps": 4, "deepspeed_use_clipping": True, "gradient_clipping": 1.0,
+              "zero3_save_16bit_model": True, "zero3_init_flag": True, "deepspeed_multinode_launcher": "pdsh",
+              "deepspeed_hostfile": "/etc/hosts", "deepspeed_filter": "inclusion",
+              "deepspeed_inclusion_filter": "node-a@node-b"}
+    answers: dict[str, Any] = {"distributed_type": "DEEPSPEED", "num_machines": 2}
+    asked, stored = [], {}
+    while True:
+        pending = [q for q in plugin.accel_config_questions(answers) or [] if q.key not in answers]
+        if not pending:
+            break
+        asked.append(pending[0].key)
+        answers[pending[0].key] = script[pending[0].key]
+        if pending[0].store:
+            stored[pending[0].key] = script[pending[0].key]
+    assert asked == list(script)
+    options = Plugins.load(env={}).options()
+    for key, value in stored.items():
+        opt = options[key]
+        assert opt.plugin == "deepspeed" and opt.dotted.startswith("deepspeed_config."), key
+        assert opt.coerce(value, key) == value
+    # with a JSON file: only its path (and zero.Init) are asked
+    answers = {"distributed_type": "DEEPSPEED", "deepspeed_use_json": True}
+    assert [q.key for q in plugin.accel_config_questions(answers)] == ["deepspeed_use_json", "deepspeed_config_file",
+                                                                       "zero3_init_flag"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Launch commands
 
@@ -151,18 +185,19 @@ WORKER_ENV = {"ACCEL_CONFIG": json.dumps({"num_processes": 4, "plugins": ["deeps
               "ACCEL_DISABLE_PLUGINS": "wandb", "OMP_NUM_THREADS": "2", "PATH": "/usr/bin", "HOME": "/home/u"}
 
 
-@pytest.mark.parametrize("launcher", ["pdsh", "openmpi", "mvapich", "slurm"])
+@pytest.mark.parametrize("launcher", ["pdsh", "openmpi", "mvapich", "mpich", "slurm", "nossh"])
 def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
     from deepspeed.launcher import multinode_runner as mnr
     from deepspeed.launcher import runner as ds
 
     from accel_deepspeed.launcher import runner_plan
 
-    s = runner_settings(tmp_path, launcher)
+    s = runner_settings(tmp_path, launcher, machine_rank=1)
     plan = runner_plan(s, ["train.py", "--lr", "0.1"], "/venv/bin/python", WORKER_ENV)
-    limits = ["--num_nodes", "2", "--num_gpus", "2"] if launcher in ("pdsh", "slurm") else []
+    limits = ["--num_nodes", "2", "--num_gpus", "2"] if launcher in ("pdsh", "slurm", "nossh") else []
+    how = ["--no_ssh", "--node_rank", "1"] if launcher == "nossh" else ["--launcher", launcher]
     assert plan.argv == ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--hostfile",
-                         s["deepspeed_hostfile"], "--launcher", launcher, "--master_addr", "10.1.2.3", "--master_port",
+                         s["deepspeed_hostfile"], *how, "--master_addr", "10.1.2.3", "--master_port",
                          "29555", "--no_local_rank", *limits, "train.py", "--lr", "0.1"]
     encoded = "base64:" + base64.b64encode(WORKER_ENV["ACCEL_CONFIG"].encode()).decode()
     assert plan.exports == {"ACCEL_CONFIG": encoded, "ACCEL_DISABLE_PLUGINS": "wandb", "OMP_NUM_THREADS": "2",
@@ -176,8 +211,13 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
                                          args.num_nodes, args.num_gpus)
     assert active == {"node-a": [0, 1], "node-b": [0, 1]}
     world = ds.encode_world_info(active)
+    if launcher == "nossh":  # started on every machine: the runner launches this machine's processes itself
+        assert args.no_ssh and args.node_rank == 1 and args.no_local_rank
+        assert plan.env == WORKER_ENV  # its local processes inherit the runner's environment as it is
+        return
     monkeypatch.setattr(mnr, "MVAPICH_TMP_HOSTFILE", str(tmp_path / "mvapich_hosts"))
     backend = {"pdsh": lambda: mnr.PDSHRunner(args, world), "openmpi": lambda: mnr.OpenMPIRunner(args, world, pool),
+               "mpich": lambda: mnr.MPICHRunner(args, world, pool),
                "mvapich": lambda: mnr.MVAPICHRunner(args, world, pool),
                "slurm": lambda: mnr.SlurmRunner(args, world, pool)}[launcher]()
     for line in plan.env_file_text().splitlines():  # what the runner does with the DS_ENV_FILE
@@ -198,10 +238,11 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
         assert cmd[:3] == ["srun", "-n", "4"] and cmd[-3:] == ["train.py", "--lr", "0.1"]
         assert f"ACCEL_CONFIG={encoded}" in next(c for c in cmd if c.startswith("--export=ALL")).split(",")
     else:
-        flag = {"openmpi": "-x", "mvapich": "-env"}[launcher]
+        flag = {"openmpi": "-x", "mvapich": "-env", "mpich": "-genv"}[launcher]
         pairs = {cmd[i + 1] for i, c in enumerate(cmd) if c == flag}
         assert {f"ACCEL_CONFIG={encoded}", "MASTER_ADDR=10.1.2.3", "MASTER_PORT=29555"} <= pairs
         assert cmd[0] == "mpirun" and cmd[-3:] == ["train.py", "--lr", "0.1"]
+        assert cmd[cmd.index("-n" if launcher != "mvapich" else "-np") + 1] == "4"
 
 
 def test_runner_filters_and_refusals(tmp_path: Path) -> None:
@@ -289,7 +330,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, script: str, case: str) -> None
         expected = "DeepSpeed option(s) --zero_stage given, but DeepSpeed is not selected"
     elif case == "filter":
         args = ["-n", "2", "--plugin", "deepspeed", "--deepspeed_inclusion_filter", "localhost:0", script]
-        expected = "need --num_machines > 1"
+        expected = "need --num_machines > 1 and a --deepspeed_multinode_launcher other than standard"
     else:  # Accelerate-style YAML: the Kernel's accumulation and DeepSpeed's disagree (Accelerate #3369, #1830)
         (tmp_path / "cfg.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
                                            "gradient_accumulation_steps: 2\n"

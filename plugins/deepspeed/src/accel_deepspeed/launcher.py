@@ -2,8 +2,9 @@
 
 - One machine, or ``deepspeed_multinode_launcher: standard``: torchrun (``torch.distributed.run``), started on every
   machine, exactly like the DDP plugin.
-- Several machines with ``pdsh``, ``openmpi``, ``mvapich`` or ``slurm``: DeepSpeed's own runner
-  (``python -m deepspeed.launcher.runner``), started once, which reaches the other machines through that tool.
+- Several machines with ``pdsh``, ``openmpi``, ``mvapich``, ``mpich`` or ``slurm``: DeepSpeed's own runner
+  (``python -m deepspeed.launcher.runner``), started once, which reaches the other machines through that tool;
+  with ``nossh`` the runner is started on every machine (``--no_ssh --node_rank``) and starts its local processes.
   The runner only forwards some environment variables to remote processes; accel's own (``ACCEL_*``) and the
   rendezvous address travel in a DeepSpeed environment file (``DS_ENV_FILE``) that the runner turns into
   ``export``/``-x``/``--export`` arguments. ``ACCEL_CONFIG`` travels base64-encoded, because those launchers re-quote
@@ -21,7 +22,7 @@ from typing import Mapping
 from accel import Settings, UsageError
 
 #: Launchers that need no --include/--exclude/--num_nodes/--num_gpus (DeepSpeed refuses them there).
-MPI_LAUNCHERS = ("openmpi", "mvapich")
+MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
 #: Variables of the launching environment that the workers need and DeepSpeed's runner would not forward.
 FORWARDED = ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")
 
@@ -96,8 +97,8 @@ def check_filters(settings: Settings) -> None:
     include, exclude = settings.get("deepspeed_inclusion_filter"), settings.get("deepspeed_exclusion_filter")
     if (include or exclude) and not uses_runner(settings):
         raise UsageError("--deepspeed_inclusion_filter/--deepspeed_exclusion_filter select hosts and slots of "
-                         "DeepSpeed's runner: they need --num_machines > 1 and --deepspeed_multinode_launcher "
-                         "pdsh, openmpi, mvapich or slurm")
+                         "DeepSpeed's runner: they need --num_machines > 1 and a --deepspeed_multinode_launcher other "
+                         "than standard")
     if include and exclude:
         raise UsageError("give either --deepspeed_inclusion_filter or --deepspeed_exclusion_filter, not both")
 
@@ -131,7 +132,8 @@ def runner_plan(settings: Settings, command: list[str], python: str, env: Mappin
                              f"(it lists {hosts})")
     ip = settings["main_process_ip"]
     port = settings["main_process_port"] or 29500
-    argv = [python, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, "--launcher", launcher,
+    how = ["--no_ssh", "--node_rank", str(settings["machine_rank"])] if launcher == "nossh" else ["--launcher", launcher]
+    argv = [python, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, *how,
             "--master_addr", str(ip), "--master_port", str(port), "--no_local_rank"]
     if include:
         argv += ["--include", include]
