@@ -457,6 +457,10 @@ def test_save_state_resumes_exactly(tmp_path: Path) -> None:
             assert (item["plugin"], item["format"]) == ("deepspeed", "deepspeed-checkpoint")
             assert item["extra"]["zero_stage"] == stage and item["extra"]["world_size"] == 2
         assert r["items"]["scheduler"]["plugin"] == "accel"
+    teacher = res["zero3_teacher"]
+    assert teacher["resumed"] == teacher["after_save"] and teacher["final_equal"]
+    assert (teacher["items"]["model_1"]["plugin"], teacher["items"]["model_1"]["format"]) == \
+        ("deepspeed", "deepspeed-zero3-frozen")
     exported = load(out / "export_zero3" / "model.safetensors")
     for key, value in res["zero3"]["final"].items():
         assert exported[key].tolist() == value, key

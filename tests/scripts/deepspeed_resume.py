@@ -1,6 +1,6 @@
 """Worker script of tests/test_deepspeed.py: exact resume of DeepSpeed runs through kernel.save_state/load_state.
 
-For each setting (ZeRO-2, ZeRO-3, ZeRO-2 bf16): a run trains 2 epochs (shuffled data, dropout, accumulation 2,
+For each setting (ZeRO-2, ZeRO-3, ZeRO-2 bf16, ZeRO-3 with a frozen teacher prepared separately): a run trains 2 epochs (shuffled data, dropout, accumulation 2,
 clipping, StepLR) and saves its state after 6 micro-batches (a sync step, mid-epoch). Then a fresh Kernel with
 a differently initialised model loads that checkpoint and finishes the same 2 epochs. The losses after the save
 point and the final weights are compared (exactly), plus: reloading into the *same* engine after it trained on,
@@ -44,6 +44,7 @@ def net(seed: int) -> nn.Module:
 
 
 def build(kwargs: dict, seed: int) -> tuple:
+    teacher = kwargs.pop("teacher", False)
     kernel = Kernel(gradient_accumulation_steps=2, **kwargs)
     model = net(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -53,16 +54,21 @@ def build(kwargs: dict, seed: int) -> tuple:
     loader = DataLoader(data, batch_size=4, shuffle=True)
     progress = Progress()
     kernel.register_for_checkpointing(progress)
-    return (kernel, progress, *kernel.prepare(model, optimizer, loader, scheduler))
+    model, optimizer, loader, scheduler = kernel.prepare(model, optimizer, loader, scheduler)
+    tutor = None
+    if teacher:  # a frozen model with other weights each time: only load_state can make the runs agree
+        torch.manual_seed(seed + 100)
+        tutor = kernel.prepare(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).requires_grad_(False))
+    return kernel, progress, model, optimizer, loader, scheduler, tutor
 
 
 def train(parts: tuple, save_to: Path | None = None) -> list[float]:
-    kernel, progress, model, optimizer, loader, scheduler = parts
+    kernel, progress, model, optimizer, loader, scheduler, tutor = parts
     losses, done = [], 0
     while progress.epoch < 2:
         for x, y in loader:
             with kernel.accumulate(model):
-                loss = nn.functional.mse_loss(model(x), y)
+                loss = nn.functional.mse_loss(model(x), y if tutor is None else tutor(x))
                 kernel.backward(loss)
                 kernel.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
@@ -83,7 +89,7 @@ def weights(kernel: Kernel, model: nn.Module) -> dict[str, list]:
 
 def mid_cycle_save_is_refused() -> str:
     parts = build(dict(plugins=["deepspeed"], zero_stage=2), seed=0)
-    kernel, _, model, optimizer, loader, _ = parts
+    kernel, _, model, optimizer, loader, _, _ = parts
     x, y = next(iter(loader))
     with kernel.accumulate(model):  # the first of 2 micro-batches: no sync yet
         kernel.backward(nn.functional.mse_loss(model(x), y))
@@ -102,7 +108,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     results: dict = {"mid_cycle": mid_cycle_save_is_refused()}
     for name, kwargs in {"zero2": dict(zero_stage=2), "zero3": dict(zero_stage=3),
-                         "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16")}.items():
+                         "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16"),
+                         "zero3_teacher": dict(zero_stage=3, teacher=True)}.items():
         ckpt = OUT / f"ckpt_{name}"
         first = build(dict(plugins=["deepspeed"], **kwargs), seed=0)
         after_save = train(first, save_to=ckpt)

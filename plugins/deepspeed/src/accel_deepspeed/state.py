@@ -15,6 +15,9 @@ import torch.distributed as dist
 #: Checkpoint tag used inside each engine's directory (DeepSpeed writes ``<dir>/<tag>/...``).
 TAG = "state"
 FORMAT = "deepspeed-checkpoint"
+#: A frozen ZeRO-3 model (engine without optimizer): its gathered weights, in its own dtype.
+FROZEN_FORMAT = "deepspeed-zero3-frozen"
+FROZEN_FILE = "weights.safetensors"
 
 
 def full_state_dict(engine: Any, sixteen_bit: bool) -> dict[str, torch.Tensor]:
@@ -70,3 +73,41 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
                                      load_lr_scheduler_states=False)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load its checkpoint from {root / sub}")
+
+
+def save_frozen(engine: Any, root: Path, sub: str) -> list[str]:
+    """Write the gathered weights of a frozen ZeRO-3 model (no optimizer: DeepSpeed's checkpoint does not apply) as
+    ``root/sub/weights.safetensors``, on process 0."""
+    from safetensors.torch import save_file
+
+    state = full_state_dict(engine, sixteen_bit=True)
+    if dist.get_rank() == 0:
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.clone().contiguous() for k, v in state.items()}, os.fspath(root / sub / FROZEN_FILE))
+    dist.barrier()
+    return files_under(root, Path(sub))
+
+
+def load_frozen(engine: Any, root: Path, sub: str) -> None:
+    """Put saved weights back into a frozen ZeRO-3 model, one layer at a time (gathered, written by process 0,
+    partitioned again)."""
+    import deepspeed
+    from safetensors.torch import load_file
+
+    state = load_file(os.fspath(root / sub / FROZEN_FILE))
+
+    def fill(module: torch.nn.Module, prefix: str) -> None:
+        params = list(module.parameters(recurse=False))
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+            if dist.get_rank() == 0:
+                with torch.no_grad():
+                    for name, param in module.named_parameters(recurse=False):
+                        param.copy_(state[prefix + name])
+        with torch.no_grad():
+            for name, buf in module.named_buffers(recurse=False):
+                if prefix + name in state:
+                    buf.copy_(state[prefix + name])
+        for name, child in module.named_children():
+            fill(child, f"{prefix}{name}.")
+
+    fill(engine.module, "")

@@ -505,9 +505,13 @@ class DeepSpeedStrategy(Component):
                              "that synchronises (if kernel.sync_gradients: kernel.save_state(...))")
         for rec, model_key, opt_key in found:
             sub = f"deepspeed_{model_key}"
-            files = state.save(rec.engine, Path(directory), sub)
             extra = {"dir": sub, "tag": state.TAG, "zero_stage": int(rec.engine.zero_optimization_stage()),
                      "world_size": kernel.num_processes, "model_key": model_key, "optimizer_key": opt_key}
+            if rec.optimizer is None:  # a frozen ZeRO-3 model: its gathered weights
+                files = state.save_frozen(rec.engine, Path(directory), sub)
+                records[model_key] = ItemRecord(plugin=self.name, format=state.FROZEN_FORMAT, files=files, extra=extra)
+                continue
+            files = state.save(rec.engine, Path(directory), sub)
             for key in (model_key, opt_key):
                 if key is not None:
                     records[key] = ItemRecord(plugin=self.name, format=state.FORMAT, files=files, extra=extra)
@@ -522,6 +526,10 @@ class DeepSpeedStrategy(Component):
         for rec, model_key, opt_key in self._items(kernel, items):
             found = records.get(model_key)
             if found is None:
+                continue
+            if rec.optimizer is None and found.format == state.FROZEN_FORMAT:
+                state.load_frozen(rec.engine, Path(directory), str(found.extra["dir"]))
+                restored.append(model_key)
                 continue
             if found.format != state.FORMAT:
                 raise UsageError(f"checkpoint item {model_key!r} was written by {found.plugin!r} ({found.format}), not "
