@@ -42,7 +42,7 @@ def env_for(tmp: Path) -> dict[str, str]:
     return env
 
 
-def run(args: list[str], tmp: Path, timeout: float = 500) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], tmp: Path, timeout: float = 850) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, env=env_for(tmp), capture_output=True, text=True, timeout=timeout, cwd=tmp)
 
 
@@ -354,6 +354,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
 def test_zero_stages_match_ddp(tmp_path: Path) -> None:
     """ZeRO-1/2/3 (and with offload) reproduce the DDP run of the same loop: gradient accumulation 3 with the short
@@ -400,6 +401,7 @@ def test_zero_stages_match_ddp(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 def test_single_process_zero_init(tmp_path: Path) -> None:
     """A plain `python script.py` (no launcher variables: no mpi4py needed) with ZeRO-3 and zero3_init_flag: the
     model is partitioned as it is built and trains exactly like the kernel alone."""
@@ -416,6 +418,7 @@ def test_single_process_zero_init(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
 def test_example_runs_unchanged_with_a_json_config(tmp_path: Path) -> None:
     """examples/train_digits.py, unchanged, under ZeRO-3 + bf16 from a JSON file full of "auto" values."""
@@ -430,6 +433,7 @@ def test_example_runs_unchanged_with_a_json_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
 def test_save_state_resumes_exactly(tmp_path: Path) -> None:
     """kernel.save_state/load_state with DeepSpeed's checkpoint inside accel's: resuming is bitwise exact (fp32
