@@ -456,6 +456,7 @@ def test_save_state_resumes_exactly(tmp_path: Path) -> None:
         assert r["resumed"] == r["after_save"], name  # exactly, not approximately
         assert r["again"] == r["after_save"], name
         assert r["final_equal"] and r["again_equal"] and r["init_differs"], name
+        assert r["same_as_zero_to_fp32"], name  # get_state_dict == DeepSpeed's zero_to_fp32 of the checkpoint
         for key in ("model", "optimizer"):
             item = r["items"][key]
             assert (item["plugin"], item["format"]) == ("deepspeed", "deepspeed-checkpoint")

@@ -120,6 +120,14 @@ def main() -> None:
         again_final = weights(first[0], first[2])
         if name == "zero3":
             first[0].save_model(first[2], OUT / "export_zero3")
+        # our in-memory gathering gives what DeepSpeed's zero_to_fp32 recovers from its checkpoint files
+        final_dir = first[0].save_state(OUT / f"final_{name}")
+        same_as_zero_to_fp32 = None
+        if dist.get_rank() == 0:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            recovered = get_fp32_state_dict_from_zero_checkpoint(str(Path(final_dir) / "deepspeed_model"), tag="state")
+            same_as_zero_to_fp32 = {k: v.tolist() for k, v in recovered.items()} == again_final
         first[0].end_training()
         fresh = build(dict(plugins=["deepspeed"], **kwargs), seed=123)
         before_load = weights(fresh[0], fresh[2])
@@ -131,6 +139,7 @@ def main() -> None:
         results[name] = {"after_save": after_save, "again": again, "resumed": resumed,
                          "final_equal": final == resumed_final, "again_equal": final == again_final,
                          "init_differs": before_load != final, "final": final,
+                         "same_as_zero_to_fp32": same_as_zero_to_fp32,
                          "items": {k: {f: v.get(f) for f in ("plugin", "format", "extra")}
                                    for k, v in manifest.get("items", {}).items()}}
     if dist.get_rank() == 0:
