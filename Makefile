@@ -29,3 +29,7 @@ test-fast: setup
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache
+
+.PHONY: bench
+bench: setup
+	$(BIN)/python bench/run.py

@@ -11,6 +11,7 @@ from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Ques
 from accel.errors import AccelError, CheckpointError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
+from accel.tracking import Tracker
 
 try:
     from importlib.metadata import version as _version
@@ -39,8 +40,8 @@ _LAZY = {
 __all__ = [
     "AccelError", "CheckpointError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
     "PluginError", "PreparedOptimizer", "PreparedScheduler", "ProjectConfiguration", "Question", "Settings",
-    "Topology", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model", "notebook_launcher",
-    "skip_first_batches",
+    "Topology", "Tracker", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model",
+    "notebook_launcher", "skip_first_batches",
 ]
 
 

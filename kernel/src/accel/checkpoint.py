@@ -39,7 +39,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -156,12 +156,26 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON and fsync it (callers write into a directory that is renamed into place afterwards)."""
+def fsync_all(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Flush several files at once (fsync releases the GIL: the small files' flushes overlap the big ones')."""
+    paths = list(paths)
+    if len(paths) <= 1:
+        for path in paths:
+            fsync_path(path)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        list(pool.map(fsync_path, paths))
+
+
+def write_json(path: Path, data: Any, sync: bool = True) -> None:
+    """Write JSON (and fsync it unless ``sync=False``: then the caller flushes it with the rest)."""
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, allow_nan=False, separators=(",", ":"))
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def read_json(path: Path) -> Any:
@@ -180,6 +194,44 @@ def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu") -
     except Exception as exc:
         raise CheckpointError(f"refusing to load {path}: it is not a weights-only torch file "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+#: The globals a torch.distributed.checkpoint ``.metadata`` file references (dataclasses, enums, torch.Size).
+DCP_METADATA_GLOBALS = frozenset({
+    "pathlib.PosixPath", "pathlib.WindowsPath", "torch.Size", "torch.serialization._get_layout",
+    "torch.distributed.checkpoint.filesystem._StorageInfo",
+    *(f"torch.distributed.checkpoint.metadata.{name}" for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    *(f"torch.{name}" for name in (
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+        "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")),
+})
+
+
+def load_restricted_pickle(path: str | os.PathLike[str], allowed: Iterable[str]) -> Any:
+    """Unpickle a file that may only reference the globals named in ``allowed`` (``"module.name"``). Any other
+    global (a ``__reduce__`` that calls ``os.system``...) raises :class:`CheckpointError` before it is called.
+    For formats that pickle their metadata, such as torch.distributed.checkpoint (``DCP_METADATA_GLOBALS``): a
+    plugin's ``FileSystemReader.read_metadata`` can use this instead of ``pickle.load``."""
+    import pickle
+
+    names = frozenset(allowed)
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if f"{module}.{name}" not in names:
+                raise CheckpointError(f"refusing to load {path}: it references {module}.{name}, which is not allowed "
+                                      "in this file")
+            return super().find_class(module, name)
+
+    try:
+        with open(path, "rb") as fh:
+            return Restricted(fh).load()
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -291,22 +343,22 @@ def _decode(doc: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     return {k: _decode(v, tensors) for k, v in doc.items()}
 
 
-def write_tree(directory: str | os.PathLike[str], name: str, obj: Any) -> list[str]:
-    """Write ``obj`` (a state dict) as ``name.json`` (+ ``name.safetensors`` when it holds tensors), fsynced.
-    Returns the file names written, relative to ``directory``."""
+def write_tree(directory: str | os.PathLike[str], name: str, obj: Any, sync: bool = True) -> list[str]:
+    """Write ``obj`` (a state dict) as ``name.json`` (+ ``name.safetensors`` when it holds tensors) and fsync them
+    (``sync=False``: the caller flushes them). Returns the file names written, relative to ``directory``."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     packer = _Packer()
     doc = packer.encode(obj)
-    tensors = packer.tensors
     files = [f"{name}.json"]
-    if tensors:
-        target = directory / f"{name}.safetensors"
-        save_file(tensors, os.fspath(target), metadata={"format": "pt"})
-        fsync_path(target)
-        files.append(target.name)
-    write_json(directory / files[0], {"format": TREE_FORMAT, "tree": doc, "tensors": files[1] if tensors else None})
+    if packer.tensors:
+        files.append(f"{name}.safetensors")
+        save_file(packer.tensors, os.fspath(directory / files[1]), metadata={"format": "pt"})
+    write_json(directory / files[0], {"format": TREE_FORMAT, "tree": doc, "tensors": files[1] if len(files) > 1 else None},
+               sync=False)
+    if sync:
+        fsync_all(directory / f for f in files)
     return files
 
 
@@ -317,7 +369,7 @@ def read_tree(directory: str | os.PathLike[str], name: str) -> Any:
     directory = Path(directory)
     doc = _tree_doc(directory, name)
     tensors: Mapping[str, torch.Tensor] = {}
-    if doc.get("tensors"):
+    if doc["tensors"]:
         try:
             tensors = load_file(os.fspath(directory / doc["tensors"]))
         except Exception as exc:
@@ -326,12 +378,18 @@ def read_tree(directory: str | os.PathLike[str], name: str) -> Any:
         return _decode(doc["tree"], tensors)
     except KeyError as exc:
         raise CheckpointError(f"{directory / (name + '.json')} names tensor {exc} that its safetensors file lacks") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{directory / (name + '.json')} is malformed: {type(exc).__name__}: {exc}") from None
 
 
 def _tree_doc(directory: Path, name: str) -> dict[str, Any]:
     doc = read_json(directory / f"{name}.json")
     if not isinstance(doc, dict) or doc.get("format") != TREE_FORMAT or "tree" not in doc:
         raise CheckpointError(f"{directory / (name + '.json')} is not an {TREE_FORMAT} file")
+    tensors = doc.get("tensors")
+    if tensors is not None and (not isinstance(tensors, str) or Path(tensors).name != tensors or tensors in ("", ".", "..")):
+        raise CheckpointError(f"{directory / (name + '.json')} names a tensor file outside its directory: {tensors!r}")
+    doc.setdefault("tensors", None)
     return doc
 
 
@@ -341,7 +399,7 @@ def tree_shapes(directory: Path, name: str) -> dict[str, tuple[tuple[int, ...], 
 
     doc = _tree_doc(directory, name)
     tree = doc["tree"]
-    if not isinstance(tree, dict) or not doc.get("tensors"):
+    if not isinstance(tree, dict) or not doc["tensors"]:
         return {}
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     try:
@@ -591,7 +649,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if int(manifest.get("version", 0)) > MANIFEST_VERSION:
         raise CheckpointError(f"{directory} was written by a newer accel (manifest version {manifest['version']}); "
                               "upgrade accel-kernel to load it")
-    listed: dict[str, int] = manifest.get("files", {})
+    listed = manifest.get("files")
+    if not isinstance(listed, dict) or not all(isinstance(v, int) for v in listed.values()):
+        raise CheckpointError(f"{path} is malformed: 'files' must map file names to sizes")
     present = _files_under(directory)
     present.pop(MANIFEST, None)
     unexpected = sorted(set(present) - set(listed))
@@ -623,9 +683,13 @@ def _files_under(directory: Path) -> dict[str, int]:
 
 def _records(manifest: Mapping[str, Any]) -> dict[str, ItemRecord]:
     records = {}
-    for key, rec in manifest.get("items", {}).items():
-        records[key] = ItemRecord(plugin=rec["plugin"], format=rec["format"], files=tuple(rec.get("files", ())),
-                                  version=rec.get("version", ""), extra=dict(rec.get("extra", {})))
+    try:
+        for key, rec in manifest["items"].items():
+            records[str(key)] = ItemRecord(plugin=str(rec["plugin"]), format=str(rec["format"]),
+                                           files=tuple(str(f) for f in rec.get("files", ())),
+                                           version=str(rec.get("version", "")), extra=dict(rec.get("extra", {})))
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise CheckpointError(f"malformed checkpoint manifest: {type(exc).__name__}: {exc}") from None
     return records
 
 
@@ -681,7 +745,8 @@ def _write_and_publish(kernel: Kernel, items: Mapping[str, Item], target: Path, 
             elif item.per_rank or kernel.is_main_process:
                 state = _state_of(kernel, item)
             if item.per_rank or kernel.is_main_process:
-                written[key] = write_tree(tmp, _file_stem(item, kernel.process_index), state)
+                written[key] = write_tree(tmp, _file_stem(item, kernel.process_index), state, sync=False)
+        fsync_all(tmp / f for files in written.values() for f in files)  # each process flushes what it wrote
         return written
 
     own = _agreed(kernel, "save_state (writing)", write_own)
@@ -708,6 +773,7 @@ def _plan_target(kernel: Kernel, output_dir: str | os.PathLike[str] | None) -> t
     else:
         target = Path(output_dir).absolute()
         _recover(target)
+        _remove_stale(target.parent, target.name)
         if target.exists() and not target.is_dir():
             raise UsageError(f"save_state: {target} exists and is not a directory")
         if target.is_dir() and any(target.iterdir()) and not is_complete(target):
@@ -777,11 +843,9 @@ def _publish(kernel: Kernel, items: Mapping[str, Item], claims: Mapping[str, Ite
         "items": records,
         "files": present,
     }
-    for name in present:
-        fsync_path(tmp / name)  # plugins' files too (the kernel's own are already synced; this is cheap then)
-    for root, dirs, _ in os.walk(tmp):
-        for d in dirs:
-            fsync_path(os.path.join(root, d))
+    own = {f for rank_files in all_own for files in rank_files.values() for f in files}
+    dirs = [os.path.join(root, d) for root, subdirs, _ in os.walk(tmp) for d in subdirs]
+    fsync_all([tmp / name for name in present if name not in own] + dirs)  # what plugins wrote
     write_json(tmp / MANIFEST, manifest)
     fsync_path(tmp)
     aside = None
@@ -796,10 +860,14 @@ def _publish(kernel: Kernel, items: Mapping[str, Item], claims: Mapping[str, Ite
         _prune(target.parent, kernel.project_configuration.total_limit)
 
 
-def _remove_stale(folder: Path) -> None:
-    """Temporary, set-aside and half-deleted directories of earlier (crashed) saves in a checkpoints folder."""
+def _remove_stale(folder: Path, name: str | None = None) -> None:
+    """Temporary, set-aside and half-deleted directories that crashed saves left in ``folder``: of every
+    ``checkpoint_<i>``, or only of the checkpoint called ``name``."""
+    if not folder.is_dir():
+        return
+    pattern = _STALE if name is None else re.compile(rf"^\.{re.escape(name)}\.(tmp|old|del)-[0-9a-f]+$")
     for entry in folder.iterdir():
-        if _STALE.match(entry.name) and entry.is_dir():
+        if pattern.match(entry.name) and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -335,7 +335,10 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
     """Extra stateful objects (with ``state_dict``/``load_state_dict``) to include in checkpoints, by key, e.g.
     ``{"grad_scaler": scaler}``.
 
-    When: ``save_state`` and ``load_state``. Who: everyone; a key given by two plugins is an error naming both.
+    When: ``save_state`` and ``load_state``, on every process. Who: everyone; a key given by two plugins, or one of
+    the kernel's keys (below), is an error naming both. Unless a plugin claims it in ``accel_save_state``, the kernel
+    writes the item from the main process (its state must be the same on every process) and the manifest records
+    the plugin that gave it, so loading without that plugin says which plugin to install.
     """
 
 
@@ -344,10 +347,21 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
     """Write the checkpoint items this plugin owns (FSDP: sharded model/optimizer with
     torch.distributed.checkpoint; DeepSpeed: the engine's checkpoint) into ``directory``.
 
-    When: ``save_state``, on every process, inside the not-yet-published checkpoint directory. Who: everyone; each
-    returns ``{key: ItemRecord}`` for the keys it wrote, and the kernel writes every key nobody claimed in its own
-    formats (safetensors / JSON / weights-only torch files) and records all of it in the manifest.
-    A key claimed twice is an error naming both plugins.
+    ``items`` maps every key of the run to its object: ``model``, ``model_1``, ... (the prepared models, as
+    ``prepare`` returned them), ``optimizer``... (``PreparedOptimizer``; ``.optimizer`` is what the strategy
+    returned), ``scheduler``..., ``dataloader``..., ``custom_<i>`` (``register_for_checkpointing``), the keys of
+    ``accel_state_items``, and the kernel's own ``gradients`` (per process: gradients pending in the middle of
+    accumulation), ``rng`` (per process) and ``kernel``.
+
+    When: ``save_state``, on every process, before the kernel writes anything, inside the not-yet-published
+    temporary directory (it is fsynced, given a manifest and renamed into place afterwards). Who: everyone; each
+    returns ``{key: ItemRecord(plugin=..., format=..., files=...)}`` for the keys it wrote. ``files`` are paths
+    relative to ``directory`` (a directory name covers everything below it); the records of all processes are
+    merged (union of files), so each process lists what it wrote. ``plugin`` and ``version`` are filled in by the
+    kernel. The kernel writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``) and records
+    all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
+    unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
+    files that ``accel.checkpoint.load_weights_only`` accepts.
     """
 
 
@@ -355,10 +369,14 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
 def accel_load_state(
     kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
 ) -> Iterable[str] | None:
-    """Restore the items whose manifest record names this plugin.
+    """Restore the items whose manifest record names this plugin (``records`` holds only those).
 
-    When: ``load_state``, on every process, after the kernel checked the manifest. Who: everyone; returns the keys
-    it restored. A record naming a plugin that is not active is an error naming the plugin to install.
+    When: ``load_state``, on every process, after the kernel checked the checkpoint against the run (every file
+    listed with its size and nothing else present; no plugin missing; no item missing or extra; per-process items
+    saved by as many processes; the kernel-written models' parameter names and shapes) and before it restores its
+    own items (random states last). Who: every component named by a record; it returns the keys it restored, and
+    a key it leaves out is an error. A record naming a plugin that is not active is an error, raised before
+    anything is loaded, naming the plugin (and ``pip install ...`` when it is a published one).
     """
 
 
@@ -367,7 +385,8 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
     """The full, unsharded state dict of a prepared model (gathering FSDP shards or ZeRO-3 partitions), on the
     main process; other processes may return an empty dict.
 
-    When: ``kernel.get_state_dict(model)`` and ``save_model``. Who: first answer wins; default:
+    When: ``kernel.get_state_dict(model)``, ``save_model``, and ``save_state`` for a model no plugin claimed; on
+    every process (gathering may be a collective). Who: first answer wins; default:
     ``kernel.unwrap_model(model).state_dict()``.
     """
 
@@ -378,21 +397,55 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
 
 @hookspec
 def accel_init_trackers(kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]) -> None:
-    """Start a run in each active tracker and record the hyper-parameters.
+    """Start a run in each active tracker and record the hyper-parameters (``config``, possibly nested).
 
-    When: ``kernel.init_trackers(...)``. Who: every tracker component, each isolated (a failure is warned about
-    once and that tracker is skipped from then on). ``init_kwargs`` is the whole mapping; take your own entry.
+    When: ``kernel.init_trackers(project_name, config, init_kwargs)``. Who: every tracker component, each isolated:
+    a tracker that raises is warned about once and skipped for every tracking hook from then on, the others go on.
+    ``init_kwargs`` is the whole mapping ``{tracker name: {keyword: value}}``; take your own entry. Keep the
+    backend's run object in the component's ``run`` attribute (``kernel.get_tracker(name, unwrap=True)``).
+    Tracker components are called on the main process only, unless the component sets ``main_process_only =
+    False``; this holds for every tracking hook. Returns nothing.
     """
 
 
 @hookspec
-def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None) -> None:
-    """Log values. When: ``kernel.log(values, step)``. Who: every tracker, each isolated as above.
+def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    """Log values (numbers, and whatever else the backend understands: text, nested dicts of numbers).
 
-    Tracker components are called on the main process only, unless the component sets
-    ``main_process_only = False``."""
+    When: ``kernel.log(values, step, log_kwargs)``, only after ``init_trackers``. Who: every tracker, each
+    isolated as in ``accel_init_trackers``. ``log_kwargs`` is ``{tracker name: {keyword: value}}``; take your own
+    entry. Returns nothing.
+    """
+
+
+@hookspec
+def accel_log_images(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    """Log images. ``values`` maps a name to one image or a list of images; an image is an array or tensor of shape
+    H x W, H x W x 3 or H x W x 4 (channels last; uint8 in 0..255 or float in 0..1) or a PIL image.
+
+    When: ``kernel.log_images(values, step, log_kwargs)``, only after ``init_trackers``. Who: every tracker that can
+    show images, each isolated as in ``accel_init_trackers``; trackers that cannot simply do not implement it (the
+    kernel warns once if no active tracker does). Returns nothing.
+    """
+
+
+@hookspec
+def accel_log_table(
+    kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]], step: int | None,
+    log_kwargs: Mapping[str, Any],
+) -> None:
+    """Log a table: ``columns`` (names) and ``data`` (rows, each as long as ``columns``; the kernel checked).
+
+    When: ``kernel.log_table(table_name, columns, data | dataframe, step, log_kwargs)``, only after
+    ``init_trackers``. Who: every tracker that can show tables, each isolated as in ``accel_init_trackers``;
+    trackers that cannot do not implement it. Returns nothing.
+    """
 
 
 @hookspec
 def accel_end_training(kernel: Kernel) -> None:
-    """Finish tracker runs. When: ``kernel.end_training()``. Who: every tracker, each isolated."""
+    """Finish the tracker runs (flush, close files, mark the run finished).
+
+    When: ``kernel.end_training()``, or at interpreter exit for a script that never called it; once, and only if
+    ``init_trackers`` was called. Who: every tracker, each isolated as in ``accel_init_trackers``. Returns nothing.
+    """

@@ -27,6 +27,7 @@ from accel.data import PreparedDataLoader, skip_first_batches
 from accel.errors import UsageError
 from accel.options import Settings, did_you_mean, resolve
 from accel.plugins import Plugins
+from accel.tracking import TrackingMixin, user_stacklevel
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 _ARGUMENTS = ("mixed_precision", "gradient_accumulation_steps", "cpu", "log_with", "project_dir", "dynamo_backend",
@@ -200,7 +201,7 @@ def _recursive(fn: Callable[[torch.Tensor], Any]) -> Callable[[Any], Any]:
     return apply
 
 
-class Kernel:
+class Kernel(TrackingMixin):
     """The training-loop companion. ``Kernel().prepare(model, optimizer, dataloader, scheduler)``, then
     ``kernel.backward(loss)``; the same script runs on one CPU process or many, with any installed plugin.
 
@@ -262,7 +263,8 @@ class Kernel:
         self._dataloaders: list[PreparedDataLoader] = []
         self._originals: dict[int, torch.nn.Module] = {}  # prepared model -> the user's module
         self._inner: dict[int, torch.nn.Module] = {}  # prepared model -> what the strategy returned
-        self._failed: set[tuple[str, str]] = set()
+        self._failed: set[Any] = set()  # plugin names (trackers) and (plugin, hook) pairs that raised
+        self._warned: set[str] = set()
         self._torn_down = False
         self.plugins.activate(self.settings)
         hook = self.plugins.pm.hook
@@ -739,31 +741,33 @@ class Kernel:
 
     def call_isolated(self, hook_name: str, **kwargs: Any) -> None:
         """Call every implementation of a broadcast hook on its own: one that raises is warned about once and
-        skipped from then on (trackers, teardown). Trackers run on the main process unless they set
-        ``main_process_only = False``."""
+        skipped from then on (a tracker that raises is skipped for every tracking hook; teardown per hook).
+        Trackers run on the main process unless they set ``main_process_only = False``."""
         for impl in reversed(getattr(self.plugins.pm.hook, hook_name).get_hookimpls()):
-            key = (impl.plugin_name, hook_name)
+            tracker = getattr(impl.plugin, "role", None) == "tracker"
+            key: Any = impl.plugin_name if tracker else (impl.plugin_name, hook_name)
             if key in self._failed:
                 continue
-            if getattr(impl.plugin, "role", None) == "tracker" and getattr(impl.plugin, "main_process_only", True) \
-                    and not self.is_main_process:
+            if tracker and getattr(impl.plugin, "main_process_only", True) and not self.is_main_process:
                 continue
             try:
                 impl.function(*[kwargs[a] for a in impl.argnames])
             except Exception as exc:  # logging and teardown must never stop training
                 self._failed.add(key)
-                warnings.warn(f"plugin {impl.plugin_name!r} failed in {hook_name} and is skipped from now on: "
-                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+                who = f"tracker {impl.plugin.name!r}" if tracker else f"plugin {impl.plugin_name!r}"
+                warnings.warn(f"{who} failed in {hook_name} and is skipped from now on: "
+                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
 
     def end_training(self) -> None:
         """Finish trackers and release the processes' resources (process group). Safe to call once at the end."""
-        self.call_isolated("accel_end_training", kernel=self)
+        self._end_trackers()
         self._teardown()
 
     def _teardown(self) -> None:
         if self._torn_down:
             return
         self._torn_down = True
+        self._end_trackers()  # a script that never called end_training still gets its logs flushed
         self.call_isolated("accel_teardown", kernel=self)
         if self in _ACTIVE:
             _ACTIVE.remove(self)

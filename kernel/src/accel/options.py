@@ -238,6 +238,11 @@ def install_hint(name: str) -> str:
     return f"pip install {info['distribution']}" if info else ""
 
 
+def known_capabilities() -> list[str]:
+    """Every capability some published plugin provides (for did-you-mean hints)."""
+    return sorted({c for info in known_plugins()["plugins"].values() for c in info["provides"]})
+
+
 def providers_of(capability: str) -> list[str]:
     """Names of published plugins that provide a capability (for error messages)."""
     return [n for n, info in known_plugins()["plugins"].items() if capability in info["provides"]]

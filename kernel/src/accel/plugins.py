@@ -24,7 +24,8 @@ import pluggy
 from accel import hookspecs
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
 from accel.errors import PluginError, UsageError
-from accel.options import KERNEL, Options, Settings, core_options, did_you_mean, install_hint, providers_of
+from accel.options import (KERNEL, Options, Settings, core_options, did_you_mean, install_hint, known_capabilities,
+                           providers_of)
 
 GROUP = "accel"
 
@@ -262,6 +263,9 @@ class Plugins:
             needs.append((f"precision:{settings.mixed_precision}", f"mixed_precision={settings.mixed_precision}"))
         if str(settings.get("dynamo_backend", "no")).lower() != "no":
             needs.append(("compile", f"dynamo_backend={settings.get('dynamo_backend')}"))
+        for tracker in settings.get("log_with") or []:
+            if tracker != "all":  # "all": whichever trackers are installed
+                needs.append((f"tracker:{tracker}", f"log_with={tracker!r}"))
         for capability, why in needs:
             if any(capability in c.provides for c in found):
                 continue
@@ -275,7 +279,8 @@ class Plugins:
                 hint = (
                     f"plugin {blocked[0]!r} is installed but {self.records[blocked[0]].status}: "
                     f"{self.records[blocked[0]].reason}" if blocked else
-                    ("install one: " + " or ".join(f"`{h}`" for h in hints) if hints else "no published plugin has it")
+                    ("install one: " + " or ".join(f"`{h}`" for h in hints) if hints else
+                     "no published plugin has it" + did_you_mean(capability, known_capabilities()))
                 )
             raise UsageError(f"{why} needs a plugin that provides {capability!r}, and none is active; {hint}")
 

@@ -15,6 +15,7 @@ commands:
   env        versions, platform, devices, plugins and config file, ready to paste in a bug report
   config     write the config file: questions, or `config default`; also `config update`, `config show`
   test       run a short real check of the installation with the current config (accel test -n 2)
+  new-plugin write a new plugin project (tracker or strategy) from a template, with its tests
 
 options:
   -h, --help     show this message
@@ -64,9 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accel.commands.test_cmd import test_command
 
         return run_guarded(lambda: test_command(rest))
+    if command == "new-plugin":
+        from accel.commands.new_plugin import new_plugin_command
+
+        return run_guarded(lambda: new_plugin_command(rest))
     from accel.options import did_you_mean
 
-    return run_guarded(lambda: _unknown(command, did_you_mean(command, ["launch", "plugins", "env", "config", "test"])))
+    commands = ["launch", "plugins", "env", "config", "test", "new-plugin"]
+    return run_guarded(lambda: _unknown(command, did_you_mean(command, commands)))
 
 
 def _unknown(command: str, hint: str) -> int:

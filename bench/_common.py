@@ -1,0 +1,93 @@
+"""Shared helpers of the benchmarks: alternating runs, medians, a scratch Accelerate venv, docs sections."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "benchmarks.md"
+ACCELERATE_VENV = Path(os.environ.get("ACCEL_BENCH_ACCELERATE_VENV", ROOT / "bench" / ".venv-accelerate"))
+
+
+def accelerate_python(create: bool = True) -> str | None:
+    """Python of a scratch venv with torch 2.13.0 and accelerate (created on first use; None if that fails)."""
+    py = ACCELERATE_VENV / "bin" / "python"
+    if py.exists():
+        return str(py)
+    if not create:
+        return None
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(ACCELERATE_VENV)], check=True)
+        pip = [str(py), "-m", "pip", "install", "-q"]
+        subprocess.run(pip + ["torch==2.13.0"], check=True)  # first: never let pip choose torch
+        subprocess.run(pip + ["numpy", "accelerate"], check=True)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        print(f"bench: could not create the Accelerate venv ({exc}); comparing with raw PyTorch only", file=sys.stderr)
+        return None
+    return str(py)
+
+
+def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900) -> dict:
+    """Run a command whose last stdout line is a JSON object; return it."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def alternate(cmds: dict[str, list[str]], key: str, repeats: int, env: dict[str, str] | None = None) -> dict[str, list[float]]:
+    """Run the commands A B C A B C ... ``repeats`` times; collect ``key`` of each run's JSON result."""
+    out: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeats):
+        for name, cmd in cmds.items():
+            out[name].append(float(run_json(cmd, env)[key]))
+    return out
+
+
+def med(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> str:
+    import importlib.metadata as md
+
+    versions = []
+    for dist in ("accel-kernel", "torch", "pluggy"):
+        try:
+            versions.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{date.today().isoformat()}; {platform.platform()}; {os.cpu_count()} CPU cores; Python "
+            f"{platform.python_version()}; {', '.join(versions)}; load average at start {load:.1f}")
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace (or append) the block between ``<!-- bench:name -->`` markers in docs/benchmarks.md."""
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    DOCS.write_text(text, encoding="utf-8")
+
+
+class Timer:
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start

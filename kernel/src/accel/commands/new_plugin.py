@@ -1,0 +1,79 @@
+"""``accel new-plugin NAME``: write a working plugin project (tracker or strategy) from the templates shipped with
+accel (``accel/templates/<kind>/``), ready for ``pip install -e`` and ``pytest``. No torch import."""
+
+from __future__ import annotations
+
+import re
+import string
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from accel.commands.launch import Parser
+from accel.errors import UsageError
+
+KINDS = ("tracker", "strategy")
+KERNEL_REQUIREMENT = "accel-kernel>=0.1,<0.2"
+
+
+def template_files(kind: str) -> dict[str, str]:
+    """``{relative path with placeholders: text}`` of one template."""
+    root = resources.files("accel") / "templates" / kind
+    files: dict[str, str] = {}
+
+    def walk(node: resources.abc.Traversable, prefix: str) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    walk(child, f"{prefix}{child.name}/")
+            elif child.name.endswith(".tmpl"):
+                files[f"{prefix}{child.name[:-5]}"] = child.read_text(encoding="utf-8")
+
+    walk(root, "")
+    return files
+
+
+def render(name: str, kind: str = "tracker") -> dict[str, str]:
+    """The files of a new plugin called ``name``: ``{relative path: text}``."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise UsageError(f"plugin name {name!r} must start with a lowercase letter and hold only a-z, 0-9 and _ "
+                         "(it becomes the entry-point name and the module accel_NAME)")
+    if kind not in KINDS:
+        raise UsageError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    values = {
+        "name": name,
+        "module": f"accel_{name}",
+        "distribution": f"accel-plugin-{name.replace('_', '-')}",
+        "title": "".join(part.capitalize() for part in name.split("_")),
+        "kernel_requirement": KERNEL_REQUIREMENT,
+    }
+    return {path.replace("__name__", name): string.Template(text).substitute(values)
+            for path, text in template_files(kind).items()}
+
+
+def write(target: Path, files: dict[str, str]) -> None:
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{target} already exists and is not empty; choose another --directory")
+    for path, text in sorted(files.items()):
+        dest = target / path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+
+
+def new_plugin_command(argv: Sequence[str]) -> int:
+    parser = Parser(prog="accel new-plugin", description="Write a new accel plugin project from a template.")
+    parser.add_argument("name", help="the plugin's name: entry point NAME, module accel_NAME")
+    parser.add_argument("--kind", default="tracker", help="tracker (default) or strategy")
+    parser.add_argument("--directory", "--dir", default=None,
+                        help="where to write it (default: ./accel-plugin-NAME); must not exist or be empty")
+    args = parser.parse_args(list(argv))
+    files = render(args.name, args.kind)
+    target = Path(args.directory or f"accel-plugin-{args.name.replace('_', '-')}")
+    write(target, files)
+    print(f"wrote a {args.kind} plugin to {target}/ ({len(files)} files). Next:")
+    print(f"  pip install -e {target}      # then `accel plugins` lists {args.name!r}")
+    print(f"  pytest {target}/tests        # accel's conformance suite and the plugin's own tests")
+    return 0
+
+
+__all__ = ["new_plugin_command", "render", "template_files"]

@@ -1,0 +1,114 @@
+"""The MLflow tracker component. mlflow is imported inside the methods."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import TYPE_CHECKING, Any, Mapping
+
+from accel import Tracker, hookimpl
+from accel.tracking import as_scalar, flatten
+
+if TYPE_CHECKING:
+    from accel.kernel import Kernel
+
+#: init_kwargs["mlflow"] keys that are not arguments of mlflow.start_run.
+_OWN_KEYS = ("tracking_uri", "experiment_name", "artifact_location", "experiment_tags")
+_PARAMS_PER_CALL = 100  # MLflow refuses more than 100 params in one batch
+
+
+def _image(value: Any) -> Any:
+    import numpy as np
+
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+class MLflowTracker(Tracker):
+    """One MLflow run per ``init_trackers``: experiment ``project_name`` (or ``experiment_name`` /
+    ``MLFLOW_EXPERIMENT_NAME``), the config as params, numbers as metrics.
+
+    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else MLflow's default),
+    ``experiment_name``, ``artifact_location``, ``experiment_tags``, and any argument of ``mlflow.start_run``
+    (``run_name``, ``run_id``, ``tags``, ``nested``, ``description``). ``get_tracker("mlflow", unwrap=True)`` is the
+    ``mlflow.ActiveRun``."""
+
+    provides = frozenset({"tracker:mlflow"})
+
+    def __init__(self) -> None:
+        self.run = None
+        self._skipped: set[str] = set()
+
+    @hookimpl
+    def accel_init_trackers(self, kernel: Kernel, project_name: str, config: Mapping[str, Any],
+                            init_kwargs: Mapping[str, Any]) -> None:
+        import mlflow
+
+        kwargs = dict(init_kwargs.get("mlflow", {}))
+        own = {k: kwargs.pop(k) for k in _OWN_KEYS if k in kwargs}
+        if own.get("tracking_uri"):
+            mlflow.set_tracking_uri(own["tracking_uri"])
+        name = own.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or project_name
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            experiment_id = mlflow.create_experiment(name, artifact_location=own.get("artifact_location"),
+                                                     tags=own.get("experiment_tags"))
+        self.run = mlflow.start_run(experiment_id=experiment_id, **kwargs)
+        if config:
+            try:
+                from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH as limit
+            except ImportError:  # pragma: no cover - older or newer layouts
+                limit = 500
+            params = [(k, str(v)[:limit]) for k, v in flatten(config).items()]
+            for i in range(0, len(params), _PARAMS_PER_CALL):
+                mlflow.log_params(dict(params[i:i + _PARAMS_PER_CALL]))
+
+    @hookimpl
+    def accel_log(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
+                  log_kwargs: Mapping[str, Any]) -> None:
+        import mlflow
+
+        metrics: dict[str, float] = {}
+        for key, value in values.items():
+            number = as_scalar(value)
+            if number is not None:
+                metrics[key] = float(number)
+            elif isinstance(value, Mapping) and all(as_scalar(v) is not None for v in value.values()):
+                metrics.update({f"{key}/{k}": float(as_scalar(v)) for k, v in value.items()})  # type: ignore[arg-type]
+            elif key not in self._skipped:
+                self._skipped.add(key)
+                warnings.warn(f"mlflow: only numbers are logged as metrics; {key!r} ({type(value).__name__}) is "
+                              "skipped", RuntimeWarning, stacklevel=2)
+        if metrics:
+            mlflow.log_metrics(metrics, step=step, **log_kwargs.get("mlflow", {}))
+
+    @hookimpl
+    def accel_log_images(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
+                         log_kwargs: Mapping[str, Any]) -> None:
+        import mlflow
+
+        for key, value in values.items():
+            images = value if isinstance(value, (list, tuple)) else [value]
+            for i, image in enumerate(images):
+                name = key if len(images) == 1 else f"{key}/{i}"
+                mlflow.log_image(_image(image), key=name, step=step or 0, **log_kwargs.get("mlflow", {}))
+
+    @hookimpl
+    def accel_log_table(self, kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]],
+                        step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+        import mlflow
+
+        # The layout mlflow.log_table writes (pandas "split" orientation), without needing pandas.
+        name = table_name if step is None else f"{table_name}_step{step}"
+        mlflow.log_dict({"columns": columns, "data": data}, f"tables/{name}.json")
+
+    @hookimpl
+    def accel_end_training(self, kernel: Kernel) -> None:
+        import mlflow
+
+        if self.run is not None:
+            mlflow.end_run()
+            self.run = None

@@ -1,0 +1,35 @@
+"""docs/writing-plugins.md stays true: its code is the templates' code (which test_plugin_template.py installs
+and tests), and its example training script runs and logs through the plugin it builds."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from accel.commands.new_plugin import render
+from accel.testing import run_launch
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-plugins.md"
+BLOCK = re.compile(r"<!-- template: (\w+) (\w+) (\S+) -->\n```\w*\n(.*?)```", re.S)
+
+
+def test_every_file_shown_is_the_template_output_and_every_file_is_shown() -> None:
+    text = DOC.read_text()
+    shown = {(kind, name, path): body for kind, name, path, body in BLOCK.findall(text)}
+    assert {(k, n) for k, n, _ in shown} == {("tracker", "jsonl"), ("strategy", "avgdp")}
+    for (kind, name, path), body in shown.items():
+        assert body == render(name, kind)[path], f"{path} in {DOC.name} differs from `accel new-plugin {name}`"
+    for kind, name in (("tracker", "jsonl"), ("strategy", "avgdp")):
+        missing = {p for p in render(name, kind) if p != "README.md"} - {p for k, n, p in shown if n == name}
+        assert not missing, f"the walk-through does not show {sorted(missing)}"
+
+
+def test_the_example_script_logs_through_the_tracker(tmp_path: Path) -> None:
+    script = re.search(r"<!-- example: train.py -->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    assert script is not None
+    (tmp_path / "train.py").write_text(script.group(1))
+    run_launch(["train.py"], num_processes=1, registered=["jsonl"], home=tmp_path / "home", cwd=tmp_path)
+    events = [json.loads(line) for line in (tmp_path / "out" / "jsonl" / "demo.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["init"] + ["log"] * 5 + ["end"]
+    assert events[0]["config"] == {"lr": 0.1} and [e["step"] for e in events[1:6]] == [0, 1, 2, 3, 4]
