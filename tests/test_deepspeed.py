@@ -278,6 +278,33 @@ def test_base64_launch_config_reaches_the_kernel(monkeypatch: pytest.MonkeyPatch
         kernel.end_training()
 
 
+class _Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_deepspeed_files_are_loaded_weights_only(tmp_path: Path) -> None:
+    """DeepSpeed loads its checkpoint files with weights_only=False; under accel every such load is weights-only
+    (plus DeepSpeed's own enums/records), so a crafted file is refused and never runs code."""
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from accel import CheckpointError
+    from accel_deepspeed.state import weights_only_loads
+
+    good, bad, marker = tmp_path / "good.pt", tmp_path / "bad.pt", tmp_path / "pwned"
+    torch.save({"zero_stage": ZeroStageEnum.gradients, "w": torch.ones(2)}, good)
+    torch.save({"w": _Exploit(str(marker))}, bad)
+    with weights_only_loads():
+        assert torch.load(good, weights_only=False)["zero_stage"] == ZeroStageEnum.gradients
+        with pytest.raises(CheckpointError, match="refusing to load .*bad.pt: it holds more than weights"):
+            torch.load(bad, weights_only=False)
+    assert not marker.exists()
+    assert torch.load.__module__ == "torch.serialization"  # restored afterwards
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CLI
 

@@ -5,9 +5,11 @@ Every function here is collective: call it on every process, in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -68,9 +70,46 @@ def save(engine: Any, root: Path, sub: str) -> list[str]:
     return files_under(root, Path(sub))
 
 
+def _allowed_globals() -> list[Any]:
+    """The only non-tensor classes DeepSpeed's checkpoint files reference (besides what torch's weights-only
+    unpickler allows anyway): enums and plain records, no code."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Make every ``torch.load`` inside the block weights-only (plus ``_allowed_globals``), whatever its caller
+    asks: DeepSpeed loads its files with ``weights_only=False``, and a checkpoint must never run code when loaded.
+    A file that needs anything else is refused with :class:`accel.CheckpointError`."""
+    from accel import CheckpointError
+
+    original = torch.load
+    allowed = _allowed_globals()
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return original(f, *args, **kwargs)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"refusing to load {f}: it holds more than weights ({first})") from None
+
+    torch.load = load  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.load = original  # type: ignore[assignment]
+
+
 def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
-    path, _ = engine.load_checkpoint(os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer,
-                                     load_lr_scheduler_states=False)
+    with weights_only_loads():
+        path, _ = engine.load_checkpoint(os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer,
+                                         load_lr_scheduler_states=False)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load its checkpoint from {root / sub}")
 
