@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel, UsageError
+from accel import CheckpointError, Kernel, UsageError
 from accel.checkpoint import MANIFEST
 
 OUT = Path(sys.argv[1])
@@ -142,6 +142,17 @@ def main() -> None:
                          "same_as_zero_to_fp32": same_as_zero_to_fp32,
                          "items": {k: {f: v.get(f) for f in ("plugin", "format", "extra")}
                                    for k, v in manifest.get("items", {}).items()}}
+    # a checkpoint of a DDP run does not fit a ZeRO engine: refused before anything is loaded
+    ddp = build(dict(plugins=["ddp"]), seed=0)
+    train(ddp, save_to=OUT / "ckpt_ddp")
+    ddp[0].end_training()
+    zero = build(dict(plugins=["deepspeed"], zero_stage=2), seed=0)
+    try:
+        zero[0].load_state(OUT / "ckpt_ddp")
+        results["ddp_into_zero"] = "loaded"
+    except CheckpointError as exc:
+        results["ddp_into_zero"] = str(exc)
+    zero[0].end_training()
     if dist.get_rank() == 0:
         (OUT / "result.json").write_text(json.dumps(results))
     dist.destroy_process_group()
