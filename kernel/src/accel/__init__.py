@@ -40,8 +40,8 @@ _LAZY = {
 __all__ = [
     "AccelError", "CheckpointError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
     "PluginError", "PreparedOptimizer", "PreparedScheduler", "ProjectConfiguration", "Question", "Settings",
-    "Topology", "Tracker", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model",
-    "notebook_launcher", "skip_first_batches",
+    "Topology", "Tracker", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model", "notebook_launcher",
+    "skip_first_batches",
 ]
 
 
