@@ -79,6 +79,11 @@ def accel_collectives(kernel: Kernel) -> SingleProcess:
 
 
 @hookimpl(trylast=True)
+def accel_model_init_context(kernel: Kernel) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@hookimpl(trylast=True)
 def accel_prepare_training(
     kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]]:

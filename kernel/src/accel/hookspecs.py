@@ -187,6 +187,17 @@ def accel_teardown(kernel: Kernel) -> None:
 # prepare()
 
 
+@hookspec(firstresult=True)
+def accel_model_init_context(kernel: Kernel) -> ContextManager[Any] | None:
+    """The context in which the script builds its models (``with kernel.model_init_context(): model = Net()``),
+    so a strategy can create parameters already partitioned over the processes (DeepSpeed's ``zero.Init``)
+    instead of materialising the whole model in every process first.
+
+    When: ``kernel.model_init_context()``, before ``prepare()``. Who: first answer wins (strategy); default: no
+    context (``contextlib.nullcontext()``), so scripts that use it run unchanged with every plugin.
+    """
+
+
 @hookspec
 def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
     """Change a model in place before it is placed and wrapped (compile it, swap layers for fp8, add activation
@@ -199,14 +210,17 @@ def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
 
 @hookspec(firstresult=True)
 def accel_prepare_training(
-    kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]] | None:
     """Set up models, optimizers and schedulers *together* (a DeepSpeed engine needs all three; FSDP must swap the
     optimizer's parameters after sharding).
 
-    When: ``prepare()``, once per call, with the objects of that call. Who: first answer wins; the default calls
-    ``accel_wrap_model`` for each model, then ``accel_wrap_optimizer`` for each optimizer, and keeps schedulers.
-    Returns the three lists, same lengths and order.
+    When: ``prepare()``, once per call, with the objects of that call. ``dataloaders`` are the DataLoaders of the
+    same call, in call order and not yet prepared (they are prepared right after): read them, do not change them
+    (a strategy that must know the per-process batch size, like DeepSpeed's micro-batch size, takes it here).
+    Who: first answer wins; the default calls ``accel_wrap_model`` for each model, then ``accel_wrap_optimizer``
+    for each optimizer, and keeps schedulers. Returns the three lists (models, optimizers, schedulers), same
+    lengths and order.
     """
 
 

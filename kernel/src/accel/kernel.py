@@ -8,6 +8,7 @@ nested structures, the objects it prepared).
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import functools
 import gc
@@ -242,8 +243,11 @@ class Kernel(TrackingMixin):
                             ("log_with", [log_with] if isinstance(log_with, str) else log_with)):
             if value is not None:
                 kwargs[name] = value
+        text = env.get("ACCEL_CONFIG") or "{}"
         try:
-            launched = json.loads(env.get("ACCEL_CONFIG") or "{}")
+            if text.startswith("base64:"):  # launchers that re-quote exported values (pdsh, mpirun) carry it encoded
+                text = base64.b64decode(text[len("base64:"):], validate=True).decode()
+            launched = json.loads(text)
         except ValueError:
             raise UsageError("environment variable ACCEL_CONFIG is not valid JSON; unset it or launch with accel launch") from None
         values, sources = resolve(declared, env=env, launched=launched, kwargs=kwargs)
@@ -346,7 +350,7 @@ class Kernel(TrackingMixin):
 
         hook = self.plugins.pm.hook
         kinds: list[str] = []
-        models, optimizers, schedulers = [], [], []
+        models, optimizers, schedulers, dataloaders = [], [], [], []
         for obj in args:
             if isinstance(obj, torch.nn.Module):
                 kinds.append("model")
@@ -361,12 +365,13 @@ class Kernel(TrackingMixin):
                 schedulers.append(obj)
             elif isinstance(obj, DataLoader):
                 kinds.append("dataloader")
+                dataloaders.append(obj)
             else:
                 kinds.append("other")
         for model in models:
             hook.accel_transform_model(kernel=self, model=model)
         w_models, w_opts, w_scheds = hook.accel_prepare_training(
-            kernel=self, models=models, optimizers=optimizers, schedulers=schedulers
+            kernel=self, models=models, optimizers=optimizers, schedulers=schedulers, dataloaders=dataloaders
         )
         if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
             raise RuntimeError("accel_prepare_training returned lists of the wrong length")
@@ -394,6 +399,12 @@ class Kernel(TrackingMixin):
             else:
                 out.append(next(queues[kind]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
+        """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that
+        partitions parameters as they are created (DeepSpeed ZeRO-3 with ``zero3_init_flag``) answers it; with
+        every other plugin it does nothing."""
+        return self.plugins.pm.hook.accel_model_init_context(kernel=self)
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.prepare(model)
