@@ -198,7 +198,7 @@ class Questionnaire:
                                    kind="confirm", default=hardware.name == "cpu"))
         if entry.get("strategies") and not self.answers.get("cpu"):
             strategies = menu()["strategies"]
-            plain = "DistributedDataParallel (a full copy of the model on each device)" if entry.get("processes") \
+            plain = "data parallel (a full copy of the model on each device)" if entry.get("processes") \
                 else "none (one process on one device)"
             choice = self.question(
                 Question("strategy", "Which training strategy do you want to use?", kind="select",
