@@ -228,6 +228,7 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_ddp_equals_one_process_on_the_global_batch(tmp_path: Path, one_process: dict[str, Any]) -> None:
     out = tmp_path / "out"
     launch(tmp_path, "train_equiv.py", str(out), "--batch_size", "3")
@@ -235,6 +236,7 @@ def test_two_process_ddp_equals_one_process_on_the_global_batch(tmp_path: Path, 
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_plain_torchrun_activates_ddp(tmp_path: Path, one_process: dict[str, Any]) -> None:
     """No accel launch: torchrun's WORLD_SIZE=2 is enough for the ddp plugin to take over."""
     out = tmp_path / "out"
@@ -272,6 +274,7 @@ def launch_two_machines(tmp: Path, out: Path, rdzv: tuple[str, ...]) -> list[sub
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("rdzv", [(), ("--rdzv_backend", "c10d")], ids=["static", "c10d"])
 def test_two_machines_on_one_host_train_together(tmp_path: Path, one_process: dict[str, Any],
                                                  rdzv: tuple[str, ...]) -> None:
