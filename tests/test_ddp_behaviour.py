@@ -10,7 +10,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -320,13 +319,10 @@ def test_a_script_that_always_fails_makes_launch_fail(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_digits_example_on_two_processes_learns(tmp_path: Path) -> None:
-    start = time.monotonic()
     proc = run_launch(["-q", str(ROOT / "examples" / "train_digits.py")], num_processes=2, home=tmp_path / "home",
                       registered=["ddp"], cwd=tmp_path, timeout=TIMEOUT)
-    elapsed = time.monotonic() - start
     found = re.findall(r"accuracy ([0-9.]+) on (\d+) test images \(2 processes\)", proc.stdout)
     assert found, proc.stdout[-2000:]
     accuracy, total = float(found[-1][0]), int(found[-1][1])
     assert total == 297  # gather_for_metrics: every test image exactly once
     assert accuracy >= 0.8, proc.stdout
-    assert elapsed < 120, elapsed
