@@ -112,7 +112,7 @@ class BatchSamplerShard(Sampler[list[int]]):
                 first.extend(batch)
             group.append(batch)
             if len(group) == p:
-                if self.even_batches and len(batch) < size:
+                if self.even_batches and p > 1 and len(batch) < size:
                     held = group
                 else:
                     yield group[r]
