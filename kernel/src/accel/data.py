@@ -99,15 +99,26 @@ class BatchSamplerShard(Sampler[list[int]]):
         group: list[list[int]] = []
         first: list[int] = []
         size = self.batch_size
+        # A complete group whose last batch is short is held until we know it is the epoch's last (then its short
+        # batch is completed below, like that of an incomplete group).
+        held: list[list[int]] | None = None
         for batch in self.batch_sampler:
+            if held is not None:
+                yield held[r]
+                held = None
             batch = list(batch)
             size = size or len(batch)
             if len(first) < size * p:
                 first.extend(batch)
             group.append(batch)
             if len(group) == p:
-                yield group[r]
+                if self.even_batches and p > 1 and len(batch) < size:
+                    held = group
+                else:
+                    yield group[r]
                 group = []
+        if held is not None:
+            group = held
         if not group or self.drop_last:
             return
         if not self.even_batches:
