@@ -55,7 +55,11 @@ def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
     else:
         args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
                  f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
-    return args + command
+    # "--" ends torchrun's own options: without it a script option such as --start would be read as an
+    # abbreviation of torchrun's --start-method.
+    if command[:1] == ["-m"]:
+        return [*args, "-m", "--", *command[1:]]
+    return [*args, "--", *command]
 
 
 class TorchDistributed:
