@@ -34,8 +34,10 @@ def first_slurm_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0] + suffix
 
 
-def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
-    """The exact ``torch.distributed.run`` arguments for these settings."""
+def torchrun_args(settings: Settings, command: list[str], no_python: bool = False) -> list[str]:
+    """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
+    interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
+    executable."""
     nnodes = settings["num_machines"]
     total = settings["num_processes"]
     if total % nnodes:
@@ -55,6 +57,8 @@ def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
     else:
         args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
                  f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
+    if no_python:
+        args.append("--no-python")
     # "--" ends torchrun's own options: without it a script option such as --start would be read as an
     # abbreviation of torchrun's --start-method.
     if command[:1] == ["-m"]:
@@ -115,7 +119,7 @@ class DDPStrategy(Component):
 
     @hookimpl
     def accel_launch(self, plan: LaunchPlan) -> int:
-        args = torchrun_args(plan.settings, plan.command)
+        args = torchrun_args(plan.settings, plan.command, no_python=not plan.python)
         env = plan.env
         gpu_ids = plan.settings.get("gpu_ids")
         if gpu_ids and str(gpu_ids).lower() != "all":
@@ -222,11 +226,26 @@ class DDPStrategy(Component):
         return TorchDistributed(kernel.topology.num_processes)
 
     @hookimpl
+    def accel_end_training(self, kernel: Kernel) -> None:
+        """A normal end on every process: wait until all processes got here, so none tears down its process group
+        while another one still talks to it."""
+        import torch.distributed as dist
+
+        if self.owns_process_group and dist.is_initialized():
+            dist.barrier()
+
+    @hookimpl
     def accel_teardown(self, kernel: Kernel) -> None:
+        import time
+
         import torch.distributed as dist
 
         if self.owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+            # gloo's worker threads drop finished work (which holds Python tensors) after the caller was woken up;
+            # if that happens while the interpreter finalises, the thread cannot take the GIL and the process
+            # aborts ("terminate called without an active exception"). Let go of the GIL for a moment.
+            time.sleep(0.05)
 
     # ---- models -------------------------------------------------------------------------------------------
 
