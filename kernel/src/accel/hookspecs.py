@@ -444,8 +444,11 @@ def accel_log_table(
 
 @hookspec
 def accel_end_training(kernel: Kernel) -> None:
-    """Finish the tracker runs (flush, close files, mark the run finished).
+    """The normal end of training: trackers finish their runs (flush, close files, mark the run finished); a
+    strategy may wait for every process here (a barrier before its process group is destroyed), which
+    ``accel_teardown`` must not do because it also runs after a failure.
 
-    When: ``kernel.end_training()``, or at interpreter exit for a script that never called it; once, and only if
-    ``init_trackers`` was called. Who: every tracker, each isolated as in ``accel_init_trackers``. Returns nothing.
+    When: ``kernel.end_training()`` (trackers also at interpreter exit for a script that never called it); once.
+    Trackers are called only if ``init_trackers`` was called. Who: every component, each isolated as in
+    ``accel_init_trackers``. Returns nothing.
     """

@@ -739,12 +739,15 @@ class Kernel(TrackingMixin):
 
     clear = free_memory
 
-    def call_isolated(self, hook_name: str, **kwargs: Any) -> None:
+    def call_isolated(self, hook_name: str, *, trackers: bool | None = None, **kwargs: Any) -> None:
         """Call every implementation of a broadcast hook on its own: one that raises is warned about once and
         skipped from then on (a tracker that raises is skipped for every tracking hook; teardown per hook).
-        Trackers run on the main process unless they set ``main_process_only = False``."""
+        Trackers run on the main process unless they set ``main_process_only = False``. ``trackers=True`` calls
+        only tracker components, ``False`` only the others, ``None`` everyone."""
         for impl in reversed(getattr(self.plugins.pm.hook, hook_name).get_hookimpls()):
             tracker = getattr(impl.plugin, "role", None) == "tracker"
+            if trackers is not None and tracker != trackers:
+                continue
             key: Any = impl.plugin_name if tracker else (impl.plugin_name, hook_name)
             if key in self._failed:
                 continue
@@ -761,6 +764,8 @@ class Kernel(TrackingMixin):
     def end_training(self) -> None:
         """Finish trackers and release the processes' resources (process group). Safe to call once at the end."""
         self._end_trackers()
+        if not self._torn_down:
+            self.call_isolated("accel_end_training", kernel=self, trackers=False)
         self._teardown()
 
     def _teardown(self) -> None:

@@ -198,7 +198,7 @@ class TrackingMixin:
         """Finish every tracker run that init_trackers started (once)."""
         if self._trackers_started and not self._trackers_ended:
             self._trackers_ended = True
-            self.call_isolated("accel_end_training", kernel=self)
+            self.call_isolated("accel_end_training", kernel=self, trackers=True)
 
     def _warn_unsupported(self, hook: str, what: str) -> None:
         answering = {impl.plugin_name for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()}
