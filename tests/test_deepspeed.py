@@ -193,12 +193,12 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
     from accel_deepspeed.launcher import runner_plan
 
     s = runner_settings(tmp_path, launcher, machine_rank=1)
-    plan = runner_plan(s, ["train.py", "--lr", "0.1"], "/venv/bin/python", WORKER_ENV)
+    plan = runner_plan(s, ["train.py", "--num", "0.1"], "/venv/bin/python", WORKER_ENV)  # --num: not the runner's
     limits = ["--num_nodes", "2", "--num_gpus", "2"] if launcher in ("pdsh", "slurm", "nossh") else []
     how = ["--no_ssh", "--node_rank", "1"] if launcher == "nossh" else ["--launcher", launcher]
     assert plan.argv == ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--hostfile",
                          s["deepspeed_hostfile"], *how, "--master_addr", "10.1.2.3", "--master_port",
-                         "29555", "--no_local_rank", *limits, "train.py", "--lr", "0.1"]
+                         "29555", "--no_local_rank", *limits, "--", "train.py", "--num", "0.1"]
     encoded = "base64:" + base64.b64encode(WORKER_ENV["ACCEL_CONFIG"].encode()).decode()
     assert plan.exports == {"ACCEL_CONFIG": encoded, "ACCEL_DISABLE_PLUGINS": "wandb", "OMP_NUM_THREADS": "2",
                             "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555"}
@@ -230,18 +230,18 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
         exports = cmd[6]
         launch = cmd[cmd.index("deepspeed.launcher.launch") + 1:]
         assert "--no_local_rank" in launch and "--master_addr=10.1.2.3" in launch and "--master_port=29555" in launch
-        assert launch[-3:] == ["train.py", "--lr", "0.1"]
+        assert launch[-3:] == ["train.py", "--num", "0.1"]
         # the remote shell evaluates the exports: every value must come through unchanged
         shown = subprocess.run(["bash", "-c", exports + " env"], capture_output=True, text=True).stdout.splitlines()
         assert f"ACCEL_CONFIG={encoded}" in shown and "MASTER_ADDR=10.1.2.3" in shown
     elif launcher == "slurm":
-        assert cmd[:3] == ["srun", "-n", "4"] and cmd[-3:] == ["train.py", "--lr", "0.1"]
+        assert cmd[:3] == ["srun", "-n", "4"] and cmd[-3:] == ["train.py", "--num", "0.1"]
         assert f"ACCEL_CONFIG={encoded}" in next(c for c in cmd if c.startswith("--export=ALL")).split(",")
     else:
         flag = {"openmpi": "-x", "mvapich": "-env", "mpich": "-genv"}[launcher]
         pairs = {cmd[i + 1] for i, c in enumerate(cmd) if c == flag}
         assert {f"ACCEL_CONFIG={encoded}", "MASTER_ADDR=10.1.2.3", "MASTER_PORT=29555"} <= pairs
-        assert cmd[0] == "mpirun" and cmd[-3:] == ["train.py", "--lr", "0.1"]
+        assert cmd[0] == "mpirun" and cmd[-3:] == ["train.py", "--num", "0.1"]
         assert cmd[cmd.index("-n" if launcher != "mvapich" else "-np") + 1] == "4"
 
 
@@ -250,7 +250,7 @@ def test_runner_filters_and_refusals(tmp_path: Path) -> None:
 
     plan = runner_plan(runner_settings(tmp_path, "pdsh", deepspeed_inclusion_filter="node-a:0,1@node-b:0,1"),
                        ["-m", "pkg.train"], "/py", {})
-    assert plan.argv[-4:] == ["--include", "node-a:0,1@node-b:0,1", "--module", "pkg.train"]
+    assert plan.argv[-5:] == ["--include", "node-a:0,1@node-b:0,1", "--module", "--", "pkg.train"]
     plan = runner_plan(runner_settings(tmp_path, "slurm", deepspeed_exclusion_filter="node-b"), ["t.py"], "/py", {})
     assert "--exclude" in plan.argv and "--num_gpus" not in plan.argv
     with pytest.raises(UsageError, match="takes no inclusion/exclusion filter"):
@@ -320,10 +320,11 @@ def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_plans_torchrun_and_runner(tmp_path: Path, script: str) -> None:
-    proc = cli(tmp_path, "--dry-run", "-n", "2", "--plugin", "deepspeed", "--zero_stage", "3", script)
+    proc = cli(tmp_path, "--dry-run", "-n", "2", "--plugin", "deepspeed", "--zero_stage", "3", script, "--start", "1")
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("launcher:"))
-    assert line.startswith("launcher: deepspeed (torchrun): ") and "--nproc_per_node=2" in line and line.endswith(script)
+    assert line.startswith("launcher: deepspeed (torchrun): ") and "--nproc_per_node=2" in line
+    assert line.endswith(f" -- {script} --start 1")  # a script option is never read as torchrun's --start-method
     assert "accel_backward: deepspeed:strategy" in proc.stdout  # the engine answers before the kernel
     hosts = hostfile(tmp_path)
     proc = cli(tmp_path, "--dry-run", "-n", "4", "--num_machines", "2", "--main_process_ip", "10.0.0.1",

@@ -51,7 +51,10 @@ def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
     else:
         args += [f"--rdzv_backend={settings['rdzv_backend']}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
                  f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
-    return args + command
+    # "--" ends torchrun's own options, so a script option (--start) is never taken for one of them (--start-method)
+    if command[:1] == ["-m"]:
+        return [*args, "-m", "--", *command[1:]]
+    return [*args, "--", *command]
 
 
 def read_hostfile(path: str) -> dict[str, int]:
@@ -146,7 +149,7 @@ def runner_plan(settings: Settings, command: list[str], python: str, env: Mappin
     elif command[:1] == ["-m"]:
         argv.append("--module")
         command = command[1:]
-    argv += command
+    argv += ["--", *command]  # the runner would take a script option (--num) for an abbreviation of its own
     exports: dict[str, str] = {}
     for key in sorted(env):
         if key.startswith("ACCEL_") or key in FORWARDED:
