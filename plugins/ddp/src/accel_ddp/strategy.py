@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
 
 from accel import Component, LaunchPlan, Settings, Topology, UsageError, hookimpl
+from accel.distributed import barrier_if_initialized, destroy_process_group
 
 if TYPE_CHECKING:
     import torch
@@ -227,25 +228,13 @@ class DDPStrategy(Component):
 
     @hookimpl
     def accel_end_training(self, kernel: Kernel) -> None:
-        """A normal end on every process: wait until all processes got here, so none tears down its process group
-        while another one still talks to it."""
-        import torch.distributed as dist
-
-        if self.owns_process_group and dist.is_initialized():
-            dist.barrier()
+        if self.owns_process_group:
+            barrier_if_initialized()
 
     @hookimpl
     def accel_teardown(self, kernel: Kernel) -> None:
-        import time
-
-        import torch.distributed as dist
-
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-            # gloo's worker threads drop finished work (which holds Python tensors) after the caller was woken up;
-            # if that happens while the interpreter finalises, the thread cannot take the GIL and the process
-            # aborts ("terminate called without an active exception"). Let go of the GIL for a moment.
-            time.sleep(0.05)
+        if self.owns_process_group:
+            destroy_process_group()
 
     # ---- models -------------------------------------------------------------------------------------------
 

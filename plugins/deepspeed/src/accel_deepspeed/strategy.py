@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
+from accel.distributed import barrier_if_initialized, destroy_process_group
 from accel_deepspeed import config as dsconfig
 from accel_deepspeed import launcher
 
@@ -275,15 +276,18 @@ class DeepSpeedStrategy(Component):
         return contextlib.nullcontext if kernel.mixed_precision != "no" else None
 
     @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
-        import torch.distributed as dist
+    def accel_end_training(self, kernel: Kernel) -> None:
+        if self.owns_process_group:
+            barrier_if_initialized()
 
+    @hookimpl
+    def accel_teardown(self, kernel: Kernel) -> None:
         for rec in self.prepared:
             if rec.engine is not None:
                 rec.engine.destroy()
         self.prepared.clear()
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.owns_process_group:
+            destroy_process_group()
 
     # ---- building models ----------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
+from accel.distributed import barrier_if_initialized, destroy_process_group
 from accel_fsdp import checkpoint, process, reshard_after_forward
 from accel_fsdp.sharding import ParamSwap, ShardConfig, shard_model
 
@@ -86,11 +87,14 @@ class FSDPStrategy(Component):
         return process.TorchDistributed(kernel.topology.num_processes)
 
     @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
-        import torch.distributed as dist
+    def accel_end_training(self, kernel: Kernel) -> None:
+        if self.owns_process_group:
+            barrier_if_initialized()
 
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+    @hookimpl
+    def accel_teardown(self, kernel: Kernel) -> None:
+        if self.owns_process_group:
+            destroy_process_group()
 
     # ---- precision ----------------------------------------------------------------------------------------
 
