@@ -8,7 +8,7 @@ from torch.distributed.run import parse_args
 from accel import Settings
 from accel.plugins import Plugins
 from accel.options import resolve
-from accel_ddp.strategy import torchrun_args
+from accel.distributed import torchrun_args
 
 
 def settings(**values: object) -> Settings:

@@ -2,7 +2,64 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import socket
 import time
+from typing import TYPE_CHECKING, Any
+
+from accel.contract import LaunchPlan
+from accel.errors import UsageError
+from accel.options import Settings
+
+if TYPE_CHECKING:
+    import torch
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (for a single-machine rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class TorchDistributed:
+    """:class:`accel.contract.Collectives` over the default torch.distributed process group (any backend)."""
+
+    def __init__(self, world_size: int):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.world_size = world_size
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        import torch
+
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self.dist.all_gather(out, tensor)
+        return out
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        ops = {"sum": self.dist.ReduceOp.SUM, "max": self.dist.ReduceOp.MAX}
+        self.dist.all_reduce(tensor, op=ops[op])
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        self.dist.broadcast(tensor, src)
+        return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src)
+        return box[0]
+
+    def barrier(self) -> None:
+        self.dist.barrier()
 
 
 def barrier_if_initialized() -> None:
@@ -26,3 +83,61 @@ def destroy_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         time.sleep(0.05)
+
+def torchrun_args(settings: Settings, command: list[str], no_python: bool = False) -> list[str]:
+    """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
+    interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
+    executable."""
+    nnodes = settings["num_machines"]
+    total = settings["num_processes"]
+    if total % nnodes:
+        raise UsageError(f"--num_processes {total} is not a multiple of --num_machines {nnodes}; "
+                         "num_processes counts processes over all machines")
+    rank = settings["machine_rank"]
+    backend = settings["rdzv_backend"]
+    ip = settings["main_process_ip"]
+    port = settings["main_process_port"]
+    args = [f"--nnodes={nnodes}", f"--nproc_per_node={total // nnodes}",
+            f"--max_restarts={settings['max_restarts']}", f"--monitor_interval={settings['monitor_interval']:g}"]
+    if backend == "static":
+        if nnodes == 1:
+            ip = ip or "127.0.0.1"
+            port = port or free_port()
+        args += [f"--node_rank={rank}", f"--master_addr={ip}", f"--master_port={port or 29500}"]
+    else:
+        args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
+                 f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
+    if no_python:
+        args.append("--no-python")
+    # "--" ends torchrun's own options: without it a script option such as --start would be read as an
+    # abbreviation of torchrun's --start-method.
+    if command[:1] == ["-m"]:
+        return [*args, "-m", "--", *command[1:]]
+    return [*args, "--", *command]
+
+
+def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
+    """Answer ``accel_launch`` with ``torch.distributed.run`` (torchrun) in this process and wait; return the exit
+    code. ``name`` is the plugin, for the ``--dry-run`` line. Used by the ddp and fsdp plugins."""
+    args = torchrun_args(plan.settings, plan.command, no_python=not plan.python)
+    env = plan.env
+    gpu_ids = plan.settings.get("gpu_ids")
+    if gpu_ids and str(gpu_ids).lower() != "all":
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
+    threads = plan.settings.get("num_cpu_threads_per_process")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if plan.dry_run:
+        print(f"launcher: {name} (torchrun): {plan.python or ''} -m torch.distributed.run {shlex.join(args)}".strip())
+        return 0
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    os.environ.clear()
+    os.environ.update(env)  # the workers inherit this process's environment
+    try:
+        run(parse_args(args))
+    except ChildFailedError as exc:
+        codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
+        return codes[0] if codes and codes[0] > 0 else 1
+    return 0

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+from accel.distributed import free_port
 
 if TYPE_CHECKING:
     from accel.kernel import Kernel
@@ -28,11 +29,6 @@ WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
                     "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "ACCEL_CONFIG")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for servers a test starts)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None = None,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import base64
 import re
-import socket
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from accel import Settings, UsageError
+from accel.distributed import free_port
 
 #: Launchers that need no --include/--exclude/--num_nodes/--num_gpus (DeepSpeed refuses them there).
 MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
@@ -27,10 +27,6 @@ MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
 FORWARDED = ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def torchrun_args(settings: Settings, command: list[str]) -> list[str]:

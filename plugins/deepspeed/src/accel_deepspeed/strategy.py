@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-from accel.distributed import barrier_if_initialized, destroy_process_group
+from accel.distributed import TorchDistributed, barrier_if_initialized, destroy_process_group
 from accel_deepspeed import config as dsconfig
 from accel_deepspeed import launcher
 
@@ -91,43 +91,6 @@ def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
                          "bf16, or no mixed precision")
 
 
-class TorchDistributed:
-    """Collectives over the torch.distributed process group DeepSpeed set up."""
-
-    def __init__(self, world_size: int):
-        import torch.distributed as dist
-
-        self.dist = dist
-        self.world_size = world_size
-
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        import torch
-
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        self.dist.all_gather(out, tensor)
-        return out
-
-    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        ops = {"sum": self.dist.ReduceOp.SUM, "max": self.dist.ReduceOp.MAX}
-        self.dist.all_reduce(tensor, op=ops[op])
-        return tensor
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        self.dist.broadcast(tensor, src)
-        return tensor
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        self.dist.all_gather_object(out, obj)
-        return out
-
-    def broadcast_object(self, obj: Any, src: int) -> Any:
-        box = [obj]
-        self.dist.broadcast_object_list(box, src)
-        return box[0]
-
-    def barrier(self) -> None:
-        self.dist.barrier()
 
 
 @dataclass

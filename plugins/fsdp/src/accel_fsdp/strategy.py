@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-from accel.distributed import barrier_if_initialized, destroy_process_group
+from accel.distributed import TorchDistributed, barrier_if_initialized, destroy_process_group
 from accel_fsdp import checkpoint, process, reshard_after_forward
 from accel_fsdp.sharding import ParamSwap, ShardConfig, shard_model
 
@@ -83,8 +83,8 @@ class FSDPStrategy(Component):
         return self.device
 
     @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> process.TorchDistributed:
-        return process.TorchDistributed(kernel.topology.num_processes)
+    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
+        return TorchDistributed(kernel.topology.num_processes)
 
     @hookimpl
     def accel_end_training(self, kernel: Kernel) -> None:
