@@ -445,7 +445,7 @@ def test_precedence_in_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 WORKER = """
-import json, os, sys
+import json, os, pathlib, sys
 import torch
 from accel import Kernel
 arg = sys.argv[1] if len(sys.argv) > 1 else None
@@ -455,7 +455,7 @@ net = torch.nn.Linear(4, 4)
 model, opt = kernel.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
 kernel.backward(model(torch.randn(2, 4)).sum())
 opt.step()
-print("RESULT " + json.dumps({"rank": kernel.process_index, "world": kernel.num_processes,
+pathlib.Path(f"result_{kernel.process_index}.json").write_text(json.dumps({"rank": kernel.process_index, "world": kernel.num_processes,
     "mp": kernel.mixed_precision, "source": kernel.settings.sources["mixed_precision"],
     "scaler": bool(amps and amps[0].scaler is not None), "autocast": bool(amps and amps[0].in_charge)}))
 kernel.end_training()
@@ -463,13 +463,21 @@ kernel.end_training()
 
 
 def results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """Each worker's result file (files, not stdout: two processes' lines can interleave on a shared pipe);
+    removed after reading so the next launch in the same directory starts clean."""
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    found = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    cwd = Path(getattr(proc, "cwd", "."))
+    files = sorted(cwd.glob("result_*.json"))
+    found = [json.loads(f.read_text()) for f in files]
+    for f in files:
+        f.unlink()
     return sorted(found, key=lambda r: r["rank"])
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    proc.cwd = cwd  # type: ignore[attr-defined]  # where the workers wrote their result files
+    return proc
 
 
 @pytest.mark.slow
@@ -510,6 +518,7 @@ def free_port() -> int:
 
 OVERFLOW_WORKER = """
 import json
+import pathlib
 import torch
 from accel import Kernel
 torch.manual_seed(0)
@@ -534,7 +543,7 @@ for step in range(3):
     steps.append({"skipped": opt.step_was_skipped, "moved": moved, "scale": scaler.get_scale(),
                   "lr": sched.get_last_lr()[0]})
 flat = torch.cat([p.detach().flatten() for p in net.parameters()])
-print("RESULT " + json.dumps({"rank": kernel.process_index, "world": kernel.num_processes,
+pathlib.Path(f"result_{kernel.process_index}.json").write_text(json.dumps({"rank": kernel.process_index, "world": kernel.num_processes,
     "mp": kernel.mixed_precision, "steps": steps, "params": kernel.gather(flat[None]).tolist()}))
 kernel.end_training()
 """
