@@ -273,6 +273,7 @@ def test_compile_with_fp16_autocast_and_scaler() -> None:
 
 DDP_WORKER = """
 import json
+import pathlib
 import torch
 from torch._dynamo.utils import counters
 from accel import Kernel
@@ -298,7 +299,7 @@ for step in range(3):
     opt.step()
     opt.zero_grad()
 flat = torch.cat([p.detach().flatten() for p in net.parameters()])
-print("RESULT " + json.dumps({
+pathlib.Path(f"result_{kernel.process_index}.json").write_text(json.dumps({
     "rank": kernel.process_index, "world": kernel.num_processes, "wrapper": type(model).__name__,
     "backend": kernel.settings["dynamo_backend"], "frames": counters["frames"]["ok"] - frames_before,
     "graphs": counters["stats"]["unique_graphs"], "captured": counters["stats"]["calls_captured"],
@@ -308,9 +309,10 @@ kernel.end_training()
 """
 
 
-def worker_results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+def worker_results(proc: subprocess.CompletedProcess[str], cwd: Path) -> list[dict[str, Any]]:
+    """Each worker's result file (files, not stdout: two processes' lines can interleave on a shared pipe)."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    found = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    found = [json.loads(f.read_text()) for f in sorted(cwd.glob("result_*.json"))]
     return sorted(found, key=lambda r: r["rank"])
 
 
@@ -324,7 +326,7 @@ def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
     proc = subprocess.run([str(BIN / "accel"), "launch", "-q", "-n", "2", "--dynamo_backend", "eager", str(script)],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
                           cwd=tmp_path)
-    ranks = worker_results(proc)
+    ranks = worker_results(proc, tmp_path)
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
         assert (r["world"], r["wrapper"], r["backend"]) == (2, "DistributedDataParallel", "eager")
@@ -335,7 +337,7 @@ def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
 
 
 INDUCTOR_WORKER = """
-import json, os
+import json, os, pathlib
 import torch
 from torch._dynamo.utils import counters
 from accel import Kernel
@@ -349,7 +351,7 @@ model = kernel.prepare(net)
 out = model(x)
 out.sum().backward()
 files = sum(len(f) for _, _, f in os.walk(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
-print("RESULT " + json.dumps({"rank": 0, "graphs": counters["stats"]["unique_graphs"],
+pathlib.Path("result_0.json").write_text(json.dumps({"rank": 0, "graphs": counters["stats"]["unique_graphs"],
     "close": bool(torch.allclose(out, expected, atol=1e-5)), "cache_files": files,
     "unwrapped": kernel.unwrap_model(model) is net}))
 """
@@ -362,7 +364,7 @@ def test_inductor_compiles_with_its_cache_in_the_workspace(tmp_path: Path) -> No
     cache = tmp_path / "inductor-cache"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, cwd=tmp_path,
                           env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache)))
-    (result,) = worker_results(proc)
+    (result,) = worker_results(proc, tmp_path)
     assert result == {"rank": 0, "graphs": 1, "close": True, "cache_files": result["cache_files"], "unwrapped": True}
     assert result["cache_files"] > 0
 
