@@ -89,6 +89,7 @@ class BatchSamplerShard(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         p, r = self.num_processes, self.process_index
         group: list[list[int]] = []
+        held: list[list[int]] | None = None  # the last full group, yielded once we know whether it ends the epoch
         first: list[int] = []
         size = self.batch_size
         for batch in self.batch_sampler:
@@ -98,22 +99,32 @@ class BatchSamplerShard(Sampler[list[int]]):
                 first.extend(batch)
             group.append(batch)
             if len(group) == p:
-                yield group[r]
-                group = []
+                if held is not None:
+                    yield held[r]
+                held, group = group, []
+        if held is not None:
+            if not group and self.even_batches and size is not None and len(held[-1]) < size:
+                _complete(held, size, p, first)  # the epoch ends on a short batch: fill it up
+            yield held[r]
         if not group or self.drop_last:
             return
         if not self.even_batches:
             if r < len(group):
                 yield group[r]
             return
-        # Complete the last short batch and the missing batches with samples from the start of the epoch.
         assert size is not None
-        filler = _cycle(first)
-        while len(group[-1]) < size:
-            group[-1].append(next(filler))
-        while len(group) < p:
-            group.append([next(filler) for _ in range(size)])
+        _complete(group, size, p, first)
         yield group[r]
+
+
+def _complete(group: list[list[int]], size: int, p: int, first: list[int]) -> None:
+    """Fill the last short batch of ``group`` and add missing batches (up to ``p``) with samples from the start of
+    the epoch, in place."""
+    filler = _cycle(first)
+    while len(group[-1]) < size:
+        group[-1].append(next(filler))
+    while len(group) < p:
+        group.append([next(filler) for _ in range(size)])
 
 
 def _cycle(items: list[int]) -> Iterator[int]:
