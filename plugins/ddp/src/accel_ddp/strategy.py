@@ -186,9 +186,25 @@ class DDPStrategy(Component):
             backend = self.settings["ddp_backend"]
             if backend == "auto":
                 backend = dist.get_default_backend_for_device(self.device)
-            dist.init_process_group(backend=backend, timeout=timedelta(seconds=self.settings["ddp_timeout"]),
-                                    device_id=self.device if self.device.type != "cpu" else None)
+            self._init_process_group(backend)
             self.owns_process_group = True
+
+    def _init_process_group(self, backend: str) -> None:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=self.settings["ddp_timeout"])
+        device_id = self.device if self.device.type != "cpu" else None
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        if attempt and self.settings["rdzv_backend"] == "static":
+            # torchrun's static rendezvous keeps one TCPStore for every attempt, so after a restart a worker can
+            # read the addresses its peers published in the failed attempt (connection refused, or a hang). Give
+            # each attempt its own keys. (c10d rendezvous starts a fresh store per round and needs no prefix.)
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"accel/attempt_{attempt}", store)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                                    device_id=device_id)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout, device_id=device_id)
 
     @hookimpl
     def accel_topology(self, kernel: Kernel) -> Topology:
