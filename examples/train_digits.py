@@ -1,6 +1,6 @@
 """MNIST-style example on scikit-learn's digits (8x8 images, ships with scikit-learn: no download).
 
-A small CNN, AdamW, StepLR, one epoch of training, then evaluation with ``gather_for_metrics``.
+A small CNN, AdamW, StepLR, three epochs of training, then evaluation with ``gather_for_metrics``.
 
     python examples/train_digits.py                      # one process, kernel only
     accel launch -n 2 examples/train_digits.py           # two processes (accel-plugin-ddp)
@@ -44,7 +44,7 @@ class Net(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--mixed_precision", default=None)

@@ -343,4 +343,6 @@ def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None) -> No
 
 @hookspec
 def accel_end_training(kernel: Kernel) -> None:
-    """Finish tracker runs. When: ``kernel.end_training()``. Who: every tracker, each isolated."""
+    """The script ended normally: finish tracker runs; a strategy may wait for every process here so none tears
+    down while another still communicates. When: ``kernel.end_training()`` (not at interpreter exit, which may
+    follow an error). Who: every component, each isolated."""
