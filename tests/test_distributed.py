@@ -361,6 +361,17 @@ def test_max_restarts_reaches_torchrun(tmp_path: Path, reference: dict[str, Any]
 
 
 @multiprocess
+def test_no_python_runs_an_executable_under_torchrun(tmp_path: Path, reference: dict[str, Any]) -> None:
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SCRIPTS / "train_equiv.py"}" "$@"\n')
+    wrapper.chmod(0o755)
+    out = tmp_path / "out"
+    run([str(ACCEL), "launch", "-n", "2", "--no_python", str(wrapper), str(out)], clean_env(tmp_path / "home"))
+    for res in ranks(out, 2).values():
+        assert_same_params(res, reference)
+
+
+@multiprocess
 def test_failing_script_makes_accel_launch_fail(tmp_path: Path) -> None:
     proc = run([str(ACCEL), "launch", "-n", "2", str(SCRIPTS / "train_equiv.py"), str(tmp_path / "out"),
                 "--exit_code", "3"], clean_env(tmp_path / "home"), expect_ok=False)
