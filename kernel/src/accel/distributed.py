@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from accel.contract import LaunchPlan
+from accel.contract import Component, LaunchPlan, Topology
 from accel.errors import UsageError
+from accel.hookspecs import hookimpl
 from accel.options import Settings
 
 if TYPE_CHECKING:
     import torch
+
+    from accel.kernel import Kernel
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -141,3 +145,50 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
         return codes[0] if codes and codes[0] > 0 else 1
     return 0
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM nodelist such as ``node[03-05,7],gpu1`` (no scontrol needed)."""
+    head = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
+    match = re.match(r"^(.*?)\[([^\]]+)\](.*)$", head)
+    if not match:
+        return head
+    prefix, ranges, suffix = match.groups()
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+class ProcessGroupComponent(Component):
+    """Base of strategy components that set up the default torch.distributed process group in ``accel_setup``.
+
+    A subclass sets ``device``, ``local_rank``, ``local_world`` and (when it created the group)
+    ``owns_process_group`` there; this base answers topology, device, collectives, the end-of-training barrier and
+    the teardown from them. Override any of them (DeepSpeed destroys its engines in its own teardown)."""
+
+    role = "strategy"
+    owns_process_group = False
+    local_rank = 0
+    local_world = 1
+
+    @hookimpl
+    def accel_topology(self, kernel: Kernel) -> Topology:
+        import torch.distributed as dist
+
+        return Topology(dist.get_rank(), dist.get_world_size(), self.local_rank, self.local_world)
+
+    @hookimpl
+    def accel_device(self, kernel: Kernel) -> torch.device:
+        return self.device
+
+    @hookimpl
+    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
+        return TorchDistributed(kernel.topology.num_processes)
+
+    @hookimpl
+    def accel_end_training(self, kernel: Kernel) -> None:
+        if self.owns_process_group:
+            barrier_if_initialized()
+
+    @hookimpl
+    def accel_teardown(self, kernel: Kernel) -> None:
+        if self.owns_process_group:
+            destroy_process_group()

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
 
-from accel import Component, LaunchPlan, Settings, Topology, hookimpl
+from accel import LaunchPlan, Settings, hookimpl
 from accel.distributed import (
-    TorchDistributed,
-    barrier_if_initialized,
-    destroy_process_group,
+    ProcessGroupComponent,
+    first_slurm_host,
     free_port,
     launch_with_torchrun,
-    torchrun_args,
 )
 
 if TYPE_CHECKING:
@@ -26,21 +23,12 @@ if TYPE_CHECKING:
 
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM nodelist such as ``node[03-05,7],gpu1`` (no scontrol needed)."""
-    head = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
-    match = re.match(r"^(.*?)\[([^\]]+)\](.*)$", head)
-    if not match:
-        return head
-    prefix, ranges, suffix = match.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] + suffix
 
 
 
 
 
-
-class DDPStrategy(Component):
+class DDPStrategy(ProcessGroupComponent):
     """Answers for a data-parallel run: process group, topology, device, DDP wrapping, no_sync, torchrun launch."""
 
     role = "strategy"
@@ -125,29 +113,10 @@ class DDPStrategy(Component):
         return {"store": dist.PrefixStore(f"accel/restart_{restart}", store), "rank": int(env["RANK"]),
                 "world_size": world}
 
-    @hookimpl
-    def accel_topology(self, kernel: Kernel) -> Topology:
-        import torch.distributed as dist
 
-        return Topology(dist.get_rank(), dist.get_world_size(), self.local_rank, self.local_world)
 
-    @hookimpl
-    def accel_device(self, kernel: Kernel) -> torch.device:
-        return self.device
 
-    @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
-        return TorchDistributed(kernel.topology.num_processes)
 
-    @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
-        if self.owns_process_group:
-            barrier_if_initialized()
-
-    @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
-        if self.owns_process_group:
-            destroy_process_group()
 
     # ---- models -------------------------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from accel import Settings, UsageError
-from accel.distributed import free_port
 
 #: Launchers that need no --include/--exclude/--num_nodes/--num_gpus (DeepSpeed refuses them there).
 MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
@@ -29,28 +28,6 @@ FORWARDED = ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "CUDA_
 
 
 
-def torchrun_args(settings: Settings, command: list[str]) -> list[str]:
-    """The ``torch.distributed.run`` arguments (same rules as the DDP plugin: static rendezvous on one machine picks
-    127.0.0.1 and a free port)."""
-    nnodes = settings["num_machines"]
-    total = settings["num_processes"]
-    if total % nnodes:
-        raise UsageError(f"--num_processes {total} is not a multiple of --num_machines {nnodes}; "
-                         "num_processes counts processes over all machines")
-    ip, port = settings["main_process_ip"], settings["main_process_port"]
-    args = [f"--nnodes={nnodes}", f"--nproc_per_node={total // nnodes}",
-            f"--max_restarts={settings['max_restarts']}", f"--monitor_interval={settings['monitor_interval']:g}"]
-    if settings["rdzv_backend"] == "static":
-        if nnodes == 1:
-            ip, port = ip or "127.0.0.1", port or free_port()
-        args += [f"--node_rank={settings['machine_rank']}", f"--master_addr={ip}", f"--master_port={port or 29500}"]
-    else:
-        args += [f"--rdzv_backend={settings['rdzv_backend']}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
-                 f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
-    # "--" ends torchrun's own options, so a script option (--start) is never taken for one of them (--start-method)
-    if command[:1] == ["-m"]:
-        return [*args, "-m", "--", *command[1:]]
-    return [*args, "--", *command]
 
 
 def read_hostfile(path: str) -> dict[str, int]:

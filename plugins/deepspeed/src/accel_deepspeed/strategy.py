@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-from accel.distributed import TorchDistributed, barrier_if_initialized, destroy_process_group
+from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
+from accel.distributed import ProcessGroupComponent, destroy_process_group, free_port, launch_with_torchrun
 from accel_deepspeed import config as dsconfig
 from accel_deepspeed import launcher
 
@@ -75,7 +75,7 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
     env.setdefault("LOCAL_RANK", "0")
     env.setdefault("LOCAL_WORLD_SIZE", "1")
     env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(launcher.free_port()))
+    env.setdefault("MASTER_PORT", str(free_port()))
 
 
 def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
@@ -105,7 +105,7 @@ class Prepared:
     pending_norms: list[Any] = field(default_factory=list)  # tensors returned by clip_grad_norm_, filled at step
 
 
-class DeepSpeedStrategy(Component):
+class DeepSpeedStrategy(ProcessGroupComponent):
     """Processes, device, engine, training step, checkpoints and launch for DeepSpeed runs."""
 
     role = "strategy"
@@ -155,21 +155,7 @@ class DeepSpeedStrategy(Component):
             env["OMP_NUM_THREADS"] = str(settings["num_cpu_threads_per_process"])
         if launcher.uses_runner(settings):
             return self._launch_runner(plan)
-        args = launcher.torchrun_args(settings, plan.command)
-        if plan.dry_run:
-            print(f"launcher: deepspeed (torchrun): {plan.python} -m torch.distributed.run {shlex.join(args)}")
-            return 0
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.run import parse_args, run
-
-        os.environ.clear()
-        os.environ.update(env)  # workers inherit this process's environment
-        try:
-            run(parse_args(args))
-        except ChildFailedError as exc:
-            codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
-            return codes[0] if codes and codes[0] > 0 else 1
-        return 0
+        return launch_with_torchrun(plan, "deepspeed")
 
     def _launch_runner(self, plan: LaunchPlan) -> int:
         import subprocess
@@ -218,19 +204,8 @@ class DeepSpeedStrategy(Component):
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
 
-    @hookimpl
-    def accel_topology(self, kernel: Kernel) -> Topology:
-        import torch.distributed as dist
 
-        return Topology(dist.get_rank(), dist.get_world_size(), self.local_rank, self.local_world)
 
-    @hookimpl
-    def accel_device(self, kernel: Kernel) -> torch.device:
-        return self.device
-
-    @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
-        return TorchDistributed(kernel.topology.num_processes)
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Any:
@@ -238,10 +213,6 @@ class DeepSpeedStrategy(Component):
         # answer, so a precision plugin's autocast stays out; the kernel still returns fp32 outputs.
         return contextlib.nullcontext if kernel.mixed_precision != "no" else None
 
-    @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
-        if self.owns_process_group:
-            barrier_if_initialized()
 
     @hookimpl
     def accel_teardown(self, kernel: Kernel) -> None:

@@ -7,26 +7,14 @@ inside functions so the CLI can plan a launch without it.
 from __future__ import annotations
 
 import os
-import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accel import LaunchPlan
-from accel.distributed import free_port, launch_with_torchrun, torchrun_args  # noqa: F401 (torchrun_args re-exported)
-
-if TYPE_CHECKING:
-    import torch
+from accel.distributed import first_slurm_host, free_port, launch_with_torchrun
 
 
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM nodelist such as ``node[03-05,7],gpu1``."""
-    head = re.split(r",(?![^\[]*\])", nodelist.strip())[0]
-    match = re.match(r"^(.*?)\[([^\]]+)\](.*)$", head)
-    if not match:
-        return head
-    prefix, ranges, suffix = match.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] + suffix
 
 
 

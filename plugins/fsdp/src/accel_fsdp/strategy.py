@@ -9,8 +9,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-from accel.distributed import TorchDistributed, barrier_if_initialized, destroy_process_group
+from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
+from accel.distributed import ProcessGroupComponent
 from accel_fsdp import checkpoint, process, reshard_after_forward
 from accel_fsdp.sharding import ParamSwap, ShardConfig, shard_model
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 TIMEOUT_S = 1800.0
 
 
-class FSDPStrategy(Component):
+class FSDPStrategy(ProcessGroupComponent):
     """Answers for a fully sharded run (FSDP2). Activated only when selected (``--plugin fsdp``)."""
 
     role = "strategy"
@@ -72,29 +72,10 @@ class FSDPStrategy(Component):
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
-    @hookimpl
-    def accel_topology(self, kernel: Kernel) -> Topology:
-        import torch.distributed as dist
 
-        return Topology(dist.get_rank(), dist.get_world_size(), self.local_rank, self.local_world)
 
-    @hookimpl
-    def accel_device(self, kernel: Kernel) -> torch.device:
-        return self.device
 
-    @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
-        return TorchDistributed(kernel.topology.num_processes)
 
-    @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
-        if self.owns_process_group:
-            barrier_if_initialized()
-
-    @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
-        if self.owns_process_group:
-            destroy_process_group()
 
     # ---- precision ----------------------------------------------------------------------------------------
 
