@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from accel.distributed import free_port
 from accel.errors import UsageError
 from accel.options import Options, core_options
 
@@ -92,12 +92,6 @@ def fork_message(accelerator: str, function: Callable[..., Any]) -> str:
             f"(\"Cannot re-initialize {accelerator.upper()} in forked subprocess\"). Restart the notebook kernel and "
             f"call notebook_launcher before anything touches {accelerator} (do that work inside the launched "
             f"function), or define {name!r} in a .py module and import it, so it can be started with spawn")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
