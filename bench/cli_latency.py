@@ -40,19 +40,13 @@ def commands(accel: str, accelerate: str | None, python: str, accelerate_python:
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--accel", default=str(Path(sys.executable).with_name("accel")))
-    parser.add_argument("--accelerate", default=None, help="path of the `accelerate` script of a scratch venv")
-    parser.add_argument("--runs", type=int, default=9)
-    args = parser.parse_args()
-    accelerate_python = str(Path(args.accelerate).with_name("python")) if args.accelerate else None
-    rows = commands(args.accel, args.accelerate, sys.executable, accelerate_python)
+def measure(rows: list[tuple[str, list[str]]], runs: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and CPU seconds of each command over ``runs`` round-robin rounds (after one warm-up round)."""
     with tempfile.TemporaryDirectory() as home:
         env = dict(os.environ, ACCEL_HOME=home, HF_HOME=home, XDG_CACHE_HOME=home)
         times: dict[str, list[float]] = {name: [] for name, _ in rows}
         cpu: dict[str, list[float]] = {name: [] for name, _ in rows}
-        for round_ in range(args.runs + 1):
+        for round_ in range(runs + 1):
             for name, cmd in rows:
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 start = time.perf_counter()
@@ -64,6 +58,18 @@ def main() -> int:
                 if round_:  # round 0 is the warm-up
                     times[name].append(elapsed)
                     cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return times, cpu
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--accel", default=str(Path(sys.executable).with_name("accel")))
+    parser.add_argument("--accelerate", default=None, help="path of the `accelerate` script of a scratch venv")
+    parser.add_argument("--runs", type=int, default=9)
+    args = parser.parse_args()
+    accelerate_python = str(Path(args.accelerate).with_name("python")) if args.accelerate else None
+    rows = commands(args.accel, args.accelerate, sys.executable, accelerate_python)
+    times, cpu = measure(rows, args.runs)
     print(f"{platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
           f"{args.runs} runs each after one warm-up, round-robin\n")
     print("| command | wall median (s) | wall min (s) | wall max (s) | CPU median (s) |")

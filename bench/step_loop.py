@@ -1,6 +1,6 @@
 """One training loop, three ways: raw PyTorch, accel's Kernel, Accelerate's Accelerator. Prints steps/s as JSON.
 
-    python bench/step_loop.py --impl raw|accel|accelerate --model tiny|medium [--accum 2 --clip 1.0]
+    python bench/step_loop.py --impl raw|accel|accelerate --model tiny|medium [--accum 2 --clip 1.0] [--device cuda]
 
 Run under torchrun (or accel launch) for the 2-process DDP variant: raw then wraps the model in DDP itself.
 """
@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="timed steps (default: by model size)")
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--clip", type=float, default=0.0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args()
     steps = args.steps or (3000 if args.model == "tiny" else 150)
     torch.set_num_threads(1)
@@ -44,17 +45,25 @@ def main() -> None:
     rank = int(os.environ.get("RANK", 0))
     loss_fn = nn.functional.cross_entropy
 
+    cuda = args.device == "cuda"
     if args.impl == "raw":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
         if world > 1:
             import torch.distributed as dist
 
-            dist.init_process_group("gloo")
+            dist.init_process_group("nccl" if cuda else "gloo")
             model = nn.parallel.DistributedDataParallel(model)
             sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
             loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
         import contextlib
 
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+            if cuda:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = (i + 1) % args.accum == 0
             ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
             with ctx:
@@ -69,11 +78,11 @@ def main() -> None:
         if args.impl == "accel":
             from accel import Kernel
 
-            k = Kernel(cpu=True, gradient_accumulation_steps=args.accum)
+            k = Kernel(cpu=not cuda, gradient_accumulation_steps=args.accum)
         else:
             from accelerate import Accelerator
 
-            k = Accelerator(cpu=True, gradient_accumulation_steps=args.accum)
+            k = Accelerator(cpu=not cuda, gradient_accumulation_steps=args.accum)
         model, opt, loader = k.prepare(model, opt, loader)
 
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -94,6 +103,8 @@ def main() -> None:
                 done += 1
                 if done == n:
                     break
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     run(max(20, steps // 10))  # warm-up

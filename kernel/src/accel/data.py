@@ -96,6 +96,9 @@ class BatchSamplerShard(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         p, r = self.num_processes, self.process_index
+        if p == 1:  # one process: every batch is its own, nothing to group or pad
+            yield from self.batch_sampler
+            return
         group: list[list[int]] = []
         first: list[int] = []
         size = self.batch_size
@@ -149,7 +152,7 @@ class SkipBatchSampler(Sampler[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
-        return self._iter(skip)
+        return self._iter(skip) if skip else iter(self.batch_sampler)
 
     def _iter(self, skip: int) -> Iterator[Any]:
         for i, batch in enumerate(self.batch_sampler):
@@ -221,10 +224,18 @@ def _cycle_any(items: list[Any]) -> Iterator[Any]:
         yield from items
 
 
+_END = object()  # end-of-iterator sentinel
+
+
 def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
+    kind = type(batch)
+    if kind is list or kind is tuple:  # the common case first (a default collate's batch), without generators
+        return kind([send_to_device(v, device, non_blocking) for v in batch])
+    if kind is dict:
+        return {k: send_to_device(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, dict):
         return type(batch)({k: send_to_device(v, device, non_blocking) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
@@ -412,24 +423,20 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         try:
             it = self._batches(skip)
-            try:
-                current = next(it)
-            except StopIteration:
+            current = next(it, _END)
+            if current is _END:
                 return
-            while True:
-                try:
-                    upcoming = next(it)
-                except StopIteration:
-                    self.end_of_dataloader = True
-                    if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
-                        span = self.shard.batch_size * self.shard.num_processes
-                        self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
-                    self._position += 1
-                    yield self._place(current)
-                    return
+            place = self._place if self.device_placement else None
+            for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
                 self._position += 1
-                yield self._place(current)
+                yield place(current) if place else current
                 current = upcoming
+            self.end_of_dataloader = True
+            if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
+                span = self.shard.batch_size * self.shard.num_processes
+                self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
+            self._position += 1
+            yield place(current) if place else current
         finally:
             # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
             # starts a fresh epoch, as it would without a checkpoint.

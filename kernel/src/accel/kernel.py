@@ -24,6 +24,7 @@ from accel import checkpoint
 from accel.checkpoint import ProjectConfiguration
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
+from accel.dispatch import HotHooks
 from accel.errors import UsageError
 from accel.options import Settings, did_you_mean, resolve
 from accel.plugins import Plugins
@@ -67,7 +68,6 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.kernel = kernel
         self.step_was_skipped = False
-        self._hook = kernel.plugins.pm.hook
 
     @property
     def state(self) -> Any:  # type: ignore[override]
@@ -104,14 +104,14 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.kernel.gradient_state.sync_gradients:
-            self._hook.accel_zero_grad(kernel=self.kernel, optimizer=self.optimizer, set_to_none=set_to_none)
+            self.kernel._hot.zero_grad(kernel=self.kernel, optimizer=self.optimizer, set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
         if not self.kernel.gradient_state.sync_gradients:
             return
         if closure is not None:
             raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
-        applied = self._hook.accel_optimizer_step(kernel=self.kernel, optimizer=self.optimizer)
+        applied = self.kernel._hot.optimizer_step(kernel=self.kernel, optimizer=self.optimizer)
         self.step_was_skipped = applied is False
 
     def __repr__(self) -> str:
@@ -254,6 +254,7 @@ class Kernel(TrackingMixin):
         world = int(env.get("WORLD_SIZE") or 1)
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
         self.even_batches = even_batches
+        self._accumulation_steps = int(self.settings["gradient_accumulation_steps"])
         self.project_configuration = checkpoint.configure_project(project_config, self.settings["project_dir"])
         self._custom_objects: list[Any] = []
         self.gradient_state = GradientState()
@@ -273,6 +274,7 @@ class Kernel(TrackingMixin):
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
+        self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
         _ACTIVE.append(self)
         atexit.register(self._teardown)
 
@@ -284,7 +286,7 @@ class Kernel(TrackingMixin):
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return int(self.settings["gradient_accumulation_steps"])
+        return self._accumulation_steps
 
     @property
     def project_dir(self) -> str | None:
@@ -349,6 +351,7 @@ class Kernel(TrackingMixin):
         from torch.utils.data import DataLoader
 
         hook = self.plugins.pm.hook
+        self._hot = HotHooks(self.plugins.pm)
         kinds: list[str] = []
         models, optimizers, schedulers, dataloaders = [], [], [], []
         for obj in args:
@@ -430,7 +433,7 @@ class Kernel(TrackingMixin):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the active plugins (scaler, engine, ...). The loss is divided by
         ``gradient_accumulation_steps`` so accumulated gradients average over micro-batches."""
-        self.plugins.pm.hook.accel_backward(kernel=self, loss=loss)
+        self._hot.backward(kernel=self, loss=loss)
 
     def scale_for_accumulation(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss / gradient_accumulation_steps`` (for plugins answering ``accel_backward``)."""
@@ -441,7 +444,7 @@ class Kernel(TrackingMixin):
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip gradient synchronisation for the backward passes inside (DDP's ``no_sync``)."""
         inner = self._inner.get(id(model), model)
-        with self.plugins.pm.hook.accel_no_sync(kernel=self, model=inner):
+        with self._hot.no_sync(kernel=self, model=inner):
             yield
 
     @contextlib.contextmanager
@@ -454,10 +457,12 @@ class Kernel(TrackingMixin):
         state.sync_gradients = state.end_of_dataloader or state.step % self.gradient_accumulation_steps == 0
         if state.end_of_dataloader:
             state.step = 0
+        if state.sync_gradients or not models:
+            yield
+            return
         with contextlib.ExitStack() as stack:
-            if not state.sync_gradients:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
+            for model in models:
+                stack.enter_context(self.no_sync(model))
             yield
 
     def unscale_gradients(self) -> None:

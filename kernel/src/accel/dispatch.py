@@ -1,0 +1,63 @@
+"""Per-step hooks resolved once: the kernel calls ``accel_backward``, ``accel_optimizer_step``, ``accel_zero_grad``
+and ``accel_no_sync`` on every training step. Which implementations answer them cannot change after the components
+are registered (at ``Kernel()``), so the kernel looks them up once (again at each ``prepare``) and calls them
+directly instead of going through pluggy's dispatch every step (bench/hook_cost.py measures the difference).
+
+The semantics are pluggy's ``firstresult`` ones: implementations in pluggy's call order (tryfirst ... trylast, the
+latest registered first within each group), each given only the arguments it names, the first non-``None`` answer
+wins. A hook with a wrapper implementation keeps pluggy's own dispatch, and so does any hook while pluggy's call
+monitoring or tracing is on (``PluginManager.add_hookcall_monitoring``/``enable_tracing``), so tools that watch hook
+calls still see every one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync")
+
+
+def _monitored(pm: pluggy.PluginManager) -> bool:
+    """Whether someone watches hook calls (pluggy swaps the manager's inner executor for that)."""
+    inner = getattr(pm, "_inner_hookexec", None)
+    return inner is not None and getattr(inner, "__name__", "") != "_multicall"
+
+
+def resolve_firstresult(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
+    """A callable taking the hook's keyword arguments and returning its first non-None answer."""
+    caller = getattr(pm.hook, name)
+    impls = caller.get_hookimpls()
+    if _monitored(pm) or any(impl.hookwrapper or impl.wrapper for impl in impls):
+        return caller
+    plan = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
+    if len(plan) == 1:
+        function, argnames = plan[0]
+
+        def call_one(**kwargs: Any) -> Any:
+            return function(*[kwargs[a] for a in argnames])
+
+        return call_one
+
+    def call_first(**kwargs: Any) -> Any:
+        for function, argnames in plan:
+            result = function(*[kwargs[a] for a in argnames])
+            if result is not None:
+                return result
+        return None
+
+    return call_first
+
+
+class HotHooks:
+    """The resolved per-step hooks of one kernel (attributes named after the hooks, without ``accel_``)."""
+
+    backward: Callable[..., Any]
+    optimizer_step: Callable[..., Any]
+    zero_grad: Callable[..., Any]
+    no_sync: Callable[..., Any]
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        for name in HOT_HOOKS:
+            setattr(self, name.removeprefix("accel_"), resolve_firstresult(pm, name))
