@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, accelerate_python, alternate, machine, med, run_json, write_section
+from _common import accelerate_python, alternate, machine, med, run_json, write_section
 
 PY = sys.executable
 ACCEL = str(Path(PY).with_name("accel"))

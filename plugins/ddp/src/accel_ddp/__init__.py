@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 from accel import HardwareInfo, Options, Settings, hookimpl
+from accel.hardware import nvidia_gpus
 
 NAME = "ddp"
 accel_components = ["accel_ddp.strategy:DDPStrategy"]
@@ -22,23 +22,9 @@ def accel_add_options(options: Options) -> None:
     options.add("rdzv_id", default="accel", help="Job id for c10d/etcd rendezvous.")
 
 
-def _gpu_count() -> int:
-    """NVIDIA GPUs visible to the driver, without importing torch (the CLI must stay fast)."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
 @hookimpl
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
-    count = _gpu_count()
-    if count == 0:
-        return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = len([d for d in visible.split(",") if d.strip()])
-    return HardwareInfo(name="cuda", device_count=count, priority=10, details={"source": "/proc/driver/nvidia"})
+    return nvidia_gpus(env)
 
 
 def slurm_world(env: Mapping[str, str]) -> int:

@@ -10,6 +10,7 @@ import os
 from typing import Any, Mapping
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
+from accel.hardware import nvidia_gpus
 
 NAME = "fsdp"
 accel_components = ["accel_fsdp.strategy:FSDPStrategy"]
@@ -88,23 +89,9 @@ def accel_config_questions(answers: Mapping[str, Any]) -> list[Question] | None:
     return qs
 
 
-def _gpu_count() -> int:
-    """NVIDIA GPUs visible to the driver, without importing torch (the CLI must stay fast)."""
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
 @hookimpl
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
-    count = _gpu_count()
-    if count == 0:
-        return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = len([d for d in visible.split(",") if d.strip()])
-    return HardwareInfo(name="cuda", device_count=count, priority=10, details={"source": "/proc/driver/nvidia"})
+    return nvidia_gpus(env)
 
 
 def check_settings(settings: Settings) -> None:
