@@ -95,11 +95,16 @@ def fork_message(accelerator: str, function: Callable[..., Any]) -> str:
 
 
 @contextmanager
-def environment(updates: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration (the launched processes inherit them), then restore."""
-    saved = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
+def environment(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or, for ``None``, remove) environment variables of this process for the block (processes started
+    inside inherit them), then restore them. ``accel.testing.patched_environ`` is this function."""
+    saved = {k: os.environ.get(k) for k in values}
     try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         yield
     finally:
         for key, value in saved.items():

@@ -13,13 +13,13 @@ Importing this module does not import torch or pytest.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from accel.distributed import free_port
+from accel.launchers import environment as patched_environ
 
 if TYPE_CHECKING:
     from accel.kernel import Kernel
@@ -44,25 +44,6 @@ def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None 
         env["ACCEL_PLUGINS"] = ",".join(registered)
     env.update(extra or {})
     return env
-
-
-@contextlib.contextmanager
-def patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (or, for ``None``, remove) environment variables of this process for the block, then restore them."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def make_kernel(registered: Sequence[str] = (), extra: Iterable[tuple[str, Any]] = (), **kwargs: Any) -> Kernel:
