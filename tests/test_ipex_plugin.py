@@ -107,7 +107,7 @@ def test_entry_point_and_no_heavy_import(tmp_path):
     assert ep.value == "accel_ipex" and ep.dist.metadata["Name"] == "accel-plugin-ipex"
     requires = md.requires("accel-plugin-ipex") or []
     assert not [r for r in requires if r.startswith("intel-extension-for-pytorch") and "extra ==" not in r]
-    code = ("import sys, accel_ipex; print(accel_ipex.accel_unavailable_reason()); "
+    code = ("import sys, accel_ipex, accel_ipex.optimizer; print(accel_ipex.accel_unavailable_reason()); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'intel_extension_for_pytorch')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=clean_env(tmp_path, hide=False))

@@ -67,12 +67,12 @@ def accel_unavailable_reason() -> str | None:
     """Why this installed plugin cannot be used in this environment (its backend is missing, or built for another
     torch), or ``None`` when it can.
 
-    When: once per process, right after the plugin module is imported and registered (``accel plugins``, ``accel
-    env``, ``accel launch``, ``Kernel()``). Who: each plugin module for itself (only its own answer is used), at
-    module level like the other discovery hooks: cheap, and without importing torch or the backend, whose import may
-    crash when it does not match torch; read versions with ``importlib.metadata`` instead. Returns one line saying
-    what is missing or mismatched and how to fix it (``"intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found
-    2.13.0: install torch==2.8.* ..."``), or ``None``.
+    When: each time plugins are loaded (``accel plugins``, ``accel env``, ``accel launch``, each ``Kernel()``), right
+    after the plugin module is imported and registered. Who: each plugin module for itself (only its own answer is
+    used), at module level like the other discovery hooks: cheap, and without importing torch or the backend, whose
+    import may crash when it does not match torch; read versions with ``importlib.metadata`` instead. Returns one
+    line saying what is missing or mismatched and how to fix it (``"intel-extension-for-pytorch 2.8.0 needs torch
+    2.8.*, found 2.13.0: install torch==2.8.* ..."``), or ``None``.
 
     A plugin with a reason is shown as ``unavailable`` with it (``accel plugins``, ``--json``, ``accel env``). Its
     options stay declared, so its flags, config keys and ``Kernel`` arguments still parse, but its other discovery
