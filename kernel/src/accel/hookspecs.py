@@ -12,7 +12,7 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -44,7 +44,8 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
-DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions")
+DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions",
+                   "accel_unavailable_reason")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -58,6 +59,26 @@ def accel_add_options(options: Options) -> None:
     When: each time the CLI builds a parser or validates a config file, and when a Kernel resolves its settings.
     Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``.
     A name declared twice (by two plugins) is an error naming both.
+    """
+
+
+@hookspec
+def accel_unavailable_reason() -> str | None:
+    """Why this installed plugin cannot be used in this environment (its backend is missing, or built for another
+    torch), or ``None`` when it can.
+
+    When: each time plugins are loaded (``accel plugins``, ``accel env``, ``accel launch``, each ``Kernel()``), right
+    after the plugin module is imported and registered. Who: each plugin module for itself (only its own answer is
+    used), at module level like the other discovery hooks: cheap, and without importing torch or the backend, whose
+    import may crash when it does not match torch; read versions with ``importlib.metadata`` instead. Returns one
+    line saying what is missing or mismatched and how to fix it (``"intel-extension-for-pytorch 2.8.0 needs torch
+    2.8.*, found 2.13.0: install torch==2.8.* ..."``), or ``None``.
+
+    A plugin with a reason is shown as ``unavailable`` with it (``accel plugins``, ``--json``, ``accel env``). Its
+    options stay declared, so its flags, config keys and ``Kernel`` arguments still parse, but its other discovery
+    hooks are not called and it is never activated; a run that asks for it (``--plugin NAME``, ``Kernel(plugins=
+    [NAME])``, or one of its options set to a value other than the default) is refused with a ``UsageError`` that
+    gives the reason. An exception raised here marks the plugin failed.
     """
 
 

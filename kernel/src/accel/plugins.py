@@ -2,7 +2,9 @@
 
 - Discovery: entry points of group ``accel``, read lazily (on first use, not on ``import accel``). A plugin that
   fails to import is recorded with its error and the rest keep working; it becomes an error only when that
-  plugin is asked for. Two distributions claiming one name are both refused, naming both.
+  plugin is asked for. Two distributions claiming one name are both refused, naming both. A plugin whose
+  ``accel_unavailable_reason`` answers (backend missing or built for another torch) is ``unavailable``: listed with
+  the reason, its options declared, never activated; asking for it is a UsageError with the reason.
 - Control: ``-p no:NAME`` / ``ACCEL_DISABLE_PLUGINS=a,b`` disable plugins; ``ACCEL_PLUGINS=a,b`` loads only those
   (an allow-list; empty means none). ``accel launch`` hands its choices to the workers through the same variables.
 - Resolution: each plugin's ``accel_activate`` may return a component; exclusive roles are settled by the user's
@@ -38,7 +40,7 @@ class PluginRecord:
     distribution: str
     version: str
     value: str
-    status: str = "loaded"  # loaded | disabled | failed
+    status: str = "loaded"  # loaded | disabled | failed | unavailable (accel_unavailable_reason answered)
     reason: str = ""
     module: Any = None
     hooks: list[str] = field(default_factory=list)
@@ -173,6 +175,16 @@ class Plugins:
             return
         rec.module = module
         rec.hooks = hooks + component_hooks(module)
+        for impl in pm.hook.accel_unavailable_reason.get_hookimpls():
+            if impl.plugin is not module:
+                continue
+            try:
+                reason = impl.function()
+            except Exception as exc:
+                refuse(f"accel_unavailable_reason failed: {type(exc).__name__}: {exc}")
+                return
+            if reason:
+                rec.status, rec.reason = "unavailable", one_line(reason)
 
     # ---- queries -------------------------------------------------------------------------------------------
 
@@ -197,7 +209,10 @@ class Plugins:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
         An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type)."""
         results = []
+        unusable = {r.name for r in self.all_records if r.status == "unavailable"}
         for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            if impl.plugin_name in unusable:
+                continue
             args = [kwargs[a] for a in impl.argnames]
             try:
                 results.append((impl.plugin_name, impl.function(*args)))
@@ -253,6 +268,7 @@ class Plugins:
         explicit = set(settings.get("plugins") or ())
         for name in settings.selected:
             self.require(name, "" if name in explicit else f"distributed_type {settings.get('distributed_type')}")
+        self._refuse_unavailable_options(settings)
         found: list[Component] = []
         for name, comp in self.call_each("accel_activate", settings=settings):
             if comp is None:
@@ -295,6 +311,22 @@ class Plugins:
             raise PluginError(f"plugin {exc.plugin_name!r}: {one_line(exc)}") from None
         self.components = list(reversed(found))
         return self.components
+
+    def _refuse_unavailable_options(self, settings: Settings) -> None:
+        """A UsageError when the settings set an option of an unavailable plugin to something other than its
+        default (``ipex_config.ipex: true`` asks for a plugin as clearly as ``--plugin ipex`` does)."""
+        unusable = {r.name: r for r in self.all_records if r.status == "unavailable"}
+        for opt in self.options() if unusable else ():
+            rec = unusable.get(opt.plugin)
+            if rec is None or opt.name not in settings.values or settings[opt.name] == opt.default:
+                continue
+            source = settings.sources.get(opt.name, "")
+            labels = {"flag": f"--{opt.name}", "argument": f"Kernel({opt.name}=...)",
+                      "file": f"config key `{opt.dotted}`", "launch": f"`{opt.name}` (from accel launch)"}
+            where = labels.get(source) or (f"environment variable {source[4:]}" if source.startswith("env ")
+                                           else f"`{opt.name}`")
+            raise UsageError(f"{where} needs plugin {rec.name!r} ({rec.distribution} {rec.version}), which cannot "
+                             f"be used: {rec.reason}")
 
     def _dist(self, name: str) -> str:
         rec = self.records.get(name)
