@@ -12,7 +12,7 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -44,7 +44,8 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
-DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions")
+DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions",
+                   "accel_unavailable_reason")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -81,6 +82,25 @@ def accel_activate(settings: Settings) -> Component | None:
     (``settings.is_selected(name)``) or, for the default data-parallel strategy, when ``world_size > 1``. If two
     components claim one exclusive role, the one the user selected wins; with no selection it is an error naming
     both. Must not touch devices or start processes: that happens in ``accel_setup``.
+    """
+
+
+@hookspec
+def accel_unavailable_reason() -> str | None:
+    """Why this installed plugin cannot run in this environment, or ``None`` when it can: its backend library is
+    missing, or is installed but does not load (built for another torch release: an ``undefined symbol`` at import).
+
+    When: once per process, when plugins are discovered (``accel plugins``, ``accel env``, ``accel launch``,
+    ``Kernel()``), right after the plugin's module was registered. Who: each plugin for itself (the kernel calls
+    the plugin's own implementation, not the others'); it must be cheap and must not import torch or the backend
+    in this process (check package metadata, ``importlib.util.find_spec``; to learn the exact import error, try
+    the import in a child interpreter, and only when the cheap checks say it may fail).
+    Returns one line saying what is wrong and how to fix it (the ``pip install`` that matches), or ``None``.
+    The plugin is then listed as ``unavailable`` with that reason (``accel plugins``, ``--json``, ``accel env``,
+    ``accel config``, capability errors), and stays registered: its options are still accepted, and its
+    ``accel_activate`` still runs, so it can do what needs no backend here (start workers on other machines) and
+    must raise ``UsageError`` (with that reason) when it is selected for something that needs the backend. An
+    exception raised here is reported as the reason.
     """
 
 

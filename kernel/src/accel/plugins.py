@@ -38,7 +38,7 @@ class PluginRecord:
     distribution: str
     version: str
     value: str
-    status: str = "loaded"  # loaded | disabled | failed
+    status: str = "loaded"  # loaded | unavailable (registered; its backend cannot run here) | disabled | failed
     reason: str = ""
     module: Any = None
     hooks: list[str] = field(default_factory=list)
@@ -132,10 +132,14 @@ class Plugins:
                 rec.status, rec.reason = "failed", one_line(f"import failed: {type(exc).__name__}: {exc}")
                 continue
             cls._register_module(pm, rec, module)
+            if rec.status == "loaded":
+                cls._check_available(rec, module)
         for name, obj in extra:
             rec = PluginRecord(name, "(registered directly)", "", "")
             records.append(rec)
             cls._register_module(pm, rec, obj)
+            if rec.status == "loaded":
+                cls._check_available(rec, obj)
         return cls(records, pm)
 
     @staticmethod
@@ -173,6 +177,19 @@ class Plugins:
             return
         rec.module = module
         rec.hooks = hooks + component_hooks(module)
+
+    @staticmethod
+    def _check_available(rec: PluginRecord, module: Any) -> None:
+        """Ask the plugin's own ``accel_unavailable_reason``; a reason marks it ``unavailable`` (still registered)."""
+        impl = getattr(module, "accel_unavailable_reason", None)
+        if not callable(impl) or not hasattr(impl, hookspecs.PROJECT + "_impl"):
+            return
+        try:
+            reason = impl()
+        except Exception as exc:  # a broken check must not break discovery: report it as the reason
+            reason = f"accel_unavailable_reason failed: {type(exc).__name__}: {exc}"
+        if reason:
+            rec.status, rec.reason = "unavailable", one_line(reason)
 
     # ---- queries -------------------------------------------------------------------------------------------
 
@@ -240,7 +257,7 @@ class Plugins:
             lead = f"{why} needs plugin {name!r}, which is not installed" if why else f"unknown plugin {name!r}"
             tail = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
             raise UsageError(f"{lead} (installed: {self.describe_installed()}){tail}")
-        if rec.status != "loaded":
+        if rec.status not in ("loaded", "unavailable"):  # an unavailable plugin refuses in accel_activate itself
             who = f"plugin {name!r} ({rec.distribution} {rec.version})"
             lead = f"{why} needs {who}, which cannot be used" if why else f"{who} cannot be used"
             raise UsageError(f"{lead}: {rec.reason}")
