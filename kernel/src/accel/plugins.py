@@ -292,6 +292,10 @@ class Plugins:
         active = {c.name for c in found}
         for name in settings.selected:
             if name not in active:
+                rec = self.records.get(name)
+                if rec is not None and rec.status == "unavailable":
+                    raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used here: "
+                                     f"{rec.reason}")
                 raise UsageError(f"plugin {name!r} was selected but does not take part with these settings")
         self._check_capabilities(settings, found)
         order = {role: i for i, role in enumerate(EXCLUSIVE_ROLES)}
