@@ -201,25 +201,31 @@ def _launcher_line(stdout: str) -> str:
     return next(x for x in stdout.splitlines() if x.startswith("launcher: "))
 
 
-def _dry_run_in_process(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+def _dry_run_in_process(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """(the launcher line, stderr) of ``accel launch --dry-run ARGV``, run in this process."""
     env = {"ACCEL_HOME": str(tmp_path / "home"), "PATH": os.environ.get("PATH", "")}
     plugins, plan, _ = plan_launch(["--dry-run", *argv], env)
     assert plugins.pm.hook.accel_launch(plan=plan) == 0
-    return _launcher_line(capsys.readouterr().out)
+    out = capsys.readouterr()
+    return _launcher_line(out.out), out.err
 
 
 def test_local_launch_command(tmp_path: Path, available: None, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
     head = "launcher: xla (torch_xla.launch, one process per local XLA device): "
-    line = _dry_run_in_process(["--plugin", "xla", str(script), "--lr", "1"], tmp_path, capsys)
+    line, err = _dry_run_in_process(["--plugin", "xla", str(script), "--lr", "1"], tmp_path, capsys)
     assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", str(script), "--lr", "1"])
-    line = _dry_run_in_process(["--plugin", "xla", "-n", "1", "--main_training_function", "train", str(script)],
-                               tmp_path, capsys)
+    assert err == ""
+    line, err = _dry_run_in_process(["--plugin", "xla", "-n", "1", "--main_training_function", "train",
+                                     str(script)], tmp_path, capsys)
     assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", "--single_process",
                                       "--main_training_function", "train", str(script)])
-    line = _dry_run_in_process(["--plugin", "xla", "-m", "pkg.train", "x"], tmp_path, capsys)
+    line, err = _dry_run_in_process(["--plugin", "xla", "-m", "pkg.train", "x"], tmp_path, capsys)
     assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", "-m", "pkg.train", "x"])
+    line, err = _dry_run_in_process(["--plugin", "xla", "-n", "4", str(script)], tmp_path, capsys)
+    assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", str(script)])
+    assert "num_processes=4 is not passed on: torch_xla.launch starts one process per local XLA device" in err
     with pytest.raises(UsageError, match="--no_python cannot be used with the xla plugin"):
         _dry_run_in_process(["--plugin", "xla", "--no_python", "/bin/true"], tmp_path, capsys)
 

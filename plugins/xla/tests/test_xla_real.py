@@ -369,6 +369,25 @@ def test_downcast_bf16_stores_parameters_in_bf16() -> None:
         kernel.end_training()
 
 
+def test_clip_grad_norm_on_xla() -> None:
+    kernel = Kernel(plugins=["xla"])
+    try:
+        model = net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer, loader = kernel.prepare(model, optimizer, DataLoader(data(), batch_size=32))
+        x, y = next(iter(loader))
+        kernel.backward(nn.functional.cross_entropy(model(x), y) * 100)
+        params = list(kernel.unwrap_model(model).parameters())
+        expected = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.cpu()) for p in params]))
+        norm = kernel.clip_grad_norm_(params, 0.5)
+        assert norm.device.type == "xla" and torch.allclose(norm.cpu(), expected, rtol=1e-4), (norm, expected)
+        clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.cpu()) for p in params]))
+        assert expected > 0.5 and abs(float(clipped) - 0.5) < 1e-3
+        optimizer.step()
+    finally:
+        kernel.end_training()
+
+
 def test_fp16_is_refused_with_one_line() -> None:
     from accel import UsageError
 

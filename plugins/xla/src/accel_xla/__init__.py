@@ -21,10 +21,6 @@ accel_components = ["accel_xla.strategy:XLAStrategy"]
 #: PJRT runtimes torch_xla knows (``GPU`` is the old name of ``CUDA``).
 PJRT_DEVICES = ("TPU", "CPU", "CUDA", "GPU")
 
-#: Options that only concern starting a run on a TPU pod from this machine (not handed to the pod's workers).
-CLUSTER_OPTIONS = ("tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo", "tpu_env", "tpu_vm", "commands",
-                   "command_file", "tpu_use_alpha")
-
 
 @hookimpl
 def accel_add_options(options: Options) -> None:
@@ -41,7 +37,7 @@ def accel_add_options(options: Options) -> None:
     add("commands", type="list", default=[], flags=("--command",),
         help="Shell commands run on every pod worker before the training command (repeatable).")
     add("command_file", help="File of shell commands (one per line) run on every pod worker before training.")
-    add("tpu_use_alpha", type="bool", default=False, cli=True, flags=("--use_alpha",),
+    add("tpu_use_alpha", type="bool", default=False, flags=("--use_alpha",),
         help="Use `gcloud alpha compute tpus tpu-vm ssh` instead of `gcloud compute ...`.")
     add("downcast_bf16", type="bool", default=False, env=("ACCEL_DOWNCAST_BF16", "ACCELERATE_DOWNCAST_BF16"),
         help="With mixed_precision bf16 on XLA: store the model's parameters in bf16 too (not only compute).")

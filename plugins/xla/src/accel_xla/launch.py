@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -42,20 +43,26 @@ class XLALaunch:
     alpha: bool = False
     env: list[tuple[str, str]] = field(default_factory=list)
     startup: list[str] = field(default_factory=list)
+    notice: str = ""
 
 
 def plan(settings: Settings) -> XLALaunch:
     """Check the launch options and decide the launch; raise UsageError (one line) before anything starts."""
     spawn_args: list[str] = []
-    if settings.sources.get("num_processes", "default") != "default" and settings["num_processes"] == 1:
-        spawn_args.append("--single_process")  # else torch_xla decides: one process per local device
+    notice = ""
+    if settings.sources.get("num_processes", "default") != "default":
+        if settings["num_processes"] == 1:
+            spawn_args.append("--single_process")
+        else:  # torch_xla.launch takes 1 or "all"
+            notice = (f"num_processes={settings['num_processes']} is not passed on: torch_xla.launch starts one "
+                      "process per local XLA device (PJRT decides; its CPU runtime starts one)")
     if settings.sources.get("main_training_function", "default") != "default":
         spawn_args += ["--main_training_function", str(settings["main_training_function"])]
     if not settings["tpu_use_cluster"]:
         given = [k for k in CLUSTER_KEYS[1:] if settings.sources.get(k, "default") in ("flag", "argument")]
         if given:
             raise UsageError(f"--{given[0]} only applies to a TPU pod launch; add --tpu_cluster (tpu_use_cluster)")
-        return XLALaunch(pod=False, spawn_args=spawn_args)
+        return XLALaunch(pod=False, spawn_args=spawn_args, notice=notice)
     if not settings["tpu_name"]:
         raise UsageError("a TPU pod launch (tpu_use_cluster) needs --tpu_name (the TPU's name in gcloud)")
     if settings["tpu_vm"]:
@@ -77,7 +84,7 @@ def plan(settings: Settings) -> XLALaunch:
             raise UsageError(f"command_file {path!r} cannot be read: {exc.strerror}") from None
     return XLALaunch(pod=True, spawn_args=spawn_args, tpu_name=str(settings["tpu_name"]),
                      tpu_zone=str(settings["tpu_zone"] or ""), sudo=bool(settings["tpu_use_sudo"]),
-                     alpha=bool(settings["tpu_use_alpha"]), env=env, startup=startup)
+                     alpha=bool(settings["tpu_use_alpha"]), env=env, startup=startup, notice=notice)
 
 
 def local_command(spec: XLALaunch, launch: LaunchPlan) -> list[str]:
@@ -112,6 +119,8 @@ def pod_command(spec: XLALaunch, launch: LaunchPlan, cwd: str) -> list[str]:
 
 def run(spec: XLALaunch, launch: LaunchPlan) -> int:
     """Answer ``accel_launch``: print the command (dry run) or run it and return its exit code."""
+    if spec.notice:
+        print(f"accel: note: {spec.notice}", file=sys.stderr)
     if spec.pod:
         cmd = pod_command(spec, launch, os.getcwd())
         if launch.dry_run:

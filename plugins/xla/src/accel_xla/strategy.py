@@ -153,8 +153,7 @@ def to_cpu(obj: Any, memo: dict[int, Any] | None = None) -> Any:
             memo[key] = obj.detach().to("cpu")
         return memo[key]
     if isinstance(obj, Mapping):
-        return type(obj)((k, to_cpu(v, memo)) for k, v in obj.items()) if not isinstance(obj, dict) else \
-            {k: to_cpu(v, memo) for k, v in obj.items()}
+        return {k: to_cpu(v, memo) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(to_cpu(v, memo) for v in obj))
     if isinstance(obj, (list, tuple)):
@@ -180,6 +179,7 @@ class XLAStrategy(Component):
         if settings.phase == "launch":
             self.launch = xla_launch.plan(settings)  # checks the launch options now, before anything starts
         self.device: Any = None
+        self._optimizers: list[Any] = []  # the optimizers prepared so far (their gradients are reduced at clipping)
         self._reduced: set[int] = set()  # optimizers whose gradients accel_clip_grad_norm already all-reduced
 
     # ---- launching ----------------------------------------------------------------------------------------
@@ -247,6 +247,7 @@ class XLAStrategy(Component):
             moved.update((id(old), new) for old, new in zip(before, model.parameters()) if old is not new)
         for optimizer in optimizers:
             self._repoint(optimizer, moved)
+            self._optimizers.append(optimizer)
         return list(models), list(optimizers), list(schedulers)
 
     def _repoint(self, optimizer: Any, moved: Mapping[int, Any]) -> None:
@@ -295,8 +296,7 @@ class XLAStrategy(Component):
         import torch
 
         if kernel.num_processes > 1:  # clip the summed gradients: reduce them now, not again at the step
-            for prepared in kernel._optimizers:
-                optimizer = prepared.optimizer
+            for optimizer in self._optimizers:
                 if id(optimizer) not in self._reduced:
                     self.xm.reduce_gradients(optimizer)
                     self._reduced.add(id(optimizer))
@@ -326,7 +326,7 @@ class XLAStrategy(Component):
     @staticmethod
     def _claimed(items: Mapping[str, Any]) -> dict[str, str]:
         """Keys this component writes, by kind: optimizers (main process), gradients and xla_rng (each process)."""
-        from accel.kernel import PreparedOptimizer
+        from accel import PreparedOptimizer
 
         kinds = {key: "optimizer" for key, obj in items.items() if isinstance(obj, PreparedOptimizer)}
         kinds.update({"gradients": "per_process", "xla_rng": "per_process"})
