@@ -150,7 +150,7 @@ def test_activation_when_selected_or_pjrt_device(available: None) -> None:
 
     assert accel_xla.accel_activate(settings()) is None
     for chosen in (settings(plugins=["xla"]), settings(config={"distributed_type": "XLA"}),
-                   settings(env={"PJRT_DEVICE": "TPU"})):
+                   settings(config={"distributed_type": "TPU"}), settings(env={"PJRT_DEVICE": "TPU"})):
         comp = accel_xla.accel_activate(chosen)
         assert isinstance(comp, XLAStrategy) and comp.role == "strategy"
         assert {"distributed", "precision:bf16"} <= comp.provides
