@@ -1,12 +1,12 @@
 # accel developer commands. `make demo` sets up a fresh machine and runs the demo on 2 CPU processes;
-# `make test` runs the whole test suite (what CI runs).
+# `make test` runs the main test suite; `make test-all` (what CI runs) adds the XLA and IPEX venv suites.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo test test-fast clean setup-ipex test-ipex
+.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex clean
 
 setup: $(VENV)/.installed
 
@@ -27,8 +27,34 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
 
+# What CI runs (.ci/run): the main suite, then the XLA and IPEX plugins in their own venvs.
+test-all: test test-xla test-ipex
+
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) build dist .pytest_cache
+
+# accel-plugin-xla, tested for real in its own venv: torch-xla 2.9.0 only loads with torch 2.9.0 (PyPI has only its
+# CUDA build, ~7 GB with the nvidia libraries; about 1.5 min to install). `make test-xla` reuses the venv when it
+# holds the right versions and rebuilds it otherwise; the tests run on PJRT's CPU device.
+XLA_VENV ?= .venv-xla
+XLA_TORCH_VERSION ?= 2.9.0
+XLA_VERSION ?= 2.9.0
+XLA_CHECK := import importlib.metadata as m, sys; \
+	sys.exit(m.version("torch").split("+")[0] != "$(XLA_TORCH_VERSION)" or m.version("torch-xla") != "$(XLA_VERSION)")
+
+$(XLA_VENV)/.installed: kernel/pyproject.toml plugins/xla/pyproject.toml Makefile
+	test -x $(XLA_VENV)/bin/python || $(PY) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/python -m pip install -q --upgrade pip
+	$(XLA_VENV)/bin/python -m pip install -q torch==$(XLA_TORCH_VERSION) torch-xla==$(XLA_VERSION)  # torch named first, same command
+	$(XLA_VENV)/bin/python -m pip install -q setuptools wheel pytest pytest-timeout scikit-learn
+	$(XLA_VENV)/bin/python -m pip install -q --no-build-isolation -e kernel -e plugins/xla
+	$(XLA_VENV)/bin/python -c '$(XLA_CHECK)'
+	touch $@
+
+test-xla:
+	@$(XLA_VENV)/bin/python -c '$(XLA_CHECK)' 2>/dev/null || rm -f $(XLA_VENV)/.installed
+	$(MAKE) --no-print-directory $(XLA_VENV)/.installed
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest plugins/xla/tests
 
 # accel-plugin-ipex is tested in its own venv: intel-extension-for-pytorch 2.8.0 (its last release) only loads with
 # torch 2.8.*, and the only torch 2.8.0 on PyPI is the CUDA build (~7 GB, ~1.5 min). Both are installed in one pip

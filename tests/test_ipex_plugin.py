@@ -158,7 +158,7 @@ def test_env_shows_the_mismatch(env):
 
 
 @pytest.mark.parametrize("args, extra_env, config, where", [
-    (["--plugin", "ipex"], {}, None, "plugin 'ipex' (accel-plugin-ipex 0.1.0) cannot be used: "),
+    (["--plugin", "ipex"], {}, None, "plugin 'ipex' (accel-plugin-ipex 0.1.0) cannot be used here: "),
     (["--ipex"], {}, None, "--use_ipex needs plugin 'ipex'"),
     ([], {"ACCELERATE_USE_IPEX": "true"}, None, "environment variable ACCELERATE_USE_IPEX needs plugin 'ipex'"),
     ([], {}, "ipex_config:\n  ipex: true\n", "config key `ipex_config.ipex` needs plugin 'ipex'"),

@@ -1,6 +1,7 @@
 """``accel_unavailable_reason``: a plugin that is installed but cannot be used here (backend missing or built for
-another torch) is listed as unavailable with its reason, keeps its options, is never activated, and asking for it
-is one UsageError with the reason. In process, with plugin modules registered directly (no packages)."""
+another torch) is listed as unavailable with its reason, keeps its options, is asked only ``accel_activate`` (where
+it may still take part, e.g. a TPU pod launch), and asking for it while it stays out is one UsageError with the
+reason. In process, with plugin modules registered directly (no packages)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ class Active(Component):
     role = "observer"
 
 
-def fake_plugin(reason: str | None, calls: list[str]) -> types.ModuleType:
+def fake_plugin(reason: str | None, calls: list[str], works_without_backend: bool = False) -> types.ModuleType:
     mod = types.ModuleType("accel_fake")
 
     def add_options(options: Options) -> None:
@@ -27,6 +28,8 @@ def fake_plugin(reason: str | None, calls: list[str]) -> types.ModuleType:
 
     def activate(settings: Settings) -> Component | None:
         calls.append("activate")
+        if reason and not works_without_backend:
+            return None  # the contract: an unavailable plugin stays out unless it can do without its backend
         return Active() if settings.is_selected("fake") or settings["use_fake"] else None
 
     def detect(env) -> HardwareInfo:
@@ -40,9 +43,10 @@ def fake_plugin(reason: str | None, calls: list[str]) -> types.ModuleType:
     return mod
 
 
-def load(reason: str | None) -> tuple[Plugins, list[str]]:
+def load(reason: str | None, works_without_backend: bool = False) -> tuple[Plugins, list[str]]:
     calls: list[str] = []
-    return Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("fake", fake_plugin(reason, calls))]), calls
+    module = fake_plugin(reason, calls, works_without_backend)
+    return Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("fake", module)]), calls
 
 
 def settings(registry: Plugins, env: dict[str, str] | None = None, **values) -> Settings:
@@ -65,12 +69,13 @@ def test_unavailable_plugin_is_listed_with_its_reason_and_keeps_its_options():
     assert plugins.unavailable()["fake"] == f"unavailable: {REASON}"
     assert "fake (unavailable)" in plugins.describe_installed()
     assert {"use_fake", "fake_level"} <= {o.name for o in plugins.options()}  # its flags and keys still parse
-    assert plugins.detect_hardware({}).name == "cpu" and calls == []  # its other discovery hooks are not asked
-    assert plugins.activate(settings(plugins)) == [] and calls == []  # nothing asked for it: the run goes on
+    assert plugins.detect_hardware({}).name == "cpu" and calls == []  # its other discovery hooks are not asked ...
+    assert plugins.activate(settings(plugins)) == [] and calls == ["activate"]  # ... but accel_activate is
+    assert plugins.require("fake") is rec  # selecting it is left to its accel_activate and the check after it
 
 
 @pytest.mark.parametrize("values, env, where", [
-    ({"plugins": ["fake"]}, {}, "cannot be used: "),
+    ({"plugins": ["fake"]}, {}, "plugin 'fake' ((registered directly) ) cannot be used here: "),
     ({"use_fake": True}, {}, "Kernel(use_fake=...) needs plugin 'fake'"),
     ({"fake_level": "O0"}, {}, "Kernel(fake_level=...) needs plugin 'fake'"),
     ({}, {"ACCEL_USE_FAKE": "1"}, "environment variable ACCEL_USE_FAKE needs plugin 'fake'"),
@@ -81,7 +86,7 @@ def test_asking_for_an_unavailable_plugin_is_a_usage_error_with_the_reason(value
         plugins.activate(settings(plugins, env=env, **values))
     message = str(info.value)
     assert where in message and message.endswith(REASON) and "\n" not in message
-    assert calls == []
+    assert calls == ["activate"]
 
 
 def test_options_left_at_their_defaults_do_not_ask_for_it():
@@ -100,3 +105,15 @@ def test_a_reason_hook_that_raises_marks_the_plugin_failed():
     rec = plugins.records["raises"]
     assert rec.status == "failed"
     assert rec.reason == "accel_unavailable_reason failed: RuntimeError: cannot read metadata"
+
+
+@pytest.mark.parametrize("values", [{"plugins": ["fake"]}, {"use_fake": True}], ids=["selected", "option"])
+def test_an_unavailable_plugin_that_takes_part_anyway_is_not_refused(values):
+    """A plugin may do without its backend here (a TPU pod launch only runs gcloud on this machine)."""
+    plugins, calls = load(REASON, works_without_backend=True)
+    assert [c.name for c in plugins.activate(settings(plugins, **values))] == ["fake"]
+
+
+def test_the_reason_is_one_line() -> None:
+    plugins, _ = load("libthing is not installed\n  (pip install thing)")
+    assert plugins.records["fake"].reason == "libthing is not installed (pip install thing)"

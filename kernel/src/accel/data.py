@@ -20,7 +20,7 @@ request.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
@@ -280,8 +280,12 @@ class PreparedDataLoader:
     docstring). Other attributes are those of the underlying DataLoader."""
 
     def __init__(self, kernel: Kernel, base: DataLoader, steps: int | None, remainder: int,
-                 device_placement: bool = True, shard: Any = None, skipper: SkipBatchSampler | None = None):
+                 device_placement: bool = True, shard: Any = None, skipper: SkipBatchSampler | None = None,
+                 device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None):
         self.kernel = kernel
+        #: A plugin's device loader (see ``shard_dataloader``): it gets each pass's stream of CPU batches and yields
+        #: them on the device; the position and end-of-epoch bookkeeping stay here, in the iterating thread.
+        self.device_loader = device_loader
         self.base = base
         self.steps = steps
         self.remainder = remainder
@@ -421,12 +425,15 @@ class PreparedDataLoader:
         self._position, self._open = skip, True
         state.enter(self)
         self.end_of_dataloader = False
+        ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
             it = self._batches(skip)
+            if self.device_loader is not None and self.device_placement:
+                it = ahead = iter(self.device_loader(it))
             current = next(it, _END)
             if current is _END:
                 return
-            place = self._place if self.device_placement else None
+            place = self._place if self.device_placement and self.device_loader is None else None
             for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
                 self._position += 1
                 yield place(current) if place else current
@@ -440,16 +447,34 @@ class PreparedDataLoader:
         finally:
             # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
             # starts a fresh epoch, as it would without a checkpoint.
+            if ahead is not None:
+                close = getattr(ahead, "close", None)
+                if close is not None:
+                    close()  # stop its reading ahead before looking at the sampler
+                if not self.end_of_dataloader:  # abandoned: however far it read, the sampler is where the pass began
+                    self._apply(self._start)
             self._open = False
             state.leave(self)
 
     def _place(self, batch: Any) -> Any:
-        return send_to_device(batch, self.kernel.device) if self.device_placement else batch
+        if not self.device_placement or self.device_loader is not None:
+            return batch
+        return send_to_device(batch, self.kernel.device)
 
 
-def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True) -> PreparedDataLoader:
+def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
+                     device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None) -> PreparedDataLoader:
     """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.process_index`` of
-    ``kernel.num_processes`` and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result."""
+    ``kernel.num_processes`` and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
+
+    ``device_loader``: for a plugin that moves batches to the device itself, ahead of time in background threads
+    (torch_xla's ``MpDeviceLoader``). It is called at the start of each pass with the iterator of that pass's CPU
+    batches and returns an iterable of the same batches on the device, in order; the kernel then moves nothing
+    itself. Use it rather than wrapping the returned loader: a background thread iterating the prepared loader
+    would run the end-of-epoch and position bookkeeping (``accumulate``, ``gather_for_metrics``, ``save_state``)
+    ahead of the training loop. When a pass is abandoned (``break``), its iterator is closed (a generator's
+    ``finally`` can stop its threads) and the sampler is put back where the pass began, so the next pass does not
+    depend on how far the device loader had read ahead."""
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare() expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     n, r, even = kernel.num_processes, kernel.process_index, kernel.even_batches
@@ -458,12 +483,12 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         bs = dataloader.batch_size or 1
         shard = IterableDatasetShard(dataloader.dataset, bs, n, r, dataloader.drop_last, even)
         base = DataLoader(shard, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs)
-        return PreparedDataLoader(kernel, base, None, -1, device_placement, shard)
+        return PreparedDataLoader(kernel, base, None, -1, device_placement, shard, device_loader=device_loader)
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the dataset yields whole batches
         skipper = SkipBatchSampler(dataloader.sampler)
         base = DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)
-        return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper)
+        return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper, device_loader)
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, RandomSampler) and sampler.generator is None:
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -480,7 +505,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         size = -1
     span = (shard_sampler.batch_size or 1) * n
     remainder = size % span if (even and not shard_sampler.drop_last and size >= 0) else 0
-    return PreparedDataLoader(kernel, base, steps, remainder, device_placement, shard_sampler, skipper)
+    return PreparedDataLoader(kernel, base, steps, remainder, device_placement, shard_sampler, skipper, device_loader)
 
 
 class _DropFirst:

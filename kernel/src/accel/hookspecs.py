@@ -64,21 +64,25 @@ def accel_add_options(options: Options) -> None:
 
 @hookspec
 def accel_unavailable_reason() -> str | None:
-    """Why this installed plugin cannot be used in this environment (its backend is missing, or built for another
-    torch), or ``None`` when it can.
+    """Why this installed plugin cannot run in this environment, or ``None`` when it can: its backend library is
+    missing, or installed but built for another torch (IPEX refuses to import, torch-xla fails with an ``undefined
+    symbol``).
 
-    When: each time plugins are loaded (``accel plugins``, ``accel env``, ``accel launch``, each ``Kernel()``), right
-    after the plugin module is imported and registered. Who: each plugin module for itself (only its own answer is
-    used), at module level like the other discovery hooks: cheap, and without importing torch or the backend, whose
-    import may crash when it does not match torch; read versions with ``importlib.metadata`` instead. Returns one
-    line saying what is missing or mismatched and how to fix it (``"intel-extension-for-pytorch 2.8.0 needs torch
-    2.8.*, found 2.13.0: install torch==2.8.* ..."``), or ``None``.
+    When: each time plugins are loaded (``accel plugins``, ``accel env``, ``accel launch``, each ``Kernel()``),
+    right after the plugin module is imported and registered. Who: each plugin module for itself (only its own
+    answer is used), at module level like the other discovery hooks: cheap, and without importing torch or the
+    backend in this process (read versions with ``importlib.metadata``, ``importlib.util.find_spec``; to learn the
+    exact import error, try the import in a child interpreter, only when the cheap checks say it may fail).
+    Returns one line saying what is missing or mismatched and how to fix it (``"intel-extension-for-pytorch 2.8.0
+    needs torch 2.8.*, found 2.13.0: install torch==2.8.* ..."``), or ``None``. An exception raised here marks the
+    plugin failed.
 
-    A plugin with a reason is shown as ``unavailable`` with it (``accel plugins``, ``--json``, ``accel env``). Its
-    options stay declared, so its flags, config keys and ``Kernel`` arguments still parse, but its other discovery
-    hooks are not called and it is never activated; a run that asks for it (``--plugin NAME``, ``Kernel(plugins=
-    [NAME])``, or one of its options set to a value other than the default) is refused with a ``UsageError`` that
-    gives the reason. An exception raised here marks the plugin failed.
+    A plugin with a reason is listed as ``unavailable`` with it (``accel plugins``, ``--json``, ``accel env``). Its
+    options stay declared, so its flags, config keys and ``Kernel`` arguments still parse. Of the other discovery
+    hooks it is asked only ``accel_activate``, where it may still take part in what needs no backend here (a TPU
+    pod launch runs only gcloud locally) and must otherwise return ``None``. A run that asks for it (``--plugin
+    NAME``, ``Kernel(plugins=[NAME])``, or one of its options set to a value other than the default) while it does
+    not take part is refused with a ``UsageError`` that gives the reason.
     """
 
 

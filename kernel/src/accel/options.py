@@ -216,8 +216,8 @@ def core_options(options: Options) -> None:
         help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
     add("distributed_type", default="NO", cli=False,
         choices=("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-                 "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM"),
-        help="Accelerate's distributed type; selects the matching plugin.")
+                 "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "TPU", "MEGATRON_LM"),
+        help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.")
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
     add("debug", type="bool", default=False, help="Check distributed operations (slower).")
     add("enable_cpu_affinity", type="bool", default=False, cli=False, help="Accepted for compatibility.")

@@ -4,7 +4,8 @@
   fails to import is recorded with its error and the rest keep working; it becomes an error only when that
   plugin is asked for. Two distributions claiming one name are both refused, naming both. A plugin whose
   ``accel_unavailable_reason`` answers (backend missing or built for another torch) is ``unavailable``: listed with
-  the reason, its options declared, never activated; asking for it is a UsageError with the reason.
+  the reason, its options declared, asked only ``accel_activate`` (where it may still take part, e.g. a TPU pod
+  launch); asking for it when it does not take part is a UsageError with the reason.
 - Control: ``-p no:NAME`` / ``ACCEL_DISABLE_PLUGINS=a,b`` disable plugins; ``ACCEL_PLUGINS=a,b`` loads only those
   (an allow-list; empty means none). ``accel launch`` hands its choices to the workers through the same variables.
 - Resolution: each plugin's ``accel_activate`` may return a component; exclusive roles are settled by the user's
@@ -40,7 +41,7 @@ class PluginRecord:
     distribution: str
     version: str
     value: str
-    status: str = "loaded"  # loaded | disabled | failed | unavailable (accel_unavailable_reason answered)
+    status: str = "loaded"  # loaded | unavailable (registered; its backend cannot run here) | disabled | failed
     reason: str = ""
     module: Any = None
     hooks: list[str] = field(default_factory=list)
@@ -207,9 +208,11 @@ class Plugins:
 
     def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
-        An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type)."""
+        An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type). Unavailable
+        plugins are asked only ``accel_activate`` (they may take part without their backend, e.g. a TPU pod
+        launch that runs only gcloud here)."""
         results = []
-        unusable = {r.name for r in self.all_records if r.status == "unavailable"}
+        unusable = {r.name for r in self.all_records if r.status == "unavailable" and hook != "accel_activate"}
         for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
             if impl.plugin_name in unusable:
                 continue
@@ -255,7 +258,7 @@ class Plugins:
             lead = f"{why} needs plugin {name!r}, which is not installed" if why else f"unknown plugin {name!r}"
             tail = f"; install it with `{hint}`" if hint else did_you_mean(name, self.records)
             raise UsageError(f"{lead} (installed: {self.describe_installed()}){tail}")
-        if rec.status != "loaded":
+        if rec.status not in ("loaded", "unavailable"):  # an unavailable plugin refuses in accel_activate itself
             who = f"plugin {name!r} ({rec.distribution} {rec.version})"
             lead = f"{why} needs {who}, which cannot be used" if why else f"{who} cannot be used"
             raise UsageError(f"{lead}: {rec.reason}")
@@ -268,7 +271,6 @@ class Plugins:
         explicit = set(settings.get("plugins") or ())
         for name in settings.selected:
             self.require(name, "" if name in explicit else f"distributed_type {settings.get('distributed_type')}")
-        self._refuse_unavailable_options(settings)
         found: list[Component] = []
         for name, comp in self.call_each("accel_activate", settings=settings):
             if comp is None:
@@ -289,8 +291,13 @@ class Plugins:
                     )
                 found = [c for c in found if c.role != role or c is chosen[0]]
         active = {c.name for c in found}
+        self._refuse_unavailable_options(settings, active)
         for name in settings.selected:
             if name not in active:
+                rec = self.records.get(name)
+                if rec is not None and rec.status == "unavailable":
+                    raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used here: "
+                                     f"{rec.reason}")
                 raise UsageError(f"plugin {name!r} was selected but does not take part with these settings")
         self._check_capabilities(settings, found)
         order = {role: i for i, role in enumerate(EXCLUSIVE_ROLES)}
@@ -312,10 +319,11 @@ class Plugins:
         self.components = list(reversed(found))
         return self.components
 
-    def _refuse_unavailable_options(self, settings: Settings) -> None:
-        """A UsageError when the settings set an option of an unavailable plugin to something other than its
-        default (``ipex_config.ipex: true`` asks for a plugin as clearly as ``--plugin ipex`` does)."""
-        unusable = {r.name: r for r in self.all_records if r.status == "unavailable"}
+    def _refuse_unavailable_options(self, settings: Settings, active: set[str]) -> None:
+        """A UsageError when the settings set an option of an unavailable plugin that does not take part to
+        something other than its default (``ipex_config.ipex: true`` asks for a plugin as clearly as
+        ``--plugin ipex`` does)."""
+        unusable = {r.name: r for r in self.all_records if r.status == "unavailable" and r.name not in active}
         for opt in self.options() if unusable else ():
             rec = unusable.get(opt.plugin)
             if rec is None or opt.name not in settings.values or settings[opt.name] == opt.default:

@@ -99,6 +99,8 @@ def check_settings(settings: Settings) -> None:
 def accel_activate(settings: Settings) -> Component | None:
     if not (settings.is_selected(NAME) or settings["use_ipex"]):
         return None
+    if accel_unavailable_reason() is not None:
+        return None  # the kernel refuses the request with the reason (accel_unavailable_reason)
     check_settings(settings)
     from accel_ipex.optimizer import IpexOptimizer
 
