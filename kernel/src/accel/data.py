@@ -233,7 +233,8 @@ def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
         return batch.to(device, non_blocking=non_blocking)
     kind = type(batch)
     if kind is list or kind is tuple:  # the common case first (a default collate's batch), without generators
-        return kind([send_to_device(v, device, non_blocking) for v in batch])
+        return kind([v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor)
+                     else send_to_device(v, device, non_blocking) for v in batch])
     if kind is dict:
         return {k: send_to_device(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, dict):
@@ -427,7 +428,8 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
-            it = self._batches(skip)
+            # One process, nothing to skip: the base loader's batches as they are (no padding, no dropping).
+            it = iter(self.base) if skip == 0 and self.kernel.num_processes == 1 else self._batches(skip)
             if self.device_loader is not None and self.device_placement:
                 it = ahead = iter(self.device_loader(it))
             current = next(it, _END)

@@ -59,6 +59,37 @@ class GradientState:
         return self.active[-1].remainder if self.active else 0
 
 
+class _Accumulate:
+    """The context ``Kernel.accumulate`` returns (a small class: it runs on every training step, where a generator
+    based context manager costs several times more)."""
+
+    __slots__ = ("kernel", "models", "stack")
+
+    def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
+        self.kernel, self.models, self.stack = kernel, models, None
+
+    def __enter__(self) -> None:
+        kernel = self.kernel
+        state = kernel.gradient_state
+        state.step += 1
+        end = state.end_of_dataloader
+        state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
+        if end:
+            state.step = 0
+        if not state.sync_gradients and self.models:
+            stack = contextlib.ExitStack()
+            with contextlib.ExitStack() as undo:  # closes what was entered if a later no_sync fails
+                undo.push(stack)
+                for model in self.models:
+                    stack.enter_context(kernel.no_sync(model))
+                undo.pop_all()
+            self.stack = stack
+
+    def __exit__(self, *exc: Any) -> bool:
+        stack, self.stack = self.stack, None
+        return bool(stack.__exit__(*exc)) if stack is not None else False
+
+
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps a user optimizer: ``step`` and ``zero_grad`` act only on steps that sync gradients, and go through the
     active plugins (grad scaler, DeepSpeed engine, ...). ``step_was_skipped`` tells whether the last step was
@@ -447,23 +478,11 @@ class Kernel(TrackingMixin):
         with self._hot.no_sync(kernel=self, model=inner):
             yield
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-batch of gradient accumulation: sets ``sync_gradients`` (every
         ``gradient_accumulation_steps``-th step, and on the last batch of an epoch) and skips the gradient
         all-reduce on the other steps. Prepared optimizers and schedulers act only on sync steps."""
-        state = self.gradient_state
-        state.step += 1
-        state.sync_gradients = state.end_of_dataloader or state.step % self.gradient_accumulation_steps == 0
-        if state.end_of_dataloader:
-            state.step = 0
-        if state.sync_gradients or not models:
-            yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(self.no_sync(model))
-            yield
+        return _Accumulate(self, models)
 
     def unscale_gradients(self) -> None:
         self.plugins.pm.hook.accel_unscale_gradients(kernel=self)
