@@ -45,12 +45,12 @@ def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: flo
     return json.loads(lines[-1])
 
 
-def alternate(cmds: dict[str, list[str]], key: str, repeats: int, env: dict[str, str] | None = None) -> dict[str, list[float]]:
-    """Run the commands A B C A B C ... ``repeats`` times; collect ``key`` of each run's JSON result."""
-    out: dict[str, list[float]] = {name: [] for name in cmds}
+def alternate_runs(cmds: dict[str, list[str]], repeats: int) -> dict[str, list[dict]]:
+    """Run the commands A B C A B C ... ``repeats`` times; every run's JSON result, by command name."""
+    out: dict[str, list[dict]] = {name: [] for name in cmds}
     for _ in range(repeats):
         for name, cmd in cmds.items():
-            out[name].append(float(run_json(cmd, env)[key]))
+            out[name].append(run_json(cmd))
     return out
 
 

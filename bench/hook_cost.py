@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
-from accel.dispatch import HOT_HOOKS, HotHooks
+from accel.dispatch import HOT_BROADCAST_HOOKS, HOT_HOOKS, HotHooks
 
 
 def per_call_us(fn: Callable[[], Any], n: int = 20000, rounds: int = 7) -> float:
@@ -36,11 +36,11 @@ def main() -> None:
     kernel = Kernel(cpu=True, gradient_accumulation_steps=2)
     pm = kernel.plugins.pm
     implementations: Counter[str] = Counter()
-    for name in HOT_HOOKS:  # count implementation runs: wrap each implementation's function
+    for name in HOT_HOOKS + HOT_BROADCAST_HOOKS:  # count implementation runs: wrap each implementation's function
         for impl in getattr(pm.hook, name).get_hookimpls():
-            def counted(*args: Any, _f: Callable[..., Any] = impl.function, _n: str = name) -> Any:
+            def counted(*args: Any, _f: Callable[..., Any] = impl.function, _n: str = name, **kwargs: Any) -> Any:
                 implementations[_n] += 1
-                return _f(*args)
+                return _f(*args, **kwargs)
             impl.function = counted
     model = nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -53,6 +53,7 @@ def main() -> None:
         for x, y in loader:
             with kernel.accumulate(model):
                 kernel.backward(nn.functional.cross_entropy(model(x), y))
+                kernel.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 opt.zero_grad()
             steps += 1

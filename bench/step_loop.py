@@ -1,16 +1,25 @@
 """One training loop, three ways: raw PyTorch, accel's Kernel, Accelerate's Accelerator. Prints steps/s as JSON.
 
     python bench/step_loop.py --impl raw|accel|accelerate --model tiny|medium [--accum 2 --clip 1.0] [--device cuda]
+    python bench/step_loop.py --impl accel --paired ...    # also a raw loop in the same process, interleaved
 
 Run under torchrun (or accel launch) for the 2-process DDP variant: raw then wraps the model in DDP itself.
+
+``--paired`` measures the framework against a hand-written raw loop *in the same process*: rounds of N framework
+steps and N raw steps, alternating which goes first, and reports the median of the per-round ratios. Separate
+processes of the same script differ by up to ±10 % in steps/s on this machine (memory layout, CPU placement), more
+than the overhead being measured; within one process, both loops share those conditions.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import time
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -28,6 +37,93 @@ def build(size: str) -> tuple[nn.Module, DataLoader]:
     return model, DataLoader(data, batch_size=batch, shuffle=False)
 
 
+Step = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def raw_loop(args: argparse.Namespace, world: int) -> tuple[Step, DataLoader]:
+    model, loader = build(args.model)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():  # paired with a framework, it already made the process group
+            dist.init_process_group("nccl" if cuda else "gloo")
+        model = nn.parallel.DistributedDataParallel(model)
+        sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
+        loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
+
+    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        if cuda:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        sync = (i + 1) % args.accum == 0
+        ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
+        with ctx:
+            loss = nn.functional.cross_entropy(model(x), y) / args.accum
+            loss.backward()
+        if sync:
+            if args.clip:
+                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
+            opt.zero_grad()
+
+    return step, loader
+
+
+def framework_loop(args: argparse.Namespace) -> tuple[Step, Any]:
+    model, loader = build(args.model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cpu = args.device != "cuda"
+    if args.impl == "accel":
+        from accel import Kernel
+
+        k: Any = Kernel(cpu=cpu, gradient_accumulation_steps=args.accum)
+    else:
+        from accelerate import Accelerator
+
+        k = Accelerator(cpu=cpu, gradient_accumulation_steps=args.accum)
+    model, opt, loader = k.prepare(model, opt, loader)
+
+    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        with k.accumulate(model):
+            loss = nn.functional.cross_entropy(model(x), y)
+            k.backward(loss)
+            if args.clip and k.sync_gradients:
+                k.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
+            opt.zero_grad()
+
+    return step, loader
+
+
+def runner(step: Step, loader: Any, cuda: bool) -> Callable[[int], float]:
+    """``run(n)``: n more steps (the pass continues where the last call stopped); returns the seconds taken."""
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield from loader
+
+    it = batches()
+    done = 0
+
+    def run(n: int) -> float:
+        nonlocal done
+        start = time.perf_counter()
+        for _ in range(n):
+            x, y = next(it)
+            step(done, x, y)
+            done += 1
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=("raw", "accel", "accelerate"), required=True)
@@ -36,81 +132,44 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
+    p.add_argument("--rounds", type=int, default=10, help="rounds of the paired comparison")
     args = p.parse_args()
     steps = args.steps or (3000 if args.model == "tiny" else 150)
     torch.set_num_threads(1)
-    model, loader = build(args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
-    loss_fn = nn.functional.cross_entropy
-
     cuda = args.device == "cuda"
     if args.impl == "raw":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-        if cuda:
-            torch.cuda.set_device(device)
-        model.to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        if world > 1:
-            import torch.distributed as dist
-
-            dist.init_process_group("nccl" if cuda else "gloo")
-            model = nn.parallel.DistributedDataParallel(model)
-            sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
-            loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
-        import contextlib
-
-        def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
-            if cuda:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            sync = (i + 1) % args.accum == 0
-            ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-            with ctx:
-                loss = loss_fn(model(x), y) / args.accum
-                loss.backward()
-            if sync:
-                if args.clip:
-                    nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-                opt.step()
-                opt.zero_grad()
+        run = runner(*raw_loop(args, world), cuda)
+        run(max(20, steps // 10))  # warm-up
+        seconds = run(steps)
+        result = {"impl": "raw", "model": args.model, "steps_per_s": steps / seconds}
+    elif not args.paired:
+        run = runner(*framework_loop(args), cuda)
+        run(max(20, steps // 10))
+        seconds = run(steps)
+        result = {"impl": args.impl, "model": args.model, "steps_per_s": steps / seconds}
     else:
-        if args.impl == "accel":
-            from accel import Kernel
-
-            k = Kernel(cpu=not cuda, gradient_accumulation_steps=args.accum)
-        else:
-            from accelerate import Accelerator
-
-            k = Accelerator(cpu=not cuda, gradient_accumulation_steps=args.accum)
-        model, opt, loader = k.prepare(model, opt, loader)
-
-        def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
-            with k.accumulate(model):
-                loss = loss_fn(model(x), y)
-                k.backward(loss)
-                if args.clip and k.sync_gradients:
-                    k.clip_grad_norm_(model.parameters(), args.clip)
-                opt.step()
-                opt.zero_grad()
-
-    def run(n: int) -> float:
-        done = 0
-        start = time.perf_counter()
-        while done < n:
-            for x, y in loader:
-                step(done, x, y)
-                done += 1
-                if done == n:
-                    break
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    run(max(20, steps // 10))  # warm-up
-    seconds = run(steps)
+        fw = runner(*framework_loop(args), cuda)  # first: it sets up the process group the raw loop then uses
+        raw = runner(*raw_loop(args, world), cuda)
+        fw(max(20, steps // 10))
+        raw(max(20, steps // 10))
+        chunk = max(1, steps // args.rounds)
+        fw_s: list[float] = []
+        raw_s: list[float] = []
+        for r in range(args.rounds):
+            if r % 2:
+                fw_s.append(fw(chunk))
+                raw_s.append(raw(chunk))
+            else:
+                raw_s.append(raw(chunk))
+                fw_s.append(fw(chunk))
+        result = {"impl": args.impl, "model": args.model, "steps_per_s": chunk / statistics.median(fw_s),
+                  "raw_steps_per_s": chunk / statistics.median(raw_s),
+                  "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s)])}
     if rank == 0:
-        print(json.dumps({"impl": args.impl, "model": args.model, "steps_per_s": steps / seconds}))
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel, hookspecs
-from accel.dispatch import resolve_firstresult
+from accel.dispatch import resolve_each, resolve_firstresult
 
 impl = pluggy.HookimplMarker(hookspecs.PROJECT)
 
@@ -96,8 +96,29 @@ def test_training_steps_make_no_pluggy_call_and_still_train(tmp_path: Any, monke
     for x, y in loader:
         with kernel.accumulate(model):
             kernel.backward(nn.functional.cross_entropy(model(x), y))
+            kernel.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
     undo()
     assert calls == Counter()
     assert not torch.equal(model.weight.detach(), before)  # the resolved hooks really stepped
+
+
+def test_resolved_broadcast_calls_every_implementation_in_pluggys_order() -> None:
+    def unscaler(tag: str, log: list[str], **opts: Any) -> Any:
+        class Unscale:
+            @impl(**opts)
+            def accel_unscale_gradients(self, kernel: Any) -> None:
+                log.append(tag)
+        return Unscale()
+
+    log_a: list[str] = []
+    log_b: list[str] = []
+    specs = [("a", {"trylast": True}), ("b", {}), ("c", {"tryfirst": True}), ("d", {})]
+    pm_a = manager(*[unscaler(t, log_a, **o) for t, o in specs])
+    pm_b = manager(*[unscaler(t, log_b, **o) for t, o in specs])
+    pm_a.hook.accel_unscale_gradients(kernel=None)
+    fast = resolve_each(pm_b, "accel_unscale_gradients")
+    assert fast is not pm_b.hook.accel_unscale_gradients
+    assert fast(kernel=None) is None
+    assert log_b == log_a == ["c", "d", "b", "a"]

@@ -1,11 +1,12 @@
-"""Per-step hooks resolved once: the kernel calls ``accel_backward``, ``accel_optimizer_step``, ``accel_zero_grad``
-and ``accel_no_sync`` on every training step. Which implementations answer them cannot change after the components
-are registered (at ``Kernel()``), so the kernel looks them up once (again at each ``prepare``) and calls them
-directly instead of going through pluggy's dispatch every step (bench/hook_cost.py measures the difference).
+"""Per-step hooks resolved once: the kernel calls ``accel_backward``, ``accel_optimizer_step``, ``accel_zero_grad``,
+``accel_no_sync``, ``accel_clip_grad_norm`` and ``accel_unscale_gradients`` on (nearly) every training step. Which
+implementations answer them cannot change after the components are registered (at ``Kernel()``), so the kernel
+looks them up once (again at each ``prepare``) and calls them directly instead of going through pluggy's dispatch
+every step (bench/hook_cost.py measures the difference).
 
-The semantics are pluggy's ``firstresult`` ones: implementations in pluggy's call order (tryfirst ... trylast, the
-latest registered first within each group), each given only the arguments it names, the first non-``None`` answer
-wins. A hook with a wrapper implementation keeps pluggy's own dispatch, and so does any hook while pluggy's call
+The semantics are pluggy's: implementations in pluggy's call order (tryfirst ... trylast, the latest registered
+first within each group), each given only the arguments it names; for ``firstresult`` hooks the first non-``None``
+answer wins, ``accel_unscale_gradients`` calls every implementation. A hook with a wrapper implementation keeps pluggy's own dispatch, and so does any hook while pluggy's call
 monitoring or tracing is on (``PluginManager.add_hookcall_monitoring``/``enable_tracing``), so tools that watch hook
 calls still see every one.
 """
@@ -16,7 +17,8 @@ from typing import Any, Callable
 
 import pluggy
 
-HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync")
+HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync", "accel_clip_grad_norm")
+HOT_BROADCAST_HOOKS = ("accel_unscale_gradients",)  # everyone answers; results unused
 
 
 def _monitored(pm: pluggy.PluginManager) -> bool:
@@ -52,6 +54,22 @@ def resolve_firstresult(pm: pluggy.PluginManager, name: str) -> Callable[..., An
     return call_first
 
 
+def resolve_each(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
+    """A callable taking the hook's keyword arguments that calls every implementation in pluggy's order (for hooks
+    whose results are not used)."""
+    caller = getattr(pm.hook, name)
+    impls = caller.get_hookimpls()
+    if _monitored(pm) or any(impl.hookwrapper or impl.wrapper for impl in impls):
+        return caller
+    plan = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
+
+    def call_each(**kwargs: Any) -> None:
+        for function, argnames in plan:
+            function(*[kwargs[a] for a in argnames])
+
+    return call_each
+
+
 class HotHooks:
     """The resolved per-step hooks of one kernel (attributes named after the hooks, without ``accel_``)."""
 
@@ -59,7 +77,11 @@ class HotHooks:
     optimizer_step: Callable[..., Any]
     zero_grad: Callable[..., Any]
     no_sync: Callable[..., Any]
+    clip_grad_norm: Callable[..., Any]
+    unscale_gradients: Callable[..., Any]
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         for name in HOT_HOOKS:
             setattr(self, name.removeprefix("accel_"), resolve_firstresult(pm, name))
+        for name in HOT_BROADCAST_HOOKS:
+            setattr(self, name.removeprefix("accel_"), resolve_each(pm, name))

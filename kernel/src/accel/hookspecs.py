@@ -291,9 +291,9 @@ def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
 
 # --------------------------------------------------------------------------------------------------------------
 # Training step. Answers must be consistent for a given object. ``accel_backward``, ``accel_optimizer_step``,
-# ``accel_zero_grad`` and ``accel_no_sync`` run every step, so the kernel resolves their implementations once (at
-# Kernel() and again at each prepare(), accel/dispatch.py) and calls them directly, in pluggy's order and with
-# pluggy's first-answer-wins rule. A hook that has a wrapper implementation, or a manager with call monitoring or
+# ``accel_zero_grad``, ``accel_no_sync``, ``accel_clip_grad_norm`` and ``accel_unscale_gradients`` run every step,
+# so the kernel resolves their implementations once (at Kernel() and again at each prepare(), accel/dispatch.py)
+# and calls them directly, in pluggy's order and with pluggy's rules (first answer wins; everyone for unscale). A hook that has a wrapper implementation, or a manager with call monitoring or
 # tracing on at that moment, keeps pluggy's dispatch. Register components through accel_activate, not later.
 
 

@@ -485,7 +485,7 @@ class Kernel(TrackingMixin):
         return _Accumulate(self, models)
 
     def unscale_gradients(self) -> None:
-        self.plugins.pm.hook.accel_unscale_gradients(kernel=self)
+        self._hot.unscale_gradients(kernel=self)
 
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
         """Clip by global norm on sync steps and return the norm; on accumulation steps do nothing, return None
@@ -493,7 +493,7 @@ class Kernel(TrackingMixin):
         if not self.gradient_state.sync_gradients:
             return None
         self.unscale_gradients()
-        return self.plugins.pm.hook.accel_clip_grad_norm(
+        return self._hot.clip_grad_norm(
             kernel=self, parameters=list(parameters), max_norm=float(max_norm), norm_type=float(norm_type)
         )
 
