@@ -13,24 +13,18 @@ from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
 from accel.tracking import Tracker
 
-try:
-    from importlib.metadata import version as _version
-
-    __version__ = _version("accel-kernel")
-except Exception:  # running from a source tree without installation
-    __version__ = "0.0.0"
-
 if TYPE_CHECKING:
-    from accel.checkpoint import ProjectConfiguration, load_model
+    from accel.checkpoint import load_model
     from accel.data import skip_first_batches
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
+    from accel.project import ProjectConfiguration
 
 _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
-    "ProjectConfiguration": "accel.checkpoint",
+    "ProjectConfiguration": "accel.project",
     "debug_launcher": "accel.launchers",
     "load_model": "accel.checkpoint",
     "notebook_launcher": "accel.launchers",
@@ -46,6 +40,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read on first use: package metadata lookups cost a scan of sys.path
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("accel-kernel")
+        except PackageNotFoundError:  # running from a source tree without installation
+            return "0.0.0"
     if name in _LAZY:
         import importlib
 

@@ -64,50 +64,6 @@ _STALE = re.compile(r"^\.checkpoint_\d+\.(tmp|old|del)-[0-9a-f]+$")
 # Project layout
 
 
-@dataclass
-class ProjectConfiguration:
-    """Where a run keeps its checkpoints and how they are named (Accelerate's ``ProjectConfiguration``).
-
-    With ``Kernel(project_dir=..., project_config=ProjectConfiguration(automatic_checkpoint_naming=True,
-    total_limit=3))``, ``save_state()`` writes ``project_dir/checkpoints/checkpoint_<i>``, keeps the newest
-    ``total_limit`` complete checkpoints, and ``load_state()`` resumes from the newest complete one. ``iteration``
-    is the number the next automatic checkpoint gets; ``load_state`` sets it to one past the loaded checkpoint, and
-    a save never reuses a number that exists on disk, so numbering continues across restarts.
-    """
-
-    project_dir: str | None = None
-    logging_dir: str | None = None
-    automatic_checkpoint_naming: bool = False
-    total_limit: int | None = None
-    iteration: int = 0
-
-    def __post_init__(self) -> None:
-        if self.total_limit is not None and (isinstance(self.total_limit, bool) or int(self.total_limit) < 1):
-            raise UsageError(f"ProjectConfiguration(total_limit=...) must be at least 1 or None, got {self.total_limit!r}")
-        if isinstance(self.iteration, bool) or int(self.iteration) < 0:
-            raise UsageError(f"ProjectConfiguration(iteration=...) must be 0 or more, got {self.iteration!r}")
-        if self.project_dir is not None:
-            self.project_dir = os.fspath(self.project_dir)
-        if self.logging_dir is not None:
-            self.logging_dir = os.fspath(self.logging_dir)
-
-
-def configure_project(config: ProjectConfiguration | None, project_dir: str | None) -> ProjectConfiguration:
-    """The Kernel's project configuration: ``config`` (copied) with ``project_dir`` from the Kernel's settings."""
-    config = dataclasses.replace(config) if config is not None else ProjectConfiguration()
-    if project_dir is not None:
-        if config.project_dir is not None and Path(config.project_dir) != Path(project_dir):
-            raise UsageError(f"Kernel(project_dir={project_dir!r}) and ProjectConfiguration(project_dir="
-                             f"{config.project_dir!r}) differ; give the directory once")
-        config.project_dir = os.fspath(project_dir)
-    if config.automatic_checkpoint_naming and config.project_dir is None:
-        raise UsageError("ProjectConfiguration(automatic_checkpoint_naming=True) needs a project directory: "
-                         "Kernel(project_dir=...)")
-    if config.logging_dir is None and config.project_dir is not None:
-        config.logging_dir = config.project_dir
-    return config
-
-
 def checkpoints_folder(project_dir: str | os.PathLike[str]) -> Path:
     return Path(project_dir) / CHECKPOINTS
 

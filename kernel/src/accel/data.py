@@ -435,7 +435,10 @@ class PreparedDataLoader:
             current = next(it, _END)
             if current is _END:
                 return
-            place = self._place if self.device_placement and self.device_loader is None else None
+            place = None
+            if self.device_placement and self.device_loader is None:
+                device = self.kernel.device
+                place = lambda batch: send_to_device(batch, device)  # noqa: E731 - one call per batch
             for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
                 self._position += 1
                 yield place(current) if place else current

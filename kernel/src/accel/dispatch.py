@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import pluggy
 
+from accel.options import KERNEL
+
 HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync", "accel_clip_grad_norm")
 HOT_BROADCAST_HOOKS = ("accel_unscale_gradients",)  # everyone answers; results unused
 
@@ -79,8 +81,13 @@ class HotHooks:
     no_sync: Callable[..., Any]
     clip_grad_norm: Callable[..., Any]
     unscale_gradients: Callable[..., Any]
+    #: False when only the kernel's own ``accel_no_sync`` (a null context) answers: ``accumulate()`` then enters
+    #: nothing on the steps that skip synchronisation.
+    no_sync_needed: bool
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
+        impls = pm.hook.accel_no_sync.get_hookimpls()
+        self.no_sync_needed = _monitored(pm) or any(impl.plugin_name != KERNEL for impl in impls)
         for name in HOT_HOOKS:
             setattr(self, name.removeprefix("accel_"), resolve_firstresult(pm, name))
         for name in HOT_BROADCAST_HOOKS:

@@ -20,14 +20,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from accel import checkpoint
-from accel.checkpoint import ProjectConfiguration
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
 from accel.errors import UsageError
 from accel.options import Settings, did_you_mean, resolve
 from accel.plugins import Plugins
+from accel.project import ProjectConfiguration, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -76,7 +75,7 @@ class _Accumulate:
         state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
         if end:
             state.step = 0
-        if not state.sync_gradients and self.models:
+        if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
             stack = contextlib.ExitStack()
             with contextlib.ExitStack() as undo:  # closes what was entered if a later no_sync fails
                 undo.push(stack)
@@ -286,7 +285,7 @@ class Kernel(TrackingMixin):
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
         self.even_batches = even_batches
         self._accumulation_steps = int(self.settings["gradient_accumulation_steps"])
-        self.project_configuration = checkpoint.configure_project(project_config, self.settings["project_dir"])
+        self.project_configuration = configure_project(project_config, self.settings["project_dir"])
         self._custom_objects: list[Any] = []
         self.gradient_state = GradientState()
         self._models: list[torch.nn.Module] = []
@@ -708,6 +707,8 @@ class Kernel(TrackingMixin):
         Call it on every process. Without ``output_dir`` it writes ``project_dir/checkpoints/checkpoint_<i>``
         (see :class:`accel.ProjectConfiguration`). Atomic: the directory appears complete or not at all.
         Returns the checkpoint's directory."""
+        from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
+
         return checkpoint.save_state(self, output_dir)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
@@ -715,12 +716,16 @@ class Kernel(TrackingMixin):
         processes, shapes). Without ``input_dir``: the newest complete checkpoint of the project. Call it on every
         process, after ``prepare``. The next pass over each prepared dataloader continues where the saved one
         stopped. Returns the directory loaded."""
+        from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
+
         return checkpoint.load_state(self, input_dir)
 
     def latest_checkpoint(self) -> os.PathLike[str] | None:
         """The newest complete checkpoint of the project (as the main process sees it), or None. Call it on every
         process: ``if kernel.latest_checkpoint(): kernel.load_state()``."""
         project = self.project_configuration.project_dir
+        from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
+
         found = checkpoint.latest_checkpoint(project) if (project and self.is_main_process) else None
         found = self.collectives.broadcast_object(None if found is None else os.fspath(found), 0)
         return None if found is None else Path(found)
@@ -735,6 +740,8 @@ class Kernel(TrackingMixin):
         """Write a prepared model's full weights as safetensors (``model.safetensors``, or shards plus
         ``model.safetensors.index.json`` above ``max_shard_size``); tied weights are stored once. Call it on every
         process; the main process writes. Load with :func:`accel.load_model`."""
+        from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
+
         return list(checkpoint.save_model(self, model, save_directory, max_shard_size))
 
     def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:
