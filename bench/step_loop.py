@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
-    p.add_argument("--rounds", type=int, default=10, help="rounds of the paired comparison")
+    p.add_argument("--rounds", type=int, default=20, help="rounds of the paired comparison")
     args = p.parse_args()
     steps = args.steps or (3000 if args.model == "tiny" else 150)
     torch.set_num_threads(1)
