@@ -81,8 +81,8 @@ def ddp_overhead(acc_py: str | None, repeats: int) -> str:
         rate = {k: med([r["steps_per_s"] for r in v]) for k, v in runs.items()}
         separate = rate["accel"] / rate["raw"]
         paired = med([r["ratio_to_raw"] for r in runs["accel paired"]])
-        target(f"DDP 2 processes, {label}", ">= 0.98x raw torchrun DDP", f"{separate:.3f}x separate, {paired:.3f}x same processes",
-               max(separate, paired) >= 0.98)
+        target(f"DDP 2 processes, {label}", ">= 0.98x raw torchrun DDP (separate processes)",
+               f"{separate:.3f}x (same processes: {paired:.3f}x)", separate >= 0.98)
         acc_rate = f"{rate['accelerate']:.0f}" if acc_py else "-"
         acc_ratio = f"{med([r['ratio_to_raw'] for r in runs['accelerate paired']]):.3f}" if acc_py else "-"
         rows.append(f"| {label} | {rate['raw']:.0f} | {rate['accel']:.0f} | {acc_rate} | {separate:.3f} | {paired:.3f} | {acc_ratio} |")
