@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from accel_ddp.strategy import first_slurm_host
+from accel.distributed import first_slurm_host
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

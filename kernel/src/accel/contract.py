@@ -19,7 +19,7 @@ class Component:
 
     Subclass it, set the class attributes, and decorate methods with ``@accel.hookimpl`` to answer runtime hooks.
 
-    - ``role``: ``"strategy"`` (places/wraps the model, owns processes: ddp, fsdp, deepspeed, xla), ``"compiler"``,
+    - ``role``: ``"strategy"`` (places/wraps the model, owns the processes and the device), ``"compiler"``,
       ``"precision"`` (at most one active of each), or any other word (``"tracker"``) for roles that may repeat.
       Hooks are asked in role order: strategy, compiler, precision, the rest, then the kernel's defaults.
     - ``provides``: capabilities it realises, checked against what the settings ask for: ``"distributed"`` (more
@@ -97,8 +97,8 @@ class Question:
 
     - ``key``: the name of an option (declared in ``accel_add_options`` by this plugin, another plugin or the
       kernel). The answer is checked and converted by that option (so a bad answer is asked again) and written to
-      the config file at the option's ``config_key`` (``deepspeed_config.zero_stage``). With ``store=False`` the key
-      is only a name in ``answers`` that steers later questions (``"deepspeed_use_json"``) and is not written.
+      the config file at the option's ``config_key`` (``my_config.stage``). With ``store=False`` the key
+      is only a name in ``answers`` that steers later questions (``"my_use_json"``) and is not written.
     - ``prompt``: the sentence shown. ``kind``: one of ``QUESTION_KINDS``. ``choices``: the values of a ``select``
       (shown as they are, or through ``titles``, same length). ``default``: pre-selected value (``None``: the
       option's default). ``help``: one extra line shown under the prompt.

@@ -461,11 +461,6 @@ class PreparedDataLoader:
             self._open = False
             state.leave(self)
 
-    def _place(self, batch: Any) -> Any:
-        if not self.device_placement or self.device_loader is not None:
-            return batch
-        return send_to_device(batch, self.kernel.device)
-
 
 def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
                      device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None) -> PreparedDataLoader:

@@ -7,7 +7,7 @@ import re
 import shlex
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, MutableMapping
 
 from accel.contract import Component, LaunchPlan, Topology
 from accel.errors import UsageError
@@ -155,6 +155,61 @@ def first_slurm_host(nodelist: str) -> str:
         return head
     prefix, ranges, suffix = match.groups()
     return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+def local_device(local_rank: int, cpu: bool) -> torch.device:
+    """This process's device: the local accelerator that ``local_rank`` picks (made the current one), or the CPU when
+    ``cpu`` is set or there is no accelerator."""
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if cpu or acc is None or not acc.is_available():
+        return torch.device("cpu")
+    device = torch.device(acc.current_accelerator().type, local_rank % acc.device_count())
+    acc.set_device_index(device.index)
+    return device
+
+
+def restart_store_args(env: Mapping[str, str], timeout: Any, prefix: str) -> dict[str, Any]:
+    """Extra ``init_process_group`` arguments after a torchrun restart (``--max_restarts``); none on the first round.
+    The agent keeps one store for every round, so the new group gets a key prefix of its own (``prefix/restart_N``):
+    restarted workers would otherwise read the dead group's addresses and fail to connect."""
+    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    import torch.distributed as dist
+
+    world = int(env["WORLD_SIZE"])
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"{prefix}/restart_{restart}", store), "rank": int(env["RANK"]),
+            "world_size": world}
+
+
+def world_of_one(env: MutableMapping[str, str]) -> None:
+    """torch.distributed variables for a plain ``python script.py`` run of a plugin that owns a process group: one
+    process on this machine, on a free port (variables already set are kept)."""
+    env.setdefault("RANK", "0")
+    env.setdefault("WORLD_SIZE", "1")
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("LOCAL_WORLD_SIZE", "1")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(free_port()))
+
+
+def torchrun_env(env: MutableMapping[str, str]) -> None:
+    """Make sure the torch.distributed variables exist: as torchrun set them, translated from SLURM (one ``srun``
+    task per process; the first host of the job is the master), or :func:`world_of_one`."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return
+    if "SLURM_PROCID" in env:
+        env.setdefault("RANK", env["SLURM_PROCID"])
+        env.setdefault("WORLD_SIZE", env.get("SLURM_NTASKS", "1"))
+        env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+        env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        env.setdefault("MASTER_ADDR", first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+        env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+        return
+    world_of_one(env)
 
 
 class ProcessGroupComponent(Component):

@@ -122,24 +122,24 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     returned question whose key has no answer yet (plugins in call order, questions in list order), and calls the
     hook again with that answer added, until no implementation returns an unanswered question. So return, each
     time, every question that applies to these answers, in the order they should be asked: answered ones are
-    skipped, and a follow-up appears right after the answer it depends on (``zero_stage`` >= 2 -> offload devices).
+    skipped, and a follow-up appears right after the answer it depends on (``my_stage`` >= 2 -> offload devices).
 
     Who: everyone, at module level like the other discovery hooks (cheap, no torch import). A plugin asks only about
-    its own backend, and only when the answers select it (``answers.get("distributed_type") == "DEEPSPEED"``,
+    its own backend, and only when the answers select it (``answers.get("distributed_type") == "MY_STRATEGY"``,
     ``answers.get("dynamo_backend", "no") != "no"``, ``answers.get("mixed_precision") == "fp8"``). A question's
     ``key`` should be an option the plugin declares in ``accel_add_options`` with an Accelerate-compatible
     ``config_key``; that option checks the answer and places it in the YAML file.
 
-    Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example (Accelerate's
-    DeepSpeed questions) is ``tests/fixtures/fake_deepspeed``; in short::
+    Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example, Accelerate's
+    questions for a sharding strategy, is in the test fixtures (``tests/fixtures``); in short::
 
         @hookimpl
         def accel_config_questions(answers):
-            if answers.get("distributed_type") != "DEEPSPEED":
+            if answers.get("distributed_type") != "MY_STRATEGY":
                 return None
-            questions = [Question("zero_stage", "What should be your DeepSpeed's ZeRO optimization stage?",
+            questions = [Question("my_stage", "Which sharding stage should be used?",
                                   kind="select", choices=("0", "1", "2", "3"), default="2")]
-            if int(answers.get("zero_stage", 0)) >= 2:
+            if int(answers.get("my_stage", 0)) >= 2:
                 questions.append(Question("offload_optimizer_device", "Where to offload optimizer states?",
                                           kind="select", choices=("none", "cpu", "nvme"), default="none"))
             return questions
@@ -251,7 +251,7 @@ def accel_prepare_training(
 
 @hookspec(firstresult=True)
 def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module | None:
-    """Place a model on the device and wrap it for the strategy (``DistributedDataParallel(model)``).
+    """Place a model on the device and wrap it for the strategy (a data-parallel or sharding wrapper).
 
     When: by the default ``accel_prepare_training``, once per model. Who: first answer wins (strategy);
     default: ``model.to(kernel.device)``. Returns the module the user will call.

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
-from accel.distributed import ProcessGroupComponent, destroy_process_group, free_port, launch_with_torchrun
+from accel.distributed import ProcessGroupComponent, destroy_process_group, launch_with_torchrun, world_of_one
 from accel_deepspeed import config as dsconfig
 from accel_deepspeed import launcher
 
@@ -70,12 +70,7 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
                 raise UsageError(f"started by {rank.split('_')[0]} without MASTER_ADDR/MASTER_PORT: launch with "
                                  "`accel launch --plugin deepspeed` (it exports them) or set them")
             return
-    env.setdefault("RANK", "0")
-    env.setdefault("WORLD_SIZE", "1")
-    env.setdefault("LOCAL_RANK", "0")
-    env.setdefault("LOCAL_WORLD_SIZE", "1")
-    env.setdefault("MASTER_ADDR", "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(free_port()))
+    world_of_one(env)
 
 
 def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:

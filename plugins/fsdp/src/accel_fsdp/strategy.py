@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
-from accel.distributed import ProcessGroupComponent
+from accel.distributed import ProcessGroupComponent, local_device, restart_store_args
 from accel_fsdp import checkpoint, process, reshard_after_forward
 from accel_fsdp.sharding import ParamSwap, ShardConfig, shard_model
 
@@ -42,33 +42,21 @@ class FSDPStrategy(ProcessGroupComponent):
 
     # ---- process start-up ---------------------------------------------------------------------------------
 
-    def _use_accelerator(self) -> bool:
-        import torch
-
-        acc = getattr(torch, "accelerator", None)
-        return not self.settings["cpu"] and acc is not None and acc.is_available()
-
     @hookimpl
     def accel_setup(self, kernel: Kernel) -> None:
-        import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
         process.distributed_env()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        if self._use_accelerator():
-            acc = torch.accelerator.current_accelerator()
-            self.device = torch.device(acc.type, self.local_rank % torch.accelerator.device_count())
-            torch.accelerator.set_device_index(self.device.index)
-        else:
-            self.device = torch.device("cpu")
+        self.device = local_device(self.local_rank, self.settings["cpu"])
         if not dist.is_initialized():
             backend = dist.get_default_backend_for_device(self.device)
             timeout = timedelta(seconds=TIMEOUT_S)
             dist.init_process_group(backend=backend, timeout=timeout,
                                     device_id=self.device if self.device.type != "cpu" else None,
-                                    **process.restart_store(timeout))
+                                    **restart_store_args(os.environ, timeout, "accel-fsdp"))
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
