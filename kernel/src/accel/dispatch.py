@@ -29,13 +29,21 @@ def _monitored(pm: pluggy.PluginManager) -> bool:
     return inner is not None and getattr(inner, "__name__", "") != "_multicall"
 
 
+def _plan(pm: pluggy.PluginManager, caller: Any) -> list[tuple[Callable[..., Any], tuple[str, ...]]] | None:
+    """(function, argument names) of each implementation in pluggy's call order; None where pluggy must dispatch
+    (a wrapper implementation, or call monitoring/tracing on)."""
+    impls = caller.get_hookimpls()
+    if _monitored(pm) or any(impl.hookwrapper or impl.wrapper for impl in impls):
+        return None
+    return [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
+
+
 def resolve_firstresult(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
     """A callable taking the hook's keyword arguments and returning its first non-None answer."""
     caller = getattr(pm.hook, name)
-    impls = caller.get_hookimpls()
-    if _monitored(pm) or any(impl.hookwrapper or impl.wrapper for impl in impls):
+    plan = _plan(pm, caller)
+    if plan is None:
         return caller
-    plan = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
     if len(plan) == 1:
         function, argnames = plan[0]
         if set(argnames) == set(caller.spec.argnames):  # takes every argument: call it as it is
@@ -60,10 +68,9 @@ def resolve_each(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
     """A callable taking the hook's keyword arguments that calls every implementation in pluggy's order (for hooks
     whose results are not used)."""
     caller = getattr(pm.hook, name)
-    impls = caller.get_hookimpls()
-    if _monitored(pm) or any(impl.hookwrapper or impl.wrapper for impl in impls):
+    plan = _plan(pm, caller)
+    if plan is None:
         return caller
-    plan = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
 
     def call_each(**kwargs: Any) -> None:
         for function, argnames in plan:

@@ -76,13 +76,10 @@ class _Accumulate:
         if end:
             state.step = 0
         if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
-            stack = contextlib.ExitStack()
-            with contextlib.ExitStack() as undo:  # closes what was entered if a later no_sync fails
-                undo.push(stack)
+            with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
                 for model in self.models:
                     stack.enter_context(kernel.no_sync(model))
-                undo.pop_all()
-            self.stack = stack
+                self.stack = stack.pop_all()
 
     def __exit__(self, *exc: Any) -> bool:
         stack, self.stack = self.stack, None
