@@ -95,10 +95,12 @@ class BatchSamplerShard(Sampler[list[int]]):
         return len(range(self.process_index, self.total_batches, self.num_processes))
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.num_processes == 1:  # one process: every batch is its own, nothing to group or pad
+            return iter(self.batch_sampler)
+        return self._groups()
+
+    def _groups(self) -> Iterator[list[int]]:
         p, r = self.num_processes, self.process_index
-        if p == 1:  # one process: every batch is its own, nothing to group or pad
-            yield from self.batch_sampler
-            return
         group: list[list[int]] = []
         first: list[int] = []
         size = self.batch_size
@@ -229,13 +231,23 @@ _END = object()  # end-of-iterator sentinel
 
 def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
+    kind = type(batch)
+    if kind is list or kind is tuple:  # the common case first (a default collate's batch)
+        for v in batch:
+            if not isinstance(v, torch.Tensor) or v.device != device:
+                break
+        else:  # every tensor already there (CPU training): nothing to move, a new list as usual
+            return batch if kind is tuple else batch.copy()
+        return kind([(v if v.device == device else v.to(device, non_blocking=non_blocking))
+                     if isinstance(v, torch.Tensor) else send_to_device(v, device, non_blocking) for v in batch])
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    kind = type(batch)
-    if kind is list or kind is tuple:  # the common case first (a default collate's batch), without generators
-        return kind([v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor)
-                     else send_to_device(v, device, non_blocking) for v in batch])
     if kind is dict:
+        for v in batch.values():
+            if not isinstance(v, torch.Tensor) or v.device != device:
+                break
+        else:
+            return batch.copy()
         return {k: send_to_device(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, dict):
         return type(batch)({k: send_to_device(v, device, non_blocking) for k, v in batch.items()})
@@ -435,20 +447,17 @@ class PreparedDataLoader:
             current = next(it, _END)
             if current is _END:
                 return
-            place = None
-            if self.device_placement and self.device_loader is None:
-                device = self.kernel.device
-                place = lambda batch: send_to_device(batch, device)  # noqa: E731 - one call per batch
+            device = self.kernel.device if self.device_placement and self.device_loader is None else None
             for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
                 self._position += 1
-                yield place(current) if place else current
+                yield current if device is None else send_to_device(current, device)
                 current = upcoming
             self.end_of_dataloader = True
             if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
                 span = self.shard.batch_size * self.shard.num_processes
                 self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
             self._position += 1
-            yield place(current) if place else current
+            yield current if device is None else send_to_device(current, device)
         finally:
             # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
             # starts a fresh epoch, as it would without a checkpoint.

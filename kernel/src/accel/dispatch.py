@@ -71,12 +71,18 @@ def resolve_each(pm: pluggy.PluginManager, name: str) -> Callable[..., Any]:
     plan = _plan(pm, caller)
     if plan is None:
         return caller
+    if not plan:
+        return _nothing
 
     def call_each(**kwargs: Any) -> None:
         for function, argnames in plan:
             function(*[kwargs[a] for a in argnames])
 
     return call_each
+
+
+def _nothing(**kwargs: Any) -> None:
+    """A broadcast hook nobody implements."""
 
 
 class HotHooks:

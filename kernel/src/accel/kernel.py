@@ -71,7 +71,8 @@ class _Accumulate:
         kernel = self.kernel
         state = kernel.gradient_state
         state.step += 1
-        end = state.end_of_dataloader
+        active = state.active  # GradientState.end_of_dataloader, inlined: this runs every step
+        end = bool(active) and active[-1].end_of_dataloader
         state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
         if end:
             state.step = 0
@@ -81,9 +82,12 @@ class _Accumulate:
                     stack.enter_context(kernel.no_sync(model))
                 self.stack = stack.pop_all()
 
-    def __exit__(self, *exc: Any) -> bool:
-        stack, self.stack = self.stack, None
-        return bool(stack.__exit__(*exc)) if stack is not None else False
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
+        stack = self.stack
+        if stack is None:
+            return False
+        self.stack = None
+        return bool(stack.__exit__(kind, value, traceback))
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -464,7 +468,7 @@ class Kernel(TrackingMixin):
 
     def scale_for_accumulation(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss / gradient_accumulation_steps`` (for plugins answering ``accel_backward``)."""
-        steps = self.gradient_accumulation_steps
+        steps = self._accumulation_steps
         return loss / steps if steps > 1 else loss
 
     @contextlib.contextmanager
@@ -488,7 +492,7 @@ class Kernel(TrackingMixin):
         (the local gradients are partial there)."""
         if not self.gradient_state.sync_gradients:
             return None
-        self.unscale_gradients()
+        self._hot.unscale_gradients(kernel=self)
         return self._hot.clip_grad_norm(
             kernel=self, parameters=list(parameters), max_norm=float(max_norm), norm_type=float(norm_type)
         )
