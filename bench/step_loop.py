@@ -5,16 +5,17 @@
 
 Run under torchrun (or accel launch) for the 2-process DDP variant: raw then wraps the model in DDP itself.
 
-``--paired`` measures the framework against a hand-written raw loop *in the same process*: rounds of N framework
-steps and N raw steps, alternating which goes first, and reports the median of the per-round ratios. Separate
-processes of the same script differ by up to ±10 % in steps/s on this machine (memory layout, CPU placement), more
-than the overhead being measured; within one process, both loops share those conditions.
+``--paired`` measures the framework against a hand-written raw loop *in the same process*: rounds of a block of
+framework steps and a block of raw steps (a few milliseconds each), alternating which goes first, and reports the
+median of the per-round ratios. Separate processes of the same script differ by up to ±10 % in steps/s on this
+machine (memory layout, CPU placement), more than the overhead being measured; within one process, both loops share
+those conditions. The blocks are short because the machine's speed also drifts within a process: over 50 ms windows
+the ratio of a loop to *itself* ranged from 0.75 to 1.5, and 8-step blocks brought that A/A comparison to 1.00 ± 0.01.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -40,14 +41,21 @@ def build(size: str) -> tuple[nn.Module, DataLoader]:
 Step = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
-def raw_loop(args: argparse.Namespace, world: int) -> tuple[Step, DataLoader]:
-    model, loader = build(args.model)
+Shared = tuple[nn.Module, torch.optim.Optimizer, DataLoader]
+
+
+def raw_loop(args: argparse.Namespace, world: int, shared: Shared | None = None) -> tuple[Step, DataLoader]:
+    """The hand-written loop; ``shared``: the very model, optimizer and loader a framework loop was given."""
+    if shared is not None:
+        model, opt, loader = shared
+    else:
+        model, loader = build(args.model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
     cuda = args.device == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     model.to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if world > 1:
         import torch.distributed as dist
 
@@ -61,10 +69,12 @@ def raw_loop(args: argparse.Namespace, world: int) -> tuple[Step, DataLoader]:
         if cuda:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         sync = (i + 1) % args.accum == 0
-        ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
-        with ctx:
-            loss = nn.functional.cross_entropy(model(x), y) / args.accum
-            loss.backward()
+        if world > 1 and not sync:
+            with model.no_sync():
+                (nn.functional.cross_entropy(model(x), y) / args.accum).backward()
+        else:  # what a hand-written loop does: no context it does not need, no division by 1
+            loss = nn.functional.cross_entropy(model(x), y)
+            (loss / args.accum if args.accum > 1 else loss).backward()
         if sync:
             if args.clip:
                 nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -74,9 +84,11 @@ def raw_loop(args: argparse.Namespace, world: int) -> tuple[Step, DataLoader]:
     return step, loader
 
 
-def framework_loop(args: argparse.Namespace) -> tuple[Step, Any]:
+def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
+    """The framework's loop, and the model, optimizer and loader it prepared (as the user built them)."""
     model, loader = build(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    given = (model, opt, loader)
     cpu = args.device != "cuda"
     if args.impl == "accel":
         from accel import Kernel
@@ -97,7 +109,7 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any]:
             opt.step()
             opt.zero_grad()
 
-    return step, loader
+    return step, loader, given
 
 
 def runner(step: Step, loader: Any, cuda: bool) -> Callable[[int], float]:
@@ -133,7 +145,7 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
-    p.add_argument("--rounds", type=int, default=20, help="rounds of the paired comparison")
+    p.add_argument("--block", type=int, default=0, help="steps per turn in the paired comparison (default: by model size)")
     args = p.parse_args()
     steps = args.steps or (3000 if args.model == "tiny" else 150)
     torch.set_num_threads(1)
@@ -146,19 +158,24 @@ def main() -> None:
         seconds = run(steps)
         result = {"impl": "raw", "model": args.model, "steps_per_s": steps / seconds}
     elif not args.paired:
-        run = runner(*framework_loop(args), cuda)
+        run = runner(*framework_loop(args)[:2], cuda)
         run(max(20, steps // 10))
         seconds = run(steps)
         result = {"impl": args.impl, "model": args.model, "steps_per_s": steps / seconds}
     else:
-        fw = runner(*framework_loop(args), cuda)  # first: it sets up the process group the raw loop then uses
-        raw = runner(*raw_loop(args, world), cuda)
+        # One process: the raw loop trains the very model, optimizer and loader the framework was given (prepare
+        # returns them unwrapped there), so both loops touch the same memory and only the loop code differs.
+        # DDP: separate models (one module cannot sit in two DDP wrappers), on the process group the framework set up.
+        step, loader, given = framework_loop(args)
+        fw = runner(step, loader, cuda)
+        raw = runner(*raw_loop(args, world, given if world == 1 else None), cuda)
         fw(max(20, steps // 10))
         raw(max(20, steps // 10))
-        chunk = max(1, steps // args.rounds)
+        block = args.block or (8 if args.model == "tiny" else 2)
+        chunk = -(-block // args.accum) * args.accum  # whole accumulation cycles
         fw_s: list[float] = []
         raw_s: list[float] = []
-        for r in range(args.rounds):
+        for r in range(max(2, steps // chunk)):
             if r % 2:
                 fw_s.append(fw(chunk))
                 raw_s.append(raw(chunk))

@@ -1,0 +1,106 @@
+"""Instructions per training step, raw loop vs accel, counted by valgrind (callgrind): a measure of the framework's
+own per-step work that the machine's timing noise does not touch.
+
+    python bench/instructions.py            # runs itself under valgrind; prints JSON
+
+The worker (``--worker``) builds the loops of step_loop.py and runs each for N steps between two calls of
+``os.getppid()``; callgrind (``--dump-before=os_getppid*``) writes one profile per phase, so each phase's count is
+its own. Only the training thread is counted. Instructions are not time (a cache miss costs more than an add), but
+the difference between two loops doing the same tensor work is the Python the framework adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny model's 64-batch loader
+
+
+def phases() -> dict[str, Callable[[int], Any]]:
+    import step_loop
+    import torch
+
+    torch.set_num_threads(1)
+    out: dict[str, Callable[[int], Any]] = {}
+    for label, accum, clip in (("tiny MLP", 1, 0.0), ("tiny MLP, accumulate(2) + clip_grad_norm_", 2, 1.0)):
+        args = argparse.Namespace(model="tiny", accum=accum, clip=clip, device="cpu", impl="accel")
+        step, loader, given = step_loop.framework_loop(args)
+        out[f"{label}|raw"] = step_loop.runner(*step_loop.raw_loop(args, 1, given), False)
+        out[f"{label}|accel"] = step_loop.runner(step, loader, False)
+        if accum > 1:  # where the difference goes: the dataloaders alone, and the accumulate() context alone
+            from accel import Kernel
+
+            kernel = Kernel(cpu=True, gradient_accumulation_steps=2)
+            model, plain = step_loop.build("tiny")
+            prepared = kernel.prepare(step_loop.build("tiny")[1])
+            unplaced = kernel.prepare(step_loop.build("tiny")[1], device_placement=False)
+
+            def nothing(i: int, x: Any, y: Any) -> None:
+                pass
+
+            def context(i: int, x: Any, y: Any) -> None:
+                with kernel.accumulate(model):
+                    pass
+
+            out["parts|iterate the user's DataLoader"] = step_loop.runner(nothing, plain, False)
+            out["parts|iterate a prepared DataLoader"] = step_loop.runner(nothing, prepared, False)
+            out["parts|iterate a prepared DataLoader, device_placement=False"] = step_loop.runner(nothing, unplaced, False)
+            out["parts|the user's DataLoader inside accumulate()"] = step_loop.runner(context, plain, False)
+    return out
+
+
+def worker() -> None:
+    runs = phases()
+    for run in runs.values():
+        run(64)
+    for run in runs.values():
+        os.getppid()  # callgrind dumps the counts so far: each phase lies between two of these
+        run(STEPS)
+    os.getppid()
+    print(json.dumps(list(runs)))
+
+
+def measure() -> dict[str, Any]:
+    if shutil.which("valgrind") is None:
+        return {"skipped": "valgrind is not installed"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg"
+        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-before=os_getppid*",
+               f"--callgrind-out-file={out}", sys.executable, __file__, "--worker"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+        names = json.loads([line for line in proc.stdout.splitlines() if line.startswith("[")][-1])
+        counts: dict[int, int] = {}
+        for path in Path(tmp).glob("cg.*-01"):  # <file>.<dump>-<thread>; thread 01 is the training thread
+            dump = int(path.name.split(".")[1].split("-")[0])
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+            if found:
+                counts[dump] = int(found.group(1))
+        # dump 1 ends at the first getppid (start-up and warm-up); dump k+1 is phase k
+        per_step = {name: counts[i + 2] / STEPS for i, name in enumerate(names)}
+    return {"steps": STEPS, "instructions_per_step": per_step}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    if p.parse_args().worker:
+        sys.path.insert(0, str(Path(__file__).parent))
+        worker()
+    else:
+        print(json.dumps(measure()))
+
+
+if __name__ == "__main__":
+    main()
