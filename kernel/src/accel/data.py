@@ -229,6 +229,11 @@ def _cycle_any(items: list[Any]) -> Iterator[Any]:
 _END = object()  # end-of-iterator sentinel
 
 
+def _accelerator_present() -> bool:
+    """Whether this process can see any accelerator (GPU, XPU, ...), through torch's device-neutral API."""
+    return bool(torch.accelerator.is_available())
+
+
 def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor of a (nested) batch to ``device``."""
     kind = type(batch)
@@ -448,6 +453,8 @@ class PreparedDataLoader:
             if current is _END:
                 return
             device = self.kernel.device if self.device_placement and self.device_loader is None else None
+            if device is not None and device.type == "cpu" and not _accelerator_present():
+                device = None  # no other device a tensor could be on: placement would hand every batch back as it is
             for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
                 self._position += 1
                 yield current if device is None else send_to_device(current, device)

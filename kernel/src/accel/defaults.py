@@ -112,7 +112,8 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any:
 
 @hookimpl(trylast=True)
 def accel_backward(kernel: Kernel, loss: torch.Tensor) -> bool:
-    kernel.scale_for_accumulation(loss).backward()
+    steps = kernel._accumulation_steps  # kernel.scale_for_accumulation, inlined: this runs every step
+    (loss / steps if steps > 1 else loss).backward()
     return True
 
 

@@ -306,6 +306,7 @@ class Kernel(TrackingMixin):
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
         self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
+        self._accumulating = _Accumulate(self, ())
         _ACTIVE.append(self)
         atexit.register(self._teardown)
 
@@ -482,7 +483,11 @@ class Kernel(TrackingMixin):
         """One micro-batch of gradient accumulation: sets ``sync_gradients`` (every
         ``gradient_accumulation_steps``-th step, and on the last batch of an epoch) and skips the gradient
         all-reduce on the other steps. Prepared optimizers and schedulers act only on sync steps."""
-        return _Accumulate(self, models)
+        ctx = self._accumulating  # one context per kernel, made again only for other models or while it is in use
+        if ctx.stack is None and ctx.models == models:
+            return ctx
+        ctx = self._accumulating = _Accumulate(self, models)
+        return ctx
 
     def unscale_gradients(self) -> None:
         self._hot.unscale_gradients(kernel=self)
