@@ -5,7 +5,8 @@
 Every comparison alternates its implementations (A B C A B C ...) and reports medians and ratios, and each target
 of issue 9 is checked into a summary table. Accelerate runs from a scratch venv (bench/.venv-accelerate, or
 $ACCEL_BENCH_ACCELERATE_VENV) created on first use with torch 2.13.0 installed first. ``--device cuda`` runs the
-step loops (raw, accel, Accelerate; NCCL for DDP) on the GPU.
+step loops (raw, accel, Accelerate; NCCL for DDP) on the GPU. The "instructions" section needs valgrind (it says
+so and is skipped without it).
 """
 
 from __future__ import annotations
