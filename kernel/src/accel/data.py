@@ -234,24 +234,24 @@ def _accelerator_present() -> bool:
     return bool(torch.accelerator.is_available())
 
 
+def _tensors_on(values: Iterable[Any], device: torch.device) -> bool:
+    """Whether every value is a tensor already on ``device``."""
+    return all(isinstance(v, torch.Tensor) and v.device == device for v in values)
+
+
 def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor of a (nested) batch to ``device``."""
+    """Move every tensor of a (nested) batch to ``device``. A flat list, tuple or dict of tensors already there
+    comes back as a new container of the same tensors (tuples as they are), without a no-op ``.to`` per tensor."""
     kind = type(batch)
     if kind is list or kind is tuple:  # the common case first (a default collate's batch)
-        for v in batch:
-            if not isinstance(v, torch.Tensor) or v.device != device:
-                break
-        else:  # every tensor already there (CPU training): nothing to move, a new list as usual
+        if _tensors_on(batch, device):
             return batch if kind is tuple else batch.copy()
-        return kind([(v if v.device == device else v.to(device, non_blocking=non_blocking))
-                     if isinstance(v, torch.Tensor) else send_to_device(v, device, non_blocking) for v in batch])
+        return kind([v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor)
+                     else send_to_device(v, device, non_blocking) for v in batch])
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if kind is dict:
-        for v in batch.values():
-            if not isinstance(v, torch.Tensor) or v.device != device:
-                break
-        else:
+        if _tensors_on(batch.values(), device):
             return batch.copy()
         return {k: send_to_device(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, dict):

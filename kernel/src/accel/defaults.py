@@ -112,8 +112,7 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any:
 
 @hookimpl(trylast=True)
 def accel_backward(kernel: Kernel, loss: torch.Tensor) -> bool:
-    steps = kernel._accumulation_steps  # kernel.scale_for_accumulation, inlined: this runs every step
-    (loss / steps if steps > 1 else loss).backward()
+    kernel.scale_for_accumulation(loss).backward()
     return True
 
 

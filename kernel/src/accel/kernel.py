@@ -71,8 +71,7 @@ class _Accumulate:
         kernel = self.kernel
         state = kernel.gradient_state
         state.step += 1
-        active = state.active  # GradientState.end_of_dataloader, inlined: this runs every step
-        end = bool(active) and active[-1].end_of_dataloader
+        end = state.end_of_dataloader
         state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
         if end:
             state.step = 0
@@ -497,7 +496,7 @@ class Kernel(TrackingMixin):
         (the local gradients are partial there)."""
         if not self.gradient_state.sync_gradients:
             return None
-        self._hot.unscale_gradients(kernel=self)
+        self.unscale_gradients()
         return self._hot.clip_grad_norm(
             kernel=self, parameters=list(parameters), max_norm=float(max_norm), norm_type=float(norm_type)
         )
