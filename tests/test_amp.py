@@ -195,6 +195,19 @@ def test_fp16_gradient_accumulation_divides_the_loss() -> None:
     assert torch.allclose(net.fc2.bias.grad, expected, rtol=0.01, atol=1e-3)
 
 
+def test_fp16_backward_keywords_reach_the_scaled_backward() -> None:
+    kernel, model, opt, sched, net = fp16_run()
+    assert not kernel._hot.plain_backward  # the grad scaler answers accel_backward
+    loss = model(torch.randn(4, 16)).mean()
+    kernel.backward(loss, retain_graph=True)
+    once = net.fc2.bias.grad.clone()
+    kernel.backward(loss)  # the graph was kept for a second (scaled) backward
+    torch.testing.assert_close(net.fc2.bias.grad, 2 * once)
+    net.zero_grad(set_to_none=True)
+    kernel.backward(model(torch.randn(4, 16)).mean(), inputs=[net.fc2.bias])
+    assert net.fc2.bias.grad is not None and net.fc1.weight.grad is None
+
+
 def test_fp16_two_optimizers_share_one_scaler_update() -> None:
     """The scale is updated once both optimizers stepped: an overflow in one model does not change how the other
     one's gradients are unscaled."""

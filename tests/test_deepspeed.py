@@ -441,6 +441,8 @@ def test_single_process_zero_init(tmp_path: Path) -> None:
     assert ds["partitioned"] and not plain["partitioned"]
     assert ds["first"] == plain["first"]  # zero.Init initialised the same weights
     assert ds["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert plain["inputs_refused"] is None  # the kernel alone passes inputs= on to Tensor.backward
+    assert "kernel.backward(inputs=...) is not supported with DeepSpeed" in ds["inputs_refused"]
     for key, value in load(out / "plain.safetensors").items():
         torch.testing.assert_close(load(out / "zero_init.safetensors")[key], value, rtol=1e-5, atol=1e-6)
 

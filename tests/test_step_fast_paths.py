@@ -6,6 +6,7 @@ import contextlib
 from typing import Any, Iterator
 
 import pluggy
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -78,3 +79,79 @@ def test_a_context_holding_no_sync_open_is_not_handed_out_again() -> None:
     with kernel.accumulate(model):  # step 3 of 3: sync, nothing entered
         assert kernel.sync_gradients
     assert strategy.log.count("enter") == strategy.log.count("exit") == 2
+
+
+class FallThroughBackward:
+    """A plugin that answers ``accel_backward`` with None: the kernel's default then runs through the hook."""
+
+    @hookimpl
+    def accel_backward(self, kernel: Any, loss: torch.Tensor) -> None:
+        return None
+
+
+@pytest.mark.parametrize("path", ["plain", "hook"])
+def test_backward_keywords_reach_tensor_backward(path: str) -> None:
+    kernel = Kernel(cpu=True)
+    if path == "hook":
+        kernel.plugins.pm.register(FallThroughBackward(), name="fall-through")
+    model = kernel.prepare(torch.nn.Linear(3, 1))
+    assert kernel._hot.plain_backward is (path == "plain")
+    x = torch.randn(4, 3)
+
+    loss = model(x).square().mean()
+    kernel.backward(loss, retain_graph=True)
+    once = model.weight.grad.clone()
+    kernel.backward(loss)  # the graph was kept: a second backward adds the same gradient again
+    torch.testing.assert_close(model.weight.grad, 2 * once)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        kernel.backward(loss)  # ... and was not kept this time
+
+    model.zero_grad(set_to_none=True)
+    kernel.backward(model(x).square().mean(), inputs=[model.bias])
+    assert model.weight.grad is None and model.bias.grad is not None
+
+
+def train(kernel: Kernel) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    model, opt, loader = kernel.prepare(net, opt, _loader())
+    for _ in range(2):
+        for x, y in loader:
+            with kernel.accumulate(model):
+                kernel.backward((model(x).squeeze(1) - y.float()).square().mean())
+                kernel.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_kernel_made_default_calls_train_like_the_hooks() -> None:
+    """With no plugin the kernel makes its defaults' calls itself; with pluggy's call monitoring on, every step
+    goes through the hooks instead. Same training, bit for bit, and the monitor saw the hooks being called."""
+    plain = Kernel(cpu=True, gradient_accumulation_steps=2)
+    direct = train(plain)
+    assert plain._hot.plain_backward and plain._hot.plain_optimizer
+
+    watched = Kernel(cpu=True, gradient_accumulation_steps=2)
+    calls: list[str] = []
+    watched.plugins.pm.add_hookcall_monitoring(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
+    through_hooks = train(watched)
+    assert not watched._hot.plain_backward and not watched._hot.plain_optimizer
+    # 10 samples in batches of 3: 4 micro-batches an epoch, the last one syncs, so 2 optimizer steps an epoch
+    assert calls.count("accel_backward") == 8
+    assert calls.count("accel_optimizer_step") == calls.count("accel_zero_grad") == 4
+    for a, b in zip(direct, through_hooks):
+        assert torch.equal(a, b)
+
+
+def test_end_of_dataloader_follows_the_innermost_loader() -> None:
+    kernel = Kernel(cpu=True)
+    outer, inner = kernel.prepare(_loader()), kernel.prepare(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2))
+    state = kernel.gradient_state
+    seen = []
+    for _ in outer:
+        during = [state.end_of_dataloader for _ in inner]
+        seen.append((during, state.end_of_dataloader))
+    assert seen == [([False, True], False)] * 3 + [([False, True], True)]
+    assert state.end_of_dataloader is False  # no loader is being iterated

@@ -1,8 +1,9 @@
 """Worker script of tests/test_deepspeed.py, started as a plain `python` process (no launcher variables).
 
 ZeRO-3 with ``zero3_init_flag``: the model is built inside ``kernel.model_init_context()`` (DeepSpeed's zero.Init),
-so its parameters are partitioned from creation. It trains a few steps with gradient accumulation 2; the same
-loop then runs on the kernel alone (no plugin). Writes OUT/result.json and OUT/zero_init.safetensors.
+so its parameters are partitioned from creation. It trains a few steps with gradient accumulation 2, through
+``kernel.backward(loss, retain_graph=True)``; the same loop then runs on the kernel alone (no plugin). Writes
+OUT/result.json and OUT/zero_init.safetensors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel
+from accel import Kernel, UsageError
 
 OUT = Path(sys.argv[1])
 
@@ -39,14 +40,19 @@ def run(kernel: Kernel) -> dict:
     for x, y in loader:
         with kernel.accumulate(model):
             loss = nn.functional.mse_loss(model(x), y)
-            kernel.backward(loss)
+            kernel.backward(loss, retain_graph=True)  # the engine takes retain_graph: it must reach it
             optimizer.step()
             optimizer.zero_grad()
         losses.append(loss.item())
     state = kernel.get_state_dict(model)
+    refused = None
+    try:  # a keyword the engine's backward does not take: one clear error, nothing run
+        kernel.backward(nn.functional.mse_loss(model(x), y), inputs=list(model.parameters()))
+    except UsageError as err:
+        refused = str(err)
     kernel.end_training()
     return {"partitioned": built_partitioned, "losses": losses, "first": {k: v.tolist() for k, v in first.items()},
-            "state": state}
+            "state": state, "inputs_refused": refused}
 
 
 def main() -> None:

@@ -441,8 +441,8 @@ class PreparedDataLoader:
         skip, self._skip = self._skip, 0
         self._start = self._snapshot()
         self._position, self._open = skip, True
-        state.enter(self)
         self.end_of_dataloader = False
+        state.enter(self)
         ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
             # One process, nothing to skip: the base loader's batches as they are (no padding, no dropping).
@@ -460,6 +460,7 @@ class PreparedDataLoader:
                 yield current if device is None else send_to_device(current, device)
                 current = upcoming
             self.end_of_dataloader = True
+            state.refresh()
             if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
                 span = self.shard.batch_size * self.shard.num_processes
                 self.remainder = 0 if self.shard.drop_last else self.shard.seen % span

@@ -298,13 +298,15 @@ def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
 
 
 @hookspec(firstresult=True)
-def accel_backward(kernel: Kernel, loss: torch.Tensor) -> bool | None:
+def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
     """Run backward for ``loss``.
 
-    When: ``kernel.backward(loss)``, each micro-batch. Who: first answer wins: a strategy that owns backward
-    (DeepSpeed's engine), then precision (``scaler.scale(loss).backward()``), then the default
-    ``loss.backward()``. Scale the loss for accumulation with ``kernel.scale_for_accumulation(loss)`` unless you
-    own accumulation. Returns ``True`` when done.
+    When: ``kernel.backward(loss, **backward_kwargs)``, each micro-batch. Who: first answer wins: a strategy that
+    owns backward (DeepSpeed's engine), then precision (``scaler.scale(loss).backward()``), then the default
+    ``kernel.scale_for_accumulation(loss).backward(**backward_kwargs)``. Scale the loss for accumulation with
+    ``kernel.scale_for_accumulation(loss)`` unless you own accumulation. ``backward_kwargs`` are the keyword
+    arguments the script gave (``retain_graph``, ``inputs``, ...): pass them on to ``Tensor.backward``, or raise
+    ``accel.UsageError`` naming the ones your backend cannot honour. Returns ``True`` when done.
     """
 
 

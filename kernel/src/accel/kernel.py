@@ -41,17 +41,22 @@ class GradientState:
         self.sync_gradients = True
         self.step = 0
         self.active: list[PreparedDataLoader] = []
+        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
+        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
+        self.end_of_dataloader = False
 
     def enter(self, loader: PreparedDataLoader) -> None:
         self.active.append(loader)
+        self.refresh()
 
     def leave(self, loader: PreparedDataLoader) -> None:
         if loader in self.active:
             self.active.remove(loader)
+        self.refresh()
 
-    @property
-    def end_of_dataloader(self) -> bool:
-        return bool(self.active) and self.active[-1].end_of_dataloader
+    def refresh(self) -> None:
+        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
+        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
 
     @property
     def remainder(self) -> int:
@@ -133,16 +138,25 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.kernel.gradient_state.sync_gradients:
-            self.kernel._hot.zero_grad(kernel=self.kernel, optimizer=self.optimizer, set_to_none=set_to_none)
+        kernel = self.kernel
+        if not kernel.gradient_state.sync_gradients:
+            return
+        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+        else:
+            kernel._hot.zero_grad(kernel=kernel, optimizer=self.optimizer, set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        if not self.kernel.gradient_state.sync_gradients:
+        kernel = self.kernel
+        if not kernel.gradient_state.sync_gradients:
             return
         if closure is not None:
             raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
-        applied = self.kernel._hot.optimizer_step(kernel=self.kernel, optimizer=self.optimizer)
-        self.step_was_skipped = applied is False
+        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
+            self.optimizer.step()
+            self.step_was_skipped = False
+        else:
+            self.step_was_skipped = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
 
     def __repr__(self) -> str:
         return f"Prepared{self.optimizer!r}"
@@ -463,8 +477,13 @@ class Kernel(TrackingMixin):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward through the active plugins (scaler, engine, ...). The loss is divided by
-        ``gradient_accumulation_steps`` so accumulated gradients average over micro-batches."""
-        self._hot.backward(kernel=self, loss=loss)
+        ``gradient_accumulation_steps`` so accumulated gradients average over micro-batches. Keyword arguments
+        (``retain_graph=True``, ``inputs=[...]``) go on to ``Tensor.backward``."""
+        hot = self._hot
+        if hot.plain_backward:  # only the kernel's default answers: its call, made here
+            self.scale_for_accumulation(loss).backward(**kwargs)
+        else:
+            hot.backward(kernel=self, loss=loss, backward_kwargs=kwargs)
 
     def scale_for_accumulation(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss / gradient_accumulation_steps`` (for plugins answering ``accel_backward``)."""

@@ -156,11 +156,11 @@ class AmpPrecision(Component):
             self._unscaled.clear()
 
     @hookimpl
-    def accel_backward(self, kernel: Kernel, loss: torch.Tensor) -> bool | None:
+    def accel_backward(self, kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
         if self.scaler is None:
             return None
         self._update()
-        self.scaler.scale(kernel.scale_for_accumulation(loss)).backward()
+        self.scaler.scale(kernel.scale_for_accumulation(loss)).backward(**backward_kwargs)
         return True
 
     @hookimpl

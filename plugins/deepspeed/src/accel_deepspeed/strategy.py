@@ -323,12 +323,16 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     # ---- training step ------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_backward(self, kernel: Kernel, loss: torch.Tensor) -> bool | None:
+    def accel_backward(self, kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
         rec = self._trained()
         if rec is None:
             return None
+        unsupported = sorted(set(backward_kwargs) - {"retain_graph"})
+        if unsupported:
+            raise UsageError(f"kernel.backward({', '.join(unsupported)}=...) is not supported with DeepSpeed (its "
+                             "engine's backward takes retain_graph only); leave it out")
         rec.engine.set_gradient_accumulation_boundary(kernel.sync_gradients)
-        rec.engine.backward(loss)
+        rec.engine.backward(loss, **backward_kwargs)
         return True
 
     @hookimpl
