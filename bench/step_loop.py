@@ -188,9 +188,15 @@ def main() -> None:
     if rank == 0:
         print(json.dumps(result))
     if world > 1 and args.impl == "raw":
+        import gc
+
         import torch.distributed as dist
 
-        dist.destroy_process_group()  # as a hand-written script should (gloo aborts at exit otherwise)
+        # As a careful hand-written script ends: the DDP model first (it holds the process group; were it the last
+        # to let go, at interpreter exit, gloo's threads could deadlock or abort), then the group.
+        del run
+        gc.collect()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
