@@ -155,3 +155,15 @@ def test_end_of_dataloader_follows_the_innermost_loader() -> None:
         seen.append((during, state.end_of_dataloader))
     assert seen == [([False, True], False)] * 3 + [([False, True], True)]
     assert state.end_of_dataloader is False  # no loader is being iterated
+
+
+def test_prepared_zero_grad_keeps_set_to_none_on_the_direct_path() -> None:
+    kernel = Kernel(cpu=True)
+    net = torch.nn.Linear(2, 1)
+    model, opt = kernel.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert kernel._hot.plain_optimizer
+    kernel.backward(model(torch.ones(1, 2)).sum())
+    opt.zero_grad(set_to_none=False)
+    assert torch.equal(net.weight.grad, torch.zeros_like(net.weight))
+    opt.zero_grad()
+    assert net.weight.grad is None

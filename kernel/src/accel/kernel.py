@@ -142,7 +142,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not kernel.gradient_state.sync_gradients:
             return
         if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            if set_to_none:
+                self.optimizer.zero_grad()  # the default: a call without keywords is cheaper on every step
+            else:
+                self.optimizer.zero_grad(set_to_none=False)
         else:
             kernel._hot.zero_grad(kernel=kernel, optimizer=self.optimizer, set_to_none=set_to_none)
 
@@ -481,7 +484,11 @@ class Kernel(TrackingMixin):
         (``retain_graph=True``, ``inputs=[...]``) go on to ``Tensor.backward``."""
         hot = self._hot
         if hot.plain_backward:  # only the kernel's default answers: its call, made here
-            self.scale_for_accumulation(loss).backward(**kwargs)
+            loss = self.scale_for_accumulation(loss)
+            if kwargs:
+                loss.backward(**kwargs)
+            else:
+                loss.backward()  # `**{}` would take the interpreter's slower call path on every step
         else:
             hot.backward(kernel=self, loss=loss, backward_kwargs=kwargs)
 
