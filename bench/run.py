@@ -114,12 +114,12 @@ def worker_conditions() -> str:
     ours = run_json([ACCEL, "launch", "-q", "-n", "2", "--plugin", "ddp", script])
     theirs = run_json([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script])
     differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k) and k != "env _")
-    same = [k for k in ("torch threads", "torch interop threads", "CPU affinity", "nice") if k not in differ]
+    same = [k for k in theirs if not k.startswith("env ") and k not in differ]
+    env = [f"`{k[4:]}`" for k in differ if k.startswith("env ")]
+    other = [k for k in differ if not k.startswith("env ")]
     return (f"Worker conditions, `accel launch --plugin ddp` vs `torchrun` ([`bench/worker_env.py`](../bench/worker_env.py)): "
             f"the same {', '.join(f'{k} ({theirs[k]})' for k in same)}; environment variables that differ: "
-            f"{', '.join(f'`{k[4:]}`' for k in differ if k.startswith('env ')) or 'none'}"
-            + (f"; also different: {', '.join(k for k in differ if not k.startswith('env '))}" if len(same) < 4 else "")
-            + ".")
+            f"{', '.join(env) or 'none'}" + (f"; also different: {', '.join(other)}" if other else "") + ".")
 
 
 def cli_latency_section(acc_py: str | None, repeats: int) -> str:

@@ -112,8 +112,9 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any:
 
 @hookimpl(trylast=True)
 def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool:
-    kernel.scale_for_accumulation(loss).backward(**backward_kwargs)  # Kernel.backward makes this call itself
-    return True  # when only this answers (HotHooks.plain_backward)
+    # When only this implementation answers (HotHooks.plain_backward), Kernel.backward makes this call itself.
+    kernel.scale_for_accumulation(loss).backward(**backward_kwargs)
+    return True
 
 
 @hookimpl(trylast=True)
