@@ -485,7 +485,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     ``kernel.num_processes`` and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
 
     ``device_loader``: for a plugin that moves batches to the device itself, ahead of time in background threads
-    (torch_xla's ``MpDeviceLoader``). It is called at the start of each pass with the iterator of that pass's CPU
+    (a device runtime's own parallel loader). It is called at the start of each pass with the iterator of that pass's CPU
     batches and returns an iterable of the same batches on the device, in order; the kernel then moves nothing
     itself. Use it rather than wrapping the returned loader: a background thread iterating the prepared loader
     would run the end-of-epoch and position bookkeeping (``accumulate``, ``gather_for_metrics``, ``save_state``)

@@ -321,8 +321,8 @@ class Plugins:
 
     def _refuse_unavailable_options(self, settings: Settings, active: set[str]) -> None:
         """A UsageError when the settings set an option of an unavailable plugin that does not take part to
-        something other than its default (``ipex_config.ipex: true`` asks for a plugin as clearly as
-        ``--plugin ipex`` does)."""
+        something other than its default (setting a plugin's own option in a config file asks for that plugin as
+        clearly as ``--plugin NAME`` does)."""
         unusable = {r.name: r for r in self.all_records if r.status == "unavailable" and r.name not in active}
         for opt in self.options() if unusable else ():
             rec = unusable.get(opt.plugin)

@@ -32,7 +32,7 @@ class Tracker(Component):
     and ``accel_end_training`` (and ``accel_log_images`` / ``accel_log_table`` if the backend can show them) with
     ``@accel.hookimpl`` methods.
 
-    - ``run``: the backend's native run object (a ``SummaryWriter``, an ``mlflow.ActiveRun``, a ``wandb.Run``)
+    - ``run``: the tracking library's own run or writer object
       once ``accel_init_trackers`` started it, else ``None``; ``kernel.get_tracker(name, unwrap=True)`` returns it.
     - ``main_process_only``: the Kernel calls the tracking hooks of this component on the main process only
       (default). Set it to ``False`` to be called on every process.
@@ -121,7 +121,7 @@ class TrackingMixin:
     ) -> None:
         """Start a run named ``project_name`` in every tracker of ``log_with`` and record ``config`` (the
         hyper-parameters). ``init_kwargs`` maps a tracker name to keyword arguments for that backend, e.g.
-        ``{"wandb": {"entity": "me"}, "mlflow": {"tracking_uri": "http://..."}}``. Main process only, unless a
+        ``{"my_tracker": {"project": "x"}, "other_tracker": {"uri": "http://..."}}``. Main process only, unless a
         tracker says otherwise."""
         if not isinstance(project_name, str) or not project_name:
             raise UsageError(f"init_trackers(project_name=...) expects a non-empty string, got {project_name!r}")
