@@ -85,3 +85,23 @@ test-ipex: setup-ipex
 .PHONY: bench
 bench: setup
 	$(BIN)/python bench/run.py
+
+# Accelerate's examples ported to accel (tests/compat) run under accel and under Accelerate 1.15 on 2 CPU processes;
+# the learning-rate curves must be identical (losses and metrics are compared and reported). Accelerate gets its own
+# venv: torch 2.13.0 first (never let pip pick torch), then Accelerate 1.15 and what the examples import. The pytest
+# test tests/compat/test_examples.py::test_same_as_accelerate uses that venv when it exists.
+COMPAT_ACC_VENV ?= .venv-compat-accelerate
+COMPAT_ACC_PKGS ?= "accelerate==1.15.*" "transformers>=4.40" "datasets>=2.18" "deepspeed>=0.16" schedulefree \
+	scikit-learn pillow tensorboard
+
+.PHONY: compat-vs-accelerate
+$(COMPAT_ACC_VENV)/.installed: Makefile
+	test -x $(COMPAT_ACC_VENV)/bin/python || $(PY) -m venv $(COMPAT_ACC_VENV)
+	$(COMPAT_ACC_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT_ACC_VENV)/bin/python -m pip install -q $(TORCH)   # first: never let pip pick a (CUDA) torch
+	$(COMPAT_ACC_VENV)/bin/python -m pip install -q $(TORCH) $(COMPAT_ACC_PKGS)
+	$(COMPAT_ACC_VENV)/bin/python -c 'import accelerate, torch; assert accelerate.__version__.startswith("1.15") and torch.__version__.startswith("2.13.0"), (accelerate.__version__, torch.__version__)'
+	touch $@
+
+compat-vs-accelerate: setup $(COMPAT_ACC_VENV)/.installed
+	$(BIN)/python tests/compat/compare_accelerate.py --accelerate-python $(COMPAT_ACC_VENV)/bin/python $(EXAMPLES)

@@ -1,0 +1,1 @@
+from accelerate.logging import get_logger  # noqa: F401

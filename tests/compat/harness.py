@@ -1,0 +1,229 @@
+"""Run a ported Accelerate example on 2 CPU processes, under accel (``accel launch -n 2``) or under Accelerate 1.15
+(torchrun with Accelerate's own environment variables, the ``accel`` names mapped back by ``accelerate_shim/``), and
+read back what it did: the records of ``record/sitecustomize.py`` (learning rate at each optimizer step, training
+losses), the ``epoch N: ...`` lines the examples print, and the files they wrote.
+
+Used by ``test_examples.py`` and by ``compare_accelerate.py`` (``make compat-vs-accelerate``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ACCEL = str(Path(sys.executable).with_name("accel"))
+RECORD = HERE / "record"
+SHIM = HERE / "accelerate_shim"
+#: DeepSpeed's JIT-built ops (the shared-memory communication op of every process group) are kept between runs.
+EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
+_DROP = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONPATH",
+)
+
+
+def free_port() -> int:
+    for _ in range(100):
+        port = random.randrange(20000, 60000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+@dataclass
+class Run:
+    """One finished run of an example."""
+
+    cmd: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path  # the run's working directory (records under out/record)
+
+    def __str__(self) -> str:  # what pytest shows when an assert fails
+        return (
+            f"$ {' '.join(self.cmd)}\nexit {self.returncode}\n--- stdout (tail)\n{self.stdout[-4000:]}\n"
+            f"--- stderr (tail)\n{self.stderr[-8000:]}"
+        )
+
+    def record(self, rank: int = 0) -> dict[str, list[Any]]:
+        path = self.out / "record" / f"rank{rank}.json"
+        if not path.exists():
+            raise AssertionError(f"no record of process {rank}\n{self}")
+        data: dict[str, list[Any]] = json.loads(path.read_text())
+        return data
+
+    @property
+    def lrs(self) -> list[float]:
+        """Learning rate of the first parameter group at each optimizer step of process 0."""
+        return [groups[0] for groups in self.record(0)["lrs"]]
+
+    @property
+    def losses(self) -> list[float]:
+        return list(self.record(0)["losses"])
+
+    def epochs(self) -> list[Any]:
+        """What the example printed after ``epoch N:`` (a dict literal, a number or text), in order."""
+        found = []
+        for line in self.stdout.splitlines():
+            m = re.match(r"^epoch (\d+):? ?(.*)$", line.strip())
+            if m:
+                try:
+                    found.append(ast.literal_eval(m.group(2)))
+                except (ValueError, SyntaxError):
+                    found.append(m.group(2))
+        return found
+
+
+@dataclass
+class Case:
+    """How to run one example: its script, arguments, launch flags (accel) and sizes."""
+
+    script: str
+    args: Sequence[str] = ()
+    flags: Sequence[str] = ()  # accel launch flags (mixed precision, plugin, ...)
+    config: dict[str, Any] = field(default_factory=dict)  # COMPAT_CONFIG overrides
+    train_size: int = 128
+    eval_size: int = 64
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 600
+
+
+def _env(out: Path, case: Case, extra_path: Sequence[Path] = ()) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _DROP and not k.startswith(("ACCEL_", "ACCELERATE_", "TORCHELASTIC_", "SLURM_", "COMPAT_"))
+    }
+    env.update(
+        ACCEL_HOME=str(out / "accel_home"),
+        HF_HOME=str(out / "hf_home"),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_EXTENSIONS_DIR=EXTENSIONS,
+        COMPAT_RECORD=str(out / "record"),
+        COMPAT_TRAIN_SIZE=str(case.train_size),
+        COMPAT_EVAL_SIZE=str(case.eval_size),
+        COMPAT_CONFIG=json.dumps(case.config),
+        MPLBACKEND="Agg",
+        WANDB_MODE="offline",
+        TQDM_DISABLE="1",
+        PYTHONPATH=os.pathsep.join(str(p) for p in (*extra_path, RECORD, HERE)),
+    )
+    env.update(case.env)
+    return env
+
+
+def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> Run:
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+
+        def text(b: Any) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+        return Run(cmd, -9, text(exc.stdout), text(exc.stderr) + f"\n[timed out after {timeout} s]", out)
+    return Run(cmd, proc.returncode, proc.stdout, proc.stderr, out)
+
+
+def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
+    """``accel launch -n 2 [flags] tests/compat/<script> [args]`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        ACCEL,
+        "launch",
+        "-n",
+        str(num_processes),
+        "--main_process_port",
+        str(free_port()),
+        *case.flags,
+        str(HERE / case.script),
+        *case.args,
+    ]
+    return _finish(cmd, _env(out, case), out, case.timeout)
+
+
+def accelerate_environment(flags: Sequence[str]) -> dict[str, str]:
+    """The environment ``accelerate launch`` gives its workers for the accel launch flags the tests use."""
+    env = {"ACCELERATE_USE_CPU": "true", "ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO"}
+    flags = list(flags)
+    i = 0
+    while i < len(flags):
+        flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) else ""
+        if flag == "--mixed_precision":
+            env["ACCELERATE_MIXED_PRECISION"] = value
+        elif flag == "--gradient_accumulation_steps":
+            env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = value
+        elif flag == "--plugin" and value == "deepspeed":
+            env["ACCELERATE_USE_DEEPSPEED"] = "true"
+        elif flag == "--plugin" and value == "fsdp":
+            env.update(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2", FSDP_CPU_RAM_EFFICIENT_LOADING="false")
+        elif flag == "--zero_stage":
+            env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] = value
+        elif flag == "--deepspeed_config_file":
+            env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = value
+        else:
+            i += 1
+            continue
+        i += 2
+    return env
+
+
+def run_accelerate(case: Case, out: Path, python: str, num_processes: int = 2) -> Run:
+    """The same port under Accelerate: torchrun of Accelerate's venv, Accelerate's launch variables, the accel
+    names mapped back to Accelerate's by ``accelerate_shim``."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = _env(out, case, extra_path=[SHIM])
+    env.update(accelerate_environment(case.flags))
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(num_processes),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(HERE / case.script),
+        *case.args,
+    ]
+    return _finish(cmd, env, out, case.timeout)
+
+
+def accelerate_python() -> str | None:
+    """A Python with Accelerate 1.15 (for the comparison), or None: ``ACCEL_COMPAT_ACCELERATE_PYTHON``, else the
+    venv ``make compat-vs-accelerate`` builds (``.venv-compat-accelerate``)."""
+    candidates = [
+        os.environ.get("ACCEL_COMPAT_ACCELERATE_PYTHON", ""),
+        str(ROOT / ".venv-compat-accelerate" / "bin" / "python"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None

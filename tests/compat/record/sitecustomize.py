@@ -1,0 +1,60 @@
+"""Records what a compat example did, without touching the example: on ``PYTHONPATH`` with ``COMPAT_RECORD=<dir>``,
+every process writes ``<dir>/rank<RANK>.json`` at exit with
+
+- ``lrs``: the learning rate of every parameter group at each real optimizer step (a global optimizer pre-step
+  hook on the user's ``torch.optim`` optimizer; the wrappers of accel, Accelerate and DeepSpeed's ZeRO are not
+  counted, their inner optimizer is), so a step skipped for inf/NaN gradients or an accumulation step is absent;
+- ``losses``: the ``loss`` of every training forward that returns one (transformers' model outputs), through a
+  global module forward hook.
+
+The same file is used under accel and under Accelerate, so the two runs are recorded the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+
+_DIR = os.environ.get("COMPAT_RECORD")
+
+if _DIR:
+    _record: dict[str, list] = {"lrs": [], "losses": []}
+    _WRAPPERS = ("accel.", "accelerate.", "deepspeed.runtime.")
+    _last = {"output": None}
+
+    def _on_step(optimizer, args, kwargs):  # noqa: ANN001
+        if type(optimizer).__module__.startswith(_WRAPPERS):
+            return None
+        _record["lrs"].append([float(g["lr"]) for g in optimizer.param_groups])
+        return None
+
+    def _on_forward(module, args, output):  # noqa: ANN001
+        loss = getattr(output, "loss", None) if not isinstance(output, dict) or "loss" in output else None
+        if loss is None or not module.training or output is _last["output"]:
+            return None
+        _last["output"] = output
+        try:
+            _record["losses"].append(float(loss.detach().float()))
+        except (RuntimeError, TypeError, ValueError):
+            pass
+        return None
+
+    def _install() -> None:
+        from torch.nn.modules.module import register_module_forward_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_on_step)
+        register_module_forward_hook(_on_forward)
+
+    def _write() -> None:
+        if "RANK" not in os.environ and not (_record["lrs"] or _record["losses"]):
+            return  # a launcher process (accel/accelerate launch): nothing of its own to record
+        rank = os.environ.get("RANK", "0")
+        os.makedirs(_DIR, exist_ok=True)
+        with open(os.path.join(_DIR, f"rank{rank}.json"), "w") as f:
+            json.dump(_record, f)
+
+    # Imported here (every process of a recorded run pays torch's import once): hooks exist before the example runs.
+    _install()
+    atexit.register(_write)

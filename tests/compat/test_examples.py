@@ -1,0 +1,479 @@
+"""Accelerate 1.15's examples, ported with the renames of docs/migrating-from-accelerate.md only (tests/compat/*.py,
+see README.md there), each run on 2 CPU processes with ``accel launch -n 2`` under the flags its feature needs.
+
+Every test asserts on what the run did, read back from ``record/sitecustomize.py`` (learning rate at each optimizer
+step, training losses), from the ``epoch N: ...`` lines the examples print and from the files they write:
+
+- the learning-rate curve is Accelerate's: the scheduler built before ``prepare()`` steps ``num_processes`` times
+  per optimizer step (``accelerate_lrs`` below re-implements that rule on a dummy optimizer; it does not use accel);
+- the loss falls, the metrics are recorded once per epoch, checkpoints resume bitwise-exactly, trackers wrote their
+  logs, DeepSpeed/FSDP runs agree with the DDP run of the same script.
+
+``test_same_as_accelerate`` runs the same ports under Accelerate 1.15 (when a venv with it is available) and
+compares the learning-rate curves exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import compat_offline
+from cases import CASES, write_ds_config
+from harness import Case, Run, accelerate_python, run_accel
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+slow = pytest.mark.slow
+N = 2  # processes
+
+
+def waiting(feature: str) -> pytest.MarkDecorator:
+    """A feature of issue 16 another branch is adding: the example fails until it lands in main."""
+    return pytest.mark.xfail(strict=True, reason=f"waiting for {feature}")
+
+
+def run(name: str, tmp_path: Path, case: Case | None = None) -> Run:
+    case = case or CASES[name]
+    out = tmp_path / name
+    out.mkdir(parents=True, exist_ok=True)
+    if "pets" in case.args:
+        compat_offline.make_pets(out / "pets")
+    if "ds_config.json" in case.flags:
+        write_ds_config(out)
+    result = run_accel(case, out)
+    assert result.returncode == 0, str(result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accelerate's scheduler rule, on a dummy optimizer
+
+
+def accelerate_lrs(
+    make_scheduler: Callable[[torch.optim.Optimizer], Any], lr: float, syncs: Sequence[bool], num_processes: int = N
+) -> list[float]:
+    """The learning rate at each optimizer step when Accelerate's ``AcceleratedScheduler`` drives the scheduler:
+    on a micro-step that does not sync it only counts (``_step_count += 1``); after an optimizer step it steps the
+    scheduler ``num_processes`` times (not past ``total_steps`` for OneCycleLR)."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=lr)
+    scheduler = make_scheduler(optimizer)
+    lrs = []
+    for sync in syncs:
+        if not sync:
+            scheduler._step_count += 1
+            continue
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        for _ in range(num_processes):
+            if not hasattr(scheduler, "total_steps") or scheduler._step_count <= scheduler.total_steps:
+                scheduler.step()
+    return lrs
+
+
+def linear_warmup(warmup: int, total: int) -> Callable[[torch.optim.Optimizer], Any]:
+    from transformers import get_linear_schedule_with_warmup
+
+    return lambda opt: get_linear_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=total)
+
+
+def assert_lrs(actual: Sequence[float], expected: Sequence[float]) -> None:
+    assert len(actual) == len(expected), f"{len(actual)} optimizer steps, expected {len(expected)}"
+    assert list(actual) == pytest.approx(list(expected), rel=1e-6, abs=1e-12), (
+        f"learning-rate curve differs from Accelerate's rule\n actual   {list(actual)}\n expected {list(expected)}"
+    )
+
+
+def assert_learns(losses: Sequence[float], epochs: int) -> None:
+    """The mean training loss of the last epoch is clearly below the first epoch's."""
+    assert losses and all(math.isfinite(x) for x in losses), losses
+    per = len(losses) // epochs
+    first, last = sum(losses[:per]) / per, sum(losses[-per:]) / per
+    assert last < first - 0.05, f"loss did not fall: first epoch {first:.3f}, last epoch {last:.3f}: {losses}"
+
+
+def text_epochs(result: Run, epochs: int = 3) -> list[dict[str, float]]:
+    metrics = result.epochs()
+    assert len(metrics) == epochs, result.stdout[-3000:]
+    for m in metrics:
+        assert set(m) == {"accuracy", "f1"} and 0 <= m["accuracy"] <= 1, m
+    return metrics
+
+
+def nlp_lrs(train_size: int, batch: int = 16, epochs: int = 3, lr: float = 2e-2, drop_last: bool = True) -> list[float]:
+    """nlp_example's schedule: linear, 100 warm-up steps, len(train_dataloader) * epochs steps in all; the prepared
+    loader gives each process every other batch."""
+    batches = train_size // batch if drop_last else math.ceil(train_size / batch)
+    per_process = math.ceil(batches / N)
+    return accelerate_lrs(linear_warmup(100, batches * epochs), lr, [True] * (per_process * epochs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# examples/nlp_example.py: fp32, bf16, fp16
+
+
+SCHEDULER_RULE = "Accelerate's scheduler-stepping rule by default (compat-core)"
+
+
+@waiting(SCHEDULER_RULE)
+def test_nlp_example(tmp_path: Path) -> None:
+    result = run("nlp_example", tmp_path)
+    text_epochs(result)
+    assert_learns(result.losses, 3)
+    assert result.epochs()[-1]["accuracy"] > 0.8
+    assert_lrs(result.lrs, nlp_lrs(256))
+
+
+@slow
+@waiting(SCHEDULER_RULE)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_nlp_example_mixed_precision(tmp_path: Path, precision: str) -> None:
+    result = run(f"nlp_example_{precision}", tmp_path)
+    text_epochs(result)
+    assert_learns(result.losses, 3)
+    fp32 = run("nlp_example", tmp_path)
+    assert result.losses != fp32.losses  # it did run in reduced precision
+    assert result.losses[:4] == pytest.approx(fp32.losses[:4], abs=5e-2)
+    if precision == "bf16":  # no loss scaling: every step is taken
+        assert_lrs(result.lrs, nlp_lrs(256))
+    else:  # the grad scaler skips the steps with inf/NaN gradients (their LR is not recorded), never more than 4
+        assert len(nlp_lrs(256)) - 4 <= len(result.lrs) <= len(nlp_lrs(256))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# examples/complete_nlp_example.py, examples/by_feature/checkpointing.py: save_state / load_state + resume
+
+
+def checkpoint_files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    files_a, files_b = checkpoint_files(a), checkpoint_files(b)
+    assert files_a.keys() == files_b.keys() and files_a, (sorted(files_a), sorted(files_b))
+    different = [name for name in files_a if files_a[name] != files_b[name]]
+    assert not different, f"files of {a.name} differ after the resume: {different}"
+
+
+@waiting("DataLoaderConfiguration (compat-core) and Accelerate's scheduler rule")
+def test_complete_nlp_example_tracking_and_epoch_resume(tmp_path: Path) -> None:
+    full = run("complete_nlp_example", tmp_path)
+    metrics = text_epochs(full)
+    assert (full.out / "ckpt" / "epoch_2").is_dir()
+    logged = tracker_rows(full.out / "logs")
+    assert [row["epoch"] for row in logged] == [0, 1, 2]
+    assert [row["accuracy"] for row in logged] == [m["accuracy"] for m in metrics]
+    assert_lrs(full.lrs, nlp_lrs(256, drop_last=False))
+    case = CASES["complete_nlp_example"]
+    resumed = run(
+        "resumed",
+        tmp_path,
+        Case(
+            case.script,
+            args=[
+                "--resume_from_checkpoint",
+                str(full.out / "ckpt" / "epoch_0"),
+                "--checkpointing_steps",
+                "epoch",
+                "--output_dir",
+                "ckpt",
+            ],
+            config=case.config,
+            train_size=case.train_size,
+        ),
+    )
+    assert resumed.epochs() == metrics[1:]
+    per_epoch = len(full.losses) // 3
+    assert resumed.losses == full.losses[per_epoch:]
+    assert resumed.lrs == full.lrs[per_epoch:]
+    assert_same_checkpoint(full.out / "ckpt" / "epoch_2", resumed.out / "ckpt" / "epoch_2")
+
+
+def tracker_rows(logs: Path) -> list[dict[str, Any]]:
+    """The rows the jsonl tracker wrote under ``logs`` (``log_with="all"`` includes it)."""
+    files = sorted(logs.rglob("*.jsonl"))
+    assert files, f"no jsonl log under {logs}: {sorted(p.name for p in logs.rglob('*'))}"
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    return [row.get("values", row) for row in rows if "accuracy" in row.get("values", row)]
+
+
+def resume_case(step: str, full: Run) -> Case:
+    case = CASES["checkpointing"]
+    return Case(
+        case.script,
+        args=[
+            "--resume_from_checkpoint",
+            str(full.out / "ckpt" / step),
+            "--checkpointing_steps",
+            "3",
+            "--output_dir",
+            "ckpt",
+        ],
+        config=case.config,
+        train_size=case.train_size,
+    )
+
+
+@waiting("skip_first_batches after load_state accepted (data-resume) and DataLoaderConfiguration (compat-core)")
+def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path) -> None:
+    """Accelerate's documented mid-epoch resume (load_state, then skip_first_batches(train_dataloader, 3)) continues
+    exactly where the uninterrupted run was: the same losses bit for bit, the same learning rates, the same metrics
+    and byte-identical checkpoints afterwards. 224 rows, 16 a batch: 7 batches per process and epoch."""
+    full = run("checkpointing", tmp_path)
+    text_epochs(full)
+    assert len(full.losses) == 21
+    resumed = run("resumed", tmp_path, resume_case("step_3", full))
+    assert resumed.losses == full.losses[3:]
+    assert resumed.record(1)["losses"] == full.record(1)["losses"][3:]
+    assert resumed.lrs == full.lrs[3:]
+    assert resumed.epochs() == full.epochs()
+    for step in ("step_9", "step_21"):
+        assert_same_checkpoint(full.out / "ckpt" / step, resumed.out / "ckpt" / step)
+
+
+@slow
+@waiting("skip_first_batches after load_state accepted (data-resume) and DataLoaderConfiguration (compat-core)")
+def test_checkpointing_resumes_in_second_epoch(tmp_path: Path) -> None:
+    """step_9 is the third batch of the second epoch: the example computes starting_epoch=1, resume_step=2."""
+    full = run("checkpointing", tmp_path)
+    resumed = run("resumed", tmp_path, resume_case("step_9", full))
+    assert resumed.losses == full.losses[9:]
+    assert resumed.epochs() == full.epochs()[1:]
+    assert_same_checkpoint(full.out / "ckpt" / "step_21", resumed.out / "ckpt" / "step_21")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# examples/cv_example.py, examples/complete_cv_example.py: images through DataLoader workers, OneCycleLR
+
+
+def cv_lrs(result: Run, epochs: int = 3, images: int = 64, batch: int = 8) -> list[float]:
+    from torch.optim.lr_scheduler import OneCycleLR
+
+    train = int(0.8 * images)
+    batches = math.ceil(train / batch)
+    per_process = math.ceil(batches / N)
+    return accelerate_lrs(
+        lambda opt: OneCycleLR(opt, max_lr=3e-2, epochs=epochs, steps_per_epoch=batches),
+        3e-2 / 25,
+        [True] * (per_process * epochs),
+    )
+
+
+@waiting("accel.utils.set_seed (compat-utils) and Accelerate's scheduler rule")
+def test_cv_example(tmp_path: Path) -> None:
+    result = run("cv_example", tmp_path)
+    accuracy = result.epochs()
+    assert len(accuracy) == 3 and all(0 <= a <= 100 for a in accuracy), result.stdout[-2000:]
+    assert accuracy[-1] >= 50, accuracy  # 4 colour-coded breeds: chance is 25 %
+    assert_lrs(result.lrs, cv_lrs(result))
+
+
+@slow
+@waiting("DataLoaderConfiguration (compat-core) and Accelerate's scheduler rule")
+def test_complete_cv_example_resume(tmp_path: Path) -> None:
+    full = run("complete_cv_example", tmp_path)
+    assert len(full.epochs()) == 3
+    assert_lrs(full.lrs, cv_lrs(full))
+    case = CASES["complete_cv_example"]
+    resumed = run(
+        "resumed",
+        tmp_path,
+        Case(
+            case.script,
+            args=[
+                "--data_dir",
+                "pets",
+                "--resume_from_checkpoint",
+                str(full.out / "ckpt" / "epoch_0"),
+                "--checkpointing_steps",
+                "epoch",
+                "--output_dir",
+                "ckpt",
+            ],
+            config=case.config,
+        ),
+    )
+    assert resumed.epochs() == full.epochs()[1:]
+    assert resumed.lrs == full.lrs[len(full.lrs) // 3 :]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# examples/by_feature: gradient accumulation, cross validation, DDP communication hooks, early stopping, LocalSGD,
+# find_executable_batch_size, metrics, profiler, schedule-free, tracking
+
+
+@waiting(SCHEDULER_RULE)
+def test_gradient_accumulation(tmp_path: Path) -> None:
+    """288 rows, 16 a batch: 9 micro-batches per process and epoch, accumulation 2: the optimizer steps at micro-steps
+    2, 4, 6, 8 and at the end of the epoch (9)."""
+    result = run("gradient_accumulation", tmp_path)
+    text_epochs(result)
+    assert len(result.losses) == 27
+    syncs = ([False, True] * 4 + [True]) * 3
+    assert_lrs(result.lrs, accelerate_lrs(linear_warmup(100, 18 * 3), 2e-2, syncs))
+    assert_learns(result.losses, 3)
+
+
+@slow
+@waiting("accel.utils.set_seed (compat-utils)")
+def test_cross_validation(tmp_path: Path) -> None:
+    result = run("cross_validation", tmp_path)
+    assert "Average test metrics from all folds:" in result.stdout, result.stdout[-2000:]
+    assert len(result.epochs()) == 2 * 3  # 2 folds x 3 epochs
+
+
+@slow
+@waiting("DDP communication hooks and DistributedDataParallelKwargs (compat-utils)")
+@pytest.mark.parametrize("name", ["ddp_comm_hook", "ddp_comm_hook_power_sgd", "ddp_comm_hook_bf16_wrapper"])
+def test_ddp_comm_hook(tmp_path: Path, name: str) -> None:
+    result = run(name, tmp_path)
+    text_epochs(result)
+    assert_learns(result.losses, 3)
+
+
+@waiting("set_trigger/check_trigger (compat-utils)")
+def test_early_stopping(tmp_path: Path) -> None:
+    """The callback fires on one process's loss; set_trigger/check_trigger make every process leave the epoch at
+    the same step."""
+    result = run("early_stopping", tmp_path)
+    text_epochs(result)
+    losses0, losses1 = result.record(0)["losses"], result.record(1)["losses"]
+    assert len(losses0) == len(losses1) < 3 * 8, (len(losses0), len(losses1))
+
+
+@slow
+@waiting("LocalSGD (compat-utils)")
+def test_local_sgd(tmp_path: Path) -> None:
+    result = run("local_sgd", tmp_path)
+    text_epochs(result)
+    assert_learns(result.losses, 3)
+
+
+@waiting("find_executable_batch_size (compat-utils) and Accelerate's scheduler rule")
+def test_memory_find_executable_batch_size(tmp_path: Path) -> None:
+    result = run("memory", tmp_path)
+    text_epochs(result)
+    assert_lrs(result.lrs, nlp_lrs(256, drop_last=False))
+
+
+@slow
+@waiting("find_executable_batch_size and a settable gradient_accumulation_steps (compat-utils, compat-core)")
+def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
+    result = run("automatic_gradient_accumulation", tmp_path)
+    text_epochs(result)
+    assert len(result.losses) == 3 * 4  # 256 rows, 32 a batch, no OOM on CPU: accumulation stays 1
+
+
+@slow
+@waiting(SCHEDULER_RULE)
+def test_multi_process_metrics(tmp_path: Path) -> None:
+    """70 evaluation rows in batches of 32 over 2 processes: the example trims the duplicated samples by hand."""
+    result = run("multi_process_metrics", tmp_path)
+    text_epochs(result)
+    assert_lrs(result.lrs, nlp_lrs(256, drop_last=False))
+
+
+@slow
+@waiting("Kernel.profile() and ProfileKwargs (compat-utils)")
+def test_profiler(tmp_path: Path) -> None:
+    result = run("profiler", tmp_path)
+    traces = sorted((result.out / "traces").rglob("*.json"))
+    assert len(traces) >= N, traces  # one trace per process
+    assert "Self CPU time total" in result.stdout
+
+
+@waiting("optimizer.train()/eval() pass-through (compat-core) and accel.utils (compat-utils)")
+def test_schedule_free(tmp_path: Path) -> None:
+    result = run("schedule_free", tmp_path)
+    text_epochs(result)
+    assert_learns(result.losses, 3)
+
+
+@waiting("Accelerate's scheduler rule (compat-core)")
+def test_tracking(tmp_path: Path) -> None:
+    result = run("tracking", tmp_path)
+    metrics = text_epochs(result)
+    rows = tracker_rows(result.out / "logs")
+    assert [row["accuracy"] for row in rows] == [m["accuracy"] for m in metrics]
+    assert all(row["train_loss"] > 0 for row in rows)
+    events = sorted((result.out / "logs").rglob("events.out.tfevents.*"))
+    assert events, "log_with='all' should include the tensorboard tracker"
+    assert_lrs(result.lrs, nlp_lrs(256, drop_last=False))
+
+
+@slow
+@waiting(SCHEDULER_RULE)
+def test_gradient_accumulation_for_autoregressive_models(tmp_path: Path) -> None:
+    result = run("gradient_accumulation_for_autoregressive_models", tmp_path)
+    lines = [line for line in result.stdout.splitlines() if ":: eval perplexity:" in line]
+    assert len(lines) == 2, result.stdout[-2000:]
+    assert len(result.lrs) == 2 * math.ceil(500 / 8 / N / 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FSDP and DeepSpeed
+
+
+@slow
+@waiting("accel.utils.is_xpu_available/is_npu_available or a guide entry for them")
+def test_fsdp_with_peak_mem_tracking(tmp_path: Path) -> None:
+    result = run("fsdp_with_peak_mem_tracking", tmp_path)
+    text_epochs(result)
+    assert "Peak Memory consumed during the train" in result.stdout
+    assert (result.out / "ckpt" / "epoch_2").is_dir()
+    assert_learns(result.losses, 3)
+
+
+def clm_result(result: Run) -> dict[str, float]:
+    return json.loads((result.out / "out" / "all_results.json").read_text())
+
+
+@slow
+@waiting("DeepSpeed parameter-group pruning with a scheduler built before prepare() (compat-utils)")
+@pytest.mark.parametrize("stage", ["2", "3"])
+def test_deepspeed_with_config_support_zero(tmp_path: Path, stage: str) -> None:
+    """ZeRO-2/3 with the optimizer and scheduler of the script (two parameter groups, one of them empty for GPT-2's
+    biases/LayerNorm names) match the plain DDP run of the same script."""
+    ddp = run("deepspeed_with_config_support_ddp", tmp_path)
+    zero = run(f"deepspeed_with_config_support_zero{stage}", tmp_path)
+    assert zero.losses == pytest.approx(ddp.losses, rel=1e-4, abs=1e-5)
+    assert zero.lrs == pytest.approx(ddp.lrs)
+    assert clm_result(zero)["perplexity"] == pytest.approx(clm_result(ddp)["perplexity"], rel=1e-4)
+
+
+@slow
+@waiting("DummyOptim/DummyScheduler for DeepSpeed config files (compat-utils)")
+def test_deepspeed_with_config_file(tmp_path: Path) -> None:
+    result = run("deepspeed_with_config_support_config_file", tmp_path)
+    assert clm_result(result)["perplexity"] > 0
+    assert result.losses and all(math.isfinite(x) for x in result.losses)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same ports under Accelerate 1.15
+
+
+COMPARED = ["nlp_example", "gradient_accumulation", "checkpointing", "tracking", "cv_example"]
+
+
+@slow
+@pytest.mark.parametrize("name", COMPARED)
+def test_same_as_accelerate(tmp_path: Path, name: str) -> None:
+    """The port under accel and under Accelerate 1.15 (torchrun with Accelerate's launch variables): the same
+    learning rate at every optimizer step on both processes, bit for bit."""
+    python = accelerate_python()
+    if python is None:
+        pytest.skip(
+            "no Accelerate venv: run `make compat-vs-accelerate` once (builds .venv-compat-accelerate) or "
+            "set ACCEL_COMPAT_ACCELERATE_PYTHON"
+        )
+    from compare_accelerate import compare
+
+    report = compare(name, tmp_path, python)
+    assert report["lrs_equal"], report
