@@ -19,6 +19,7 @@ CASES: dict[str, Case] = {
     "nlp_example": Case("nlp_example.py", config=TEXT, train_size=256),
     "nlp_example_bf16": Case("nlp_example.py", flags=["--mixed_precision", "bf16"], config=TEXT, train_size=256),
     "nlp_example_fp16": Case("nlp_example.py", flags=["--mixed_precision", "fp16"], config=TEXT, train_size=256),
+    "nlp_example_fsdp": Case("nlp_example.py", flags=["--plugin", "fsdp"], config=TEXT, train_size=256),
     "complete_nlp_example": Case(
         "complete_nlp_example.py",
         args=["--checkpointing_steps", "epoch", "--output_dir", "ckpt", "--with_tracking", "--project_dir", "logs"],
@@ -78,6 +79,20 @@ CASES: dict[str, Case] = {
         train_size=256,
     ),
 }
+
+# examples/inference/distributed
+CASES["phi2"] = Case("phi2.py")
+CASES["stable_diffusion"] = Case("stable_diffusion.py")
+CASES["distributed_image_generation"] = Case(
+    "distributed_image_generation.py",
+    args=["--batch_size", "2", "--num_inference_steps", "2", "--dtype", "fp32", "--save_dir", "images"],
+    eval_size=6,
+)
+CASES["distributed_speech_generation"] = Case(
+    "distributed_speech_generation.py",
+    args=["--output_path", "speech", "--batch_size", "2", "--num_workers", "1"],
+    eval_size=7,
+)
 
 _CLM = [
     "--dataset_name",

@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import PIL.Image  # noqa: F401  (timm/torchvision import it in the originals; the examples call `PIL.Image.open`)
 import torch
+
+try:  # timm/torchvision import PIL.Image in the originals, and the image examples call `PIL.Image.open`
+    import PIL.Image  # noqa: F401
+except ImportError:  # an Accelerate venv without Pillow: only the image examples need it
+    pass
 
 # ---------------------------------------------------------------------------------------------------------------
 # sizes and hyper-parameter overrides
@@ -83,10 +87,18 @@ def _text_split(n: int, seed: int) -> dict[str, list[str]]:
 
 def load_dataset(path: str, name: str | None = None, **_: Any) -> Any:
     """``datasets.load_dataset`` for the data sets the examples name, made offline: ``glue``/``mrpc`` (sentence1,
-    sentence2, label, idx) and ``wikitext`` (text). Returns a real ``datasets.DatasetDict``."""
+    sentence2, label, idx), ``wikitext`` (text), ``parti-prompts`` (Prompt; ``COMPAT_EVAL_SIZE`` rows). Returns a
+    real ``datasets.DatasetDict`` (a ``Dataset`` for parti-prompts, which the example loads with ``split=``)."""
     from datasets import Dataset, DatasetDict
 
     n_train, n_eval = train_size(), eval_size()
+    if path.endswith("parti-prompts"):  # only a "train" split of prompts
+        rng = random.Random(4)
+        prompts = [" ".join(rng.choice(_WORDS_A + _WORDS_B) for _ in range(3)) for _ in range(n_eval)]
+        return Dataset.from_dict({"Prompt": prompts, "Category": ["Abstract"] * n_eval})
+    if path.endswith("pokemon-blip-captions-en-zh"):  # a Dataset of English captions (the example loads a split)
+        rng = random.Random(5)
+        return Dataset.from_dict({"en_text": [_sentence(rng, rng.random() < 0.5) for _ in range(n_eval)]})
     if path.endswith("glue") and name == "mrpc":
         splits = {
             "train": _mrpc_split(n_train, 1),
@@ -128,7 +140,7 @@ def tokenizer(name: str, use_fast: bool = True, **kwargs: Any) -> Any:
 
 def model_config(name: str, **kwargs: Any) -> Any:
     """``AutoConfig.from_pretrained(name)`` offline: the same architecture, two layers, hidden size 32."""
-    from transformers import BertConfig, GPT2Config, LlamaConfig, PhiConfig
+    from transformers import BertConfig, GPT2Config, LlamaConfig, PhiConfig, VitsConfig
 
     if "bert" in name:
         return BertConfig(
@@ -151,6 +163,29 @@ def model_config(name: str, **kwargs: Any) -> Any:
             pad_token_id=0,
             **kwargs,
         )
+    if "mms-tts" in name:
+        return VitsConfig(
+            vocab_size=len(VOCAB),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            ffn_dim=32,
+            flow_size=16,
+            spectrogram_bins=17,
+            upsample_initial_channel=16,
+            upsample_rates=[4, 4],
+            upsample_kernel_sizes=[8, 8],
+            resblock_kernel_sizes=[3],
+            resblock_dilation_sizes=[[1, 3]],
+            prior_encoder_num_flows=2,
+            prior_encoder_num_wavenet_layers=1,
+            posterior_encoder_num_wavenet_layers=1,
+            duration_predictor_num_flows=1,
+            duration_predictor_filter_channels=16,
+            depth_separable_num_layers=2,
+            sampling_rate=16000,
+            **kwargs,
+        )
     if "smollm" in name.lower() or "llama" in name.lower():
         return LlamaConfig(
             vocab_size=len(VOCAB),
@@ -169,10 +204,28 @@ def model_config(name: str, **kwargs: Any) -> Any:
     )
 
 
-def from_pretrained(auto_class: Any, name: str, config: Any = None, from_tf: bool = False, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(name, **kwargs)`` offline: a freshly initialised tiny model of the same
-    architecture (``from_config``), so the seed set before it decides the weights, as in the examples."""
-    return auto_class.from_config(config if config is not None else model_config(name, **kwargs))
+def from_pretrained(
+    auto_class: Any,
+    name: str,
+    config: Any = None,
+    from_tf: bool = False,
+    device_map: Any = None,
+    torch_dtype: Any = None,
+    dtype: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """``auto_class.from_pretrained(name, **kwargs)`` offline: a tiny model of the same architecture
+    (``from_config``) whose weights, like downloaded ones, are the same in every process and every run: they are
+    drawn from a seed of their own, without touching the caller's random state."""
+    config = config if config is not None else model_config(name, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        model = auto_class.from_config(config) if hasattr(auto_class, "from_config") else auto_class(config)
+    if torch_dtype is not None or dtype is not None:
+        model = model.to(torch_dtype if torch_dtype is not None else dtype)
+    if device_map is not None:
+        model = model.to(device_map)
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -317,3 +370,69 @@ class Normalize:
 
     def __call__(self, image: Any) -> torch.Tensor:
         return (_to_tensor(image) - self.mean) / self.std
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# diffusers: a tiny Stable Diffusion pipeline built from configs (the shape diffusers' own tests use)
+
+
+def diffusion_pipeline(name: str, torch_dtype: Any = None, **_: Any) -> Any:
+    """``DiffusionPipeline.from_pretrained(name)`` offline: a Stable Diffusion pipeline with a 2-block UNet, a tiny
+    VAE and a 2-layer CLIP text encoder (fixed weights, as downloaded ones are), 32x32 images by default."""
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)
+        unet = UNet2DConditionModel(
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=16,
+            norm_num_groups=4,
+            attention_head_dim=2,
+        )
+        vae = AutoencoderKL(
+            block_out_channels=(8, 16),
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+            norm_num_groups=4,
+        )
+        text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(VOCAB),
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                max_position_embeddings=32,
+                bos_token_id=2,
+                eos_token_id=3,
+                pad_token_id=0,
+            )
+        )
+    tok = tokenizer("clip")
+    tok.model_max_length = 16
+    tok.pad_token = "[PAD]"
+    scheduler = DDIMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False, steps_offset=1
+    )
+    pipe = StableDiffusionPipeline(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tok,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(torch_dtype) if torch_dtype is not None else pipe

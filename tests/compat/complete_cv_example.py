@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 from compat_offline import Compose, RandomResizedCrop, Resize, ToTensor
 
 from accel import DataLoaderConfiguration, Kernel
-from accel.utils import is_xpu_available
+# compat: docs/migrating-from-accelerate.md has no entry for `accelerate.utils.is_xpu_available`; torch's own probe instead.
+is_xpu_available = torch.xpu.is_available
 
 
 ########################################################################

@@ -13,6 +13,7 @@
 # limitations under the License.
 # Accelerate 1.15's examples/by_feature/cross_validation.py (huggingface/accelerate@16cb6eb), ported to accel with the renames of
 # docs/migrating-from-accelerate.md only. Replaced because they need the network (tests/compat/compat_offline.py):
+#   - `datasets.load_dataset(...)` -> `compat_offline.load_dataset(...)` (synthetic rows, a real `datasets.DatasetDict`)
 #   - `evaluate.load(...)` -> `compat_offline.load_metric(...)` (scikit-learn accuracy/F1)
 #   - `AutoTokenizer.from_pretrained(name)` -> `compat_offline.tokenizer(name)` (word-level tokenizer, no hub)
 #   - `AutoModel*.from_pretrained(name)` -> `compat_offline.from_pretrained(AutoModel*, name)` (`from_config` of a 2-layer, hidden-32 config of the same architecture)
@@ -24,7 +25,8 @@ from compat_offline import load_metric
 import numpy as np
 import compat_offline
 import torch
-from datasets import DatasetDict, load_dataset
+from compat_offline import load_dataset
+from datasets import DatasetDict
 
 # New Code #
 # We'll be using StratifiedKFold for this example

@@ -39,7 +39,10 @@ from transformers import (
 )
 
 from accel import Kernel
-from accel.utils import is_npu_available, is_xpu_available
+# compat: docs/migrating-from-accelerate.md has no entry for `accelerate.utils.is_npu_available/is_xpu_available`; torch's own probe instead.
+is_xpu_available = torch.xpu.is_available
+def is_npu_available():
+    return hasattr(torch, "npu") and torch.npu.is_available()
 
 
 ########################################################################

@@ -88,7 +88,7 @@ class Run:
         """What the example printed after ``epoch N:`` (a dict literal, a number or text), in order."""
         found = []
         for line in self.stdout.splitlines():
-            m = re.match(r"^epoch (\d+):? ?(.*)$", line.strip())
+            m = re.match(r"^epoch (\d+): (.*)$", line.strip())
             if m:
                 try:
                     found.append(ast.literal_eval(m.group(2)))

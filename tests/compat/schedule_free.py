@@ -30,7 +30,11 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
 
 from accel import Kernel
-from accel.utils import is_schedulefree_available
+import importlib.util
+
+# compat: docs/migrating-from-accelerate.md has no entry for `accelerate.utils.is_schedulefree_available`.
+def is_schedulefree_available():
+    return importlib.util.find_spec("schedulefree") is not None
 
 
 if is_schedulefree_available():

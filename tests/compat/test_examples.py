@@ -421,13 +421,25 @@ def test_gradient_accumulation_for_autoregressive_models(tmp_path: Path) -> None
 
 
 @slow
-@waiting("accel.utils.is_xpu_available/is_npu_available or a guide entry for them")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the example needs an accelerator: TorchTracemalloc.__exit__ reads self.end, set "
+    "only for cuda/xpu/npu (AttributeError on CPU under Accelerate too)",
+)
 def test_fsdp_with_peak_mem_tracking(tmp_path: Path) -> None:
     result = run("fsdp_with_peak_mem_tracking", tmp_path)
     text_epochs(result)
     assert "Peak Memory consumed during the train" in result.stdout
-    assert (result.out / "ckpt" / "epoch_2").is_dir()
+
+
+@slow
+@waiting(SCHEDULER_RULE)
+def test_nlp_example_fsdp(tmp_path: Path) -> None:
+    """nlp_example under --plugin fsdp (FSDP2 over gloo): Accelerate's LR curve, a falling loss."""
+    result = run("nlp_example_fsdp", tmp_path)
+    text_epochs(result)
     assert_learns(result.losses, 3)
+    assert_lrs(result.lrs, nlp_lrs(256))
 
 
 def clm_result(result: Run) -> dict[str, float]:
@@ -477,3 +489,47 @@ def test_same_as_accelerate(tmp_path: Path, name: str) -> None:
 
     report = compare(name, tmp_path, python)
     assert report["lrs_equal"], report
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# examples/inference/distributed: split_between_processes + gather_object
+
+
+def printed_list(result: Run) -> list[str]:
+    import ast
+
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 1, result.stdout[-2000:]  # Kernel.print: the main process only
+    value: list[str] = ast.literal_eval(lines[0])
+    return value
+
+
+def test_phi2(tmp_path: Path) -> None:
+    """5 prompts in batches of 2 over 2 processes (the last batch padded by apply_padding, then dropped): the
+    gathered completions are the ones a single process generates, in prompt order."""
+    two = run("phi2", tmp_path)
+    one = run_accel(CASES["phi2"], tmp_path / "one", num_processes=1)
+    assert one.returncode == 0, str(one)
+    completions = printed_list(two)
+    assert len(completions) == 5
+    assert completions == printed_list(one)
+
+
+@slow
+def test_stable_diffusion(tmp_path: Path) -> None:
+    run("stable_diffusion", tmp_path)  # the example keeps its images in memory: it ran to the end on both processes
+
+
+@slow
+def test_distributed_image_generation(tmp_path: Path) -> None:
+    result = run("distributed_image_generation", tmp_path)
+    images = sorted(p.name for p in result.out.glob("image_*.png"))
+    assert len(images) == 6, images  # 6 prompts, 2 a batch, split over 2 processes, gathered on the main one
+    assert len(list(result.out.glob("images_*/example_*"))) == 6
+
+
+@waiting("accel.utils.tqdm (compat-utils)")
+def test_distributed_speech_generation(tmp_path: Path) -> None:
+    result = run("distributed_speech_generation", tmp_path)
+    wavs = sorted((result.out / "speech").glob("pokemon_*.wav"))
+    assert [p.stem for p in wavs] == [f"pokemon_{i:06d}" for i in range(7)]  # 3 + 4 rows, one chunk a process
