@@ -13,7 +13,7 @@ from harness import Case
 #: synthetic task within the run (the examples' 2e-5 is for a pretrained bert-base-cased)
 TEXT = {"lr": 2e-2}
 #: the image examples: 32x32 images, 8 a batch
-IMAGES = {"image_size": 32, "batch_size": 8}
+IMAGES = {"image_size": 32, "batch_size": 8, "lr": 0.1}
 
 CASES: dict[str, Case] = {
     "nlp_example": Case("nlp_example.py", config=TEXT, train_size=256),
@@ -52,7 +52,7 @@ CASES: dict[str, Case] = {
         config=TEXT,
         train_size=256,
     ),
-    "early_stopping": Case("early_stopping.py", config=TEXT, train_size=256),
+    "early_stopping": Case("early_stopping.py", train_size=256),  # the example's lr: the loss stalls, the callback fires
     "local_sgd": Case("local_sgd.py", args=["--local_sgd_steps", "4"], config=TEXT, train_size=256),
     "memory": Case("memory.py", config=TEXT, train_size=256),
     "automatic_gradient_accumulation": Case(
@@ -62,7 +62,7 @@ CASES: dict[str, Case] = {
     "profiler": Case(
         "profiler.py", args=["--output_trace_dir", "traces", "--record_shapes"], config=TEXT, train_size=128
     ),
-    "schedule_free": Case("schedule_free.py", config={"lr": 2e-3}, train_size=256),
+    "schedule_free": Case("schedule_free.py", config=TEXT, train_size=256),
     "tracking": Case("tracking.py", args=["--with_tracking", "--project_dir", "logs"], config=TEXT, train_size=256),
     "gradient_accumulation_for_autoregressive_models": Case(
         "gradient_accumulation_for_autoregressive_models.py",

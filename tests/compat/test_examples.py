@@ -161,6 +161,7 @@ def assert_same_checkpoint(a: Path, b: Path) -> None:
     assert not different, f"files of {a.name} differ after the resume: {different}"
 
 
+@slow
 @waiting("DataLoaderConfiguration (compat-core) and Accelerate's scheduler rule")
 def test_complete_nlp_example_tracking_and_epoch_resume(tmp_path: Path) -> None:
     full = run("complete_nlp_example", tmp_path)
@@ -252,15 +253,15 @@ def test_checkpointing_resumes_in_second_epoch(tmp_path: Path) -> None:
 # examples/cv_example.py, examples/complete_cv_example.py: images through DataLoader workers, OneCycleLR
 
 
-def cv_lrs(result: Run, epochs: int = 3, images: int = 64, batch: int = 8) -> list[float]:
+def cv_lrs(epochs: int = 3, images: int = 64, batch: int = 8, lr: float = 0.1) -> list[float]:
+    """cv_example's schedule: OneCycleLR(max_lr=lr, epochs, steps_per_epoch=len(train_dataloader)), 80 % of the
+    images for training; the optimizer starts at lr / 25."""
     from torch.optim.lr_scheduler import OneCycleLR
 
-    train = int(0.8 * images)
-    batches = math.ceil(train / batch)
+    batches = math.ceil(int(0.8 * images) / batch)
     per_process = math.ceil(batches / N)
     return accelerate_lrs(
-        lambda opt: OneCycleLR(opt, max_lr=3e-2, epochs=epochs, steps_per_epoch=batches),
-        3e-2 / 25,
+        lambda opt: OneCycleLR(opt, max_lr=lr, epochs=epochs, steps_per_epoch=batches), lr / 25,
         [True] * (per_process * epochs),
     )
 
@@ -271,7 +272,7 @@ def test_cv_example(tmp_path: Path) -> None:
     accuracy = result.epochs()
     assert len(accuracy) == 3 and all(0 <= a <= 100 for a in accuracy), result.stdout[-2000:]
     assert accuracy[-1] >= 50, accuracy  # 4 colour-coded breeds: chance is 25 %
-    assert_lrs(result.lrs, cv_lrs(result))
+    assert_lrs(result.lrs, cv_lrs())
 
 
 @slow
@@ -279,7 +280,7 @@ def test_cv_example(tmp_path: Path) -> None:
 def test_complete_cv_example_resume(tmp_path: Path) -> None:
     full = run("complete_cv_example", tmp_path)
     assert len(full.epochs()) == 3
-    assert_lrs(full.lrs, cv_lrs(full))
+    assert_lrs(full.lrs, cv_lrs())
     case = CASES["complete_cv_example"]
     resumed = run(
         "resumed",
@@ -355,6 +356,7 @@ def test_local_sgd(tmp_path: Path) -> None:
     assert_learns(result.losses, 3)
 
 
+@slow
 @waiting("find_executable_batch_size (compat-utils) and Accelerate's scheduler rule")
 def test_memory_find_executable_batch_size(tmp_path: Path) -> None:
     result = run("memory", tmp_path)
@@ -528,6 +530,7 @@ def test_distributed_image_generation(tmp_path: Path) -> None:
     assert len(list(result.out.glob("images_*/example_*"))) == 6
 
 
+@slow
 @waiting("accel.utils.tqdm (compat-utils)")
 def test_distributed_speech_generation(tmp_path: Path) -> None:
     result = run("distributed_speech_generation", tmp_path)

@@ -1,11 +1,12 @@
 """accel's names mapped back to Accelerate's, so a port in tests/compat runs unchanged under Accelerate 1.15 (on
 ``PYTHONPATH`` of Accelerate's venv only; see harness.run_accelerate). The reverse of the renames the ports use:
 ``Kernel`` is ``Accelerator``, ``kernel.components`` stands for ``distributed_type`` (an empty list: no XLA on CPU),
-``Kernel(plugins=[...], <plugin options>)`` is dropped (the launch environment selects the backend under
+``kernel.settings`` holds what the ports read of ``state``, ``Kernel(plugins=[...], <plugin options>)`` is dropped (the launch environment selects the backend under
 Accelerate, as ``accelerate launch`` would)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from accelerate import Accelerator, DataLoaderConfiguration  # noqa: F401
@@ -20,3 +21,9 @@ class Kernel(Accelerator):
     @property
     def components(self) -> list[Any]:
         return []
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """``state`` renamed ``settings``: what the ports read from it (the DeepSpeed config file)."""
+        return {"deepspeed_config_file": os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None,
+                "zero_stage": os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")}
