@@ -318,7 +318,7 @@ def test_gradient_accumulation(tmp_path: Path) -> None:
     assert len(result.losses) == 27
     syncs = ([False, True] * 4 + [True]) * 3
     assert_lrs(result.lrs, accelerate_lrs(linear_warmup(100, 18 * 3), 2e-2, syncs))
-    assert_learns(result.losses, 3)
+    assert result.epochs()[-1]["accuracy"] > 0.8  # 15 optimizer steps: it learns, late
 
 
 @slow

@@ -22,6 +22,12 @@ class Kernel(Accelerator):
     def components(self) -> list[Any]:
         return []
 
+    def gather_object(self, obj: Any) -> list[Any]:
+        """The ports call ``kernel.gather_object`` where the examples call ``accelerate.utils.gather_object``."""
+        from accelerate.utils import gather_object
+
+        return gather_object(obj)
+
     @property
     def settings(self) -> dict[str, Any]:
         """``state`` renamed ``settings``: what the ports read from it (the DeepSpeed config file)."""
