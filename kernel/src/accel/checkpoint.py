@@ -39,7 +39,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -377,10 +377,16 @@ def tree_shapes(directory: Path, name: str) -> dict[str, tuple[tuple[int, ...], 
 
 class RNGState:
     """The random states of this process: python, numpy, torch CPU and every device of the current accelerator
-    (through ``torch.accelerator`` and the accelerator's device module, whatever its type)."""
+    (through ``torch.accelerator`` and the accelerator's device module, whatever its type), and the states the
+    prepared dataloaders need to replay their current pass (``rng_state_dict``: per process, like the others)."""
+
+    def __init__(self, loaders: Sequence[Any] = ()):
+        self.loaders = [dl for dl in loaders if callable(getattr(dl, "rng_state_dict", None))]
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if self.loaders:
+            state["dataloaders"] = [dl.rng_state_dict() for dl in self.loaders]
         try:
             import numpy as np
 
@@ -404,6 +410,8 @@ class RNGState:
             import numpy as np
 
             np.random.set_state(state["numpy"])
+        for loader, loader_state in zip(self.loaders, state.get("dataloaders", ())):
+            loader.load_rng_state_dict(loader_state)
         saved = state.get("accelerator")
         if saved is None:
             return
@@ -536,7 +544,7 @@ def collect_items(kernel: Kernel) -> dict[str, Item]:
                 raise PluginError(f"plugin {name!r}: checkpoint item {key!r} has no state_dict/load_state_dict")
             add(key, obj, "plugin", provider=name)
     add("gradients", GradientsState(kernel), "gradients", per_rank=True)
-    add("rng", RNGState(), "rng", per_rank=True)
+    add("rng", RNGState(loaders), "rng", per_rank=True)
     add("kernel", KernelState(kernel), "kernel")
     return items
 
