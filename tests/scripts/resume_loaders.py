@@ -56,7 +56,9 @@ class AugmentedStream(IterableDataset):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
-        order = torch.randperm(SIZE, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
+        # 48 samples: no last batch completed with the epoch's first samples (in this process, their augmentation
+        # would be that of the re-read batches; the warning at save_state says so)
+        order = torch.randperm(SIZE - 2, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
         info = get_worker_info()
         if info is not None:
             order = order[info.id::info.num_workers]
@@ -107,6 +109,8 @@ def main() -> None:
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--skip-call", action="store_true",
                         help="after load_state, call skip_first_batches with the position, as Accelerate documents")
+    parser.add_argument("--disturb", action="store_true", help="draw from torch's generator after load_state "
+                        "(negative control)")
     args = parser.parse_args()
 
     torch.manual_seed(1234)
@@ -121,8 +125,10 @@ def main() -> None:
     resume_step = None
     if args.resume:
         kernel.load_state(args.ckpt)
-        # Accelerate's examples/by_feature/checkpointing.py: the batches of this epoch already seen
-        resume_step = progress.step - progress.epoch * len(dl)
+        if args.disturb:
+            torch.rand(1)
+        if args.skip_call:  # Accelerate's examples/by_feature/checkpointing.py: the batches of this epoch seen
+            resume_step = progress.step - progress.epoch * len(dl)
     seen: list[tuple[list[int], float]] = []
     while progress.step < args.steps:
         dl.set_epoch(progress.epoch)

@@ -538,8 +538,11 @@ class PreparedDataLoader:
         in_pass = self._in_pass()
         problem = self._inexact(in_pass)
         if problem:
-            warnings.warn(f"save_state: the prepared dataloader over {type(self.dataset).__name__} {problem}",
-                          RuntimeWarning, stacklevel=2)
+            from accel.tracking import user_stacklevel
+
+            dataset = self.shard.dataset if isinstance(self.shard, IterableDatasetShard) else self.dataset
+            warnings.warn(f"save_state: the prepared dataloader over {type(dataset).__name__} {problem}",
+                          RuntimeWarning, stacklevel=user_stacklevel())
         return {
             "position": self._position if in_pass else 0,
             "start": self._start if in_pass else self._snapshot(),
@@ -551,7 +554,7 @@ class PreparedDataLoader:
         """Why a run resumed from a checkpoint taken now may load different batches, or None."""
         if not isinstance(self.base.dataset, IterableDataset):
             return None
-        if self.base.num_workers > 0 and self.base.persistent_workers and getattr(self.base, "_iterator", None):
+        if self.base.num_workers > 0 and self.base.persistent_workers and getattr(self.base, "_iterator", None) is not None:
             return ("has persistent worker processes, whose dataset copies and random generators cannot be saved: "
                     "the resumed run starts new ones, so its batches can differ (persistent_workers=False resumes "
                     "exactly)")
