@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import accel
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-
-import accel
 from accel import Kernel
 from accel.errors import UsageError
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 SCRIPT = Path(__file__).parent / "scripts" / "resume_loaders.py"
 ACCEL = Path(sys.executable).parent / "accel"
@@ -39,13 +38,18 @@ def env_for(tmp_path: Path) -> dict[str, str]:
 
 
 def run(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(SCRIPT)] if processes == 1 else [str(ACCEL), "launch", "-q", "-n", str(processes),
-                                                                 str(SCRIPT)]
-    proc = subprocess.run([*cmd, *args], env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=400)
+    cmd = (
+        [sys.executable, str(SCRIPT)]
+        if processes == 1
+        else [str(ACCEL), "launch", "-q", "-n", str(processes), str(SCRIPT)]
+    )
+    proc = subprocess.run(
+        [*cmd, *args], env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=400
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd + list(args))} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd + list(args))} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -57,10 +61,10 @@ def save_then_resume(tmp_path: Path, processes: int, *variant: str) -> tuple[str
     """Run with a save at SAVE_AT, then resume in a new process; assert both end the same. The stderr of both."""
     first = run(tmp_path, processes, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--out", "a", *variant)
     second = run(tmp_path, processes, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b", *variant)
-    for a, b in zip(records(tmp_path, "a", processes), records(tmp_path, "b", processes)):
-        tail = a["batches"][int(SAVE_AT):]
+    for a, b in zip(records(tmp_path, "a", processes), records(tmp_path, "b", processes), strict=True):
+        tail = a["batches"][int(SAVE_AT) :]
         assert len(tail) == len(b["batches"]) == int(STEPS) - int(SAVE_AT)
-        for step, (x, y) in enumerate(zip(tail, b["batches"]), int(SAVE_AT) + 1):
+        for step, (x, y) in enumerate(zip(tail, b["batches"], strict=True), int(SAVE_AT) + 1):
             assert x == y, f"step {step}: uninterrupted {x}, resumed {y}"
         assert a["params"] == b["params"]
     return first.stderr, second.stderr
@@ -119,8 +123,23 @@ def test_negative_control_and_persistent_iterable_workers_warn(tmp_path: Path) -
     run(tmp_path, 1, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b", "--workers", "2", "--disturb")
     (a,), (b,) = records(tmp_path, "a", 1), records(tmp_path, "b", 1)
     assert a["params"] != b["params"]
-    proc = run(tmp_path, 1, "--steps", SAVE_AT, "--save-at", SAVE_AT, "--ckpt", "ck2", "--out", "c", "--kind",
-               "iterable", "--workers", "2", "--persistent")
+    proc = run(
+        tmp_path,
+        1,
+        "--steps",
+        SAVE_AT,
+        "--save-at",
+        SAVE_AT,
+        "--ckpt",
+        "ck2",
+        "--out",
+        "c",
+        "--kind",
+        "iterable",
+        "--workers",
+        "2",
+        "--persistent",
+    )
     lines = [line for line in proc.stderr.splitlines() if "RuntimeWarning" in line]
     assert len(lines) == 1 and "has persistent worker processes" in lines[0], proc.stderr
 

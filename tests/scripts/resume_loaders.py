@@ -17,16 +17,22 @@ import argparse
 import hashlib
 import json
 import random
-from typing import Any, Iterator
-
-import numpy as np
-import torch
-from torch import nn
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, WeightedRandomSampler,
-                              get_worker_info)
+from collections.abc import Iterator
+from typing import Any
 
 import accel
+import numpy as np
+import torch
 from accel import Kernel
+from torch import nn
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    WeightedRandomSampler,
+    get_worker_info,
+)
 
 SIZE = 50
 
@@ -61,7 +67,7 @@ class AugmentedStream(IterableDataset):
         order = torch.randperm(SIZE - 2, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
         info = get_worker_info()
         if info is not None:
-            order = order[info.id::info.num_workers]
+            order = order[info.id :: info.num_workers]
         for i in order:
             yield sample(i)
 
@@ -107,10 +113,14 @@ def main() -> None:
     parser.add_argument("--sampler", choices=("shuffle", "weighted", "distributed", "sequential"), default="shuffle")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--persistent", action="store_true")
-    parser.add_argument("--skip-call", action="store_true",
-                        help="after load_state, call skip_first_batches with the position, as Accelerate documents")
-    parser.add_argument("--disturb", action="store_true", help="draw from torch's generator after load_state "
-                        "(negative control)")
+    parser.add_argument(
+        "--skip-call",
+        action="store_true",
+        help="after load_state, call skip_first_batches with the position, as Accelerate documents",
+    )
+    parser.add_argument(
+        "--disturb", action="store_true", help="draw from torch's generator after load_state (negative control)"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(1234)

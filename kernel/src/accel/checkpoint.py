@@ -410,7 +410,7 @@ class RNGState:
             import numpy as np
 
             np.random.set_state(state["numpy"])
-        for loader, loader_state in zip(self.loaders, state.get("dataloaders", ())):
+        for loader, loader_state in zip(self.loaders, state.get("dataloaders", ()), strict=False):
             loader.load_rng_state_dict(loader_state)
         saved = state.get("accelerator")
         if saved is None:

@@ -5,6 +5,8 @@ Map-style datasets: the batches of the user's batch sampler are dealt round-robi
 with samples from the start of the epoch, so every process runs the same number of full batches;
 ``gather_for_metrics`` drops those duplicates again. With ``even_batches=False`` nothing is duplicated; processes
 that run out early get *empty* batches (zero rows) for the remaining steps, so collectives in the loop never hang.
+Iterable datasets: every process reads the stream and takes its slice of each ``batch_size * N`` samples; with
+``even_batches=False`` a process whose slice of the last group is empty gets one empty batch (:class:`Padding`).
 
 Shuffling: a ``RandomSampler`` without its own generator is replaced by ``SeedableRandomSampler``, seeded
 identically on every process (drawn from torch's global generator and broadcast from process 0) and reseeded with
@@ -14,7 +16,12 @@ Resuming: a prepared dataloader knows how many batches of the current pass it ha
 generators') state when the pass began (``state_dict``). ``load_state_dict`` makes the next pass replay that
 epoch's order and skip the batches already seen, at the batch-sampler level (:class:`SkipBatchSampler`): the
 skipped batches' indices are drawn, their samples are never loaded. ``skip_first_batches`` does the same on
-request.
+request. Random states, per process (saved with the ``rng`` item): torch's when the pass started, so the restored
+pass draws the loader's seed and the sampler's order again before the saved states are put back; with worker
+processes each batch is loaded with seeds of its own (:class:`WorkerSeededDataset`), so a skipped batch changes no
+other batch's augmentation. Map-style loaders know the epoch's last batch by count and load nothing ahead of the
+training loop; iterable datasets are read one batch ahead, with the random states before that read kept for
+``save_state``.
 """
 
 from __future__ import annotations
