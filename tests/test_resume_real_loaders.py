@@ -117,11 +117,14 @@ def test_exact_resume_two_processes_ddp(tmp_path: Path, variant: str) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_negative_control_and_persistent_iterable_workers_warn(tmp_path: Path) -> None:
-    """A draw after load_state makes the resumed run differ (the comparison can fail); an iterable dataset with
-    persistent workers cannot be resumed exactly and save_state says so."""
+    """A run that never saves is the run the others save in (save_state changes nothing); a draw after
+    load_state makes the resumed run differ (the comparison can fail); an iterable dataset with persistent workers
+    cannot be resumed exactly and save_state says so."""
+    run(tmp_path, 1, "--steps", STEPS, "--ckpt", "unused", "--out", "u", "--workers", "2")
     run(tmp_path, 1, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--out", "a", "--workers", "2")
     run(tmp_path, 1, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b", "--workers", "2", "--disturb")
-    (a,), (b,) = records(tmp_path, "a", 1), records(tmp_path, "b", 1)
+    (u,), (a,), (b,) = records(tmp_path, "u", 1), records(tmp_path, "a", 1), records(tmp_path, "b", 1)
+    assert u == a
     assert a["params"] != b["params"]
     proc = run(
         tmp_path,

@@ -27,7 +27,6 @@ training loop; iterable datasets are read one batch ahead, with the random state
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import random
 import sys
@@ -692,7 +691,7 @@ class PreparedDataLoader:
             if device is not None and device.type == "cpu" and not _accelerator_present():
                 device = None  # no other device a tensor could be on: placement would hand every batch back as it is
             if self._length is not None:
-                yield from self._counted(it, self._length, device, resume)
+                yield from self._counted(it, self._length, device)
             else:
                 yield from self._read_ahead(it, device, resume)
         finally:
@@ -707,19 +706,12 @@ class PreparedDataLoader:
             self._open = False
             state.leave(self)
 
-    def _counted(self, it: Iterator[Any], total: int, device: torch.device | None,
-                 resume: dict[str, Any]) -> Iterator[Any]:
+    def _counted(self, it: Iterator[Any], total: int, device: torch.device | None) -> Iterator[Any]:
         """A pass whose length is known: the last batch is the ``total``-th (nothing is loaded ahead)."""
         if self._position >= total:  # skipped the whole pass: draw it to its end all the same
             for _ in it:
                 pass
             return
-        if "before" in resume:
-            first = next(it, _END)
-            set_rng_states(resume["saved"])
-            if first is _END:
-                return
-            it = itertools.chain([first], it)
         for batch in it:
             self._position += 1
             if self._position == total:
