@@ -29,6 +29,19 @@ if TYPE_CHECKING:
 
 
 
+def batched_power_sgd_works() -> bool:
+    """Whether torch's batched PowerSGD hook can run: in torch 2.13 it orthogonalizes a 2-D matrix, which
+    ``_orthogonalize`` (batched, 3-D only) refuses with a bare AssertionError."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    try:
+        powerSGD_hook._orthogonalize(torch.ones(2, 1))
+    except AssertionError:
+        return False
+    return True
+
+
 def register_comm_hook(model: Any, hook: str, wrapper: str, state_option: Mapping[str, Any]) -> None:
     """Register the DDP communication hook ``hook`` (``no``, ``fp16``, ``bf16``, ``power_sgd``,
     ``batched_power_sgd``), wrapped by ``wrapper`` (``no``, ``fp16``, ``bf16``), on a DistributedDataParallel model;
@@ -41,6 +54,10 @@ def register_comm_hook(model: Any, hook: str, wrapper: str, state_option: Mappin
     wrappers = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
     if hook == "no":
         return
+    if hook == "batched_power_sgd" and not batched_power_sgd_works():
+        raise UsageError("ddp_comm_hook=batched_power_sgd cannot be used with this torch: its batched_powerSGD_hook "
+                         "fails at the first compressed step (AssertionError in powerSGD_hook._orthogonalize, which "
+                         "it hands a 2-D matrix); use power_sgd")
     if hook not in ("power_sgd", "batched_power_sgd") and state_option:
         raise UsageError(f"ddp_comm_state_option is for the PowerSGD hooks; ddp_comm_hook is {hook!r}: remove it")
     function = hooks[hook]
@@ -52,7 +69,11 @@ def register_comm_hook(model: Any, hook: str, wrapper: str, state_option: Mappin
             state = powerSGD_hook.PowerSGDState(None, **dict(state_option))
         except TypeError as exc:
             raise UsageError(f"ddp_comm_state_option: {exc} (see torch's PowerSGDState for the names)") from None
-    model.register_comm_hook(state=state, hook=function)
+    try:
+        model.register_comm_hook(state=state, hook=function)
+    except TypeError as exc:  # torch refuses a hook this backend cannot run (bf16 needs NCCL 2.10+ or XCCL)
+        what = f"ddp_comm_hook={hook}" + (f" with ddp_comm_wrapper={wrapper}" if wrapper != "no" else "")
+        raise UsageError(f"{what} cannot be used here: {exc}; choose another hook") from None
 
 
 class DDPStrategy(ProcessGroupComponent):
