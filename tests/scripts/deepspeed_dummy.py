@@ -55,7 +55,8 @@ def main() -> None:
             lrs.append([scheduler.get_last_lr(), [g["lr"] for g in optimizer.param_groups]])
             losses.append(loss.item())
     (OUT / f"rank{kernel.process_index}.json").write_text(json.dumps(
-        {"lrs": lrs, "losses": losses, "groups": groups_seen, "optimizer": type(optimizer.optimizer).__name__}))
+        {"lrs": lrs, "losses": losses, "groups": groups_seen, "optimizer": type(optimizer.optimizer).__name__,
+         "weight_decay": [g["weight_decay"] for g in optimizer.param_groups]}))
     kernel.end_training()
 
 
