@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from accel import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,19 +22,34 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
 
 SECTIONS = {
-    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True,
-                                              "adam_w_mode": True}},
-    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
-                                                      "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True, "adam_w_mode": True},
+    },
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {
+            "warmup_min_lr": "auto",
+            "warmup_max_lr": "auto",
+            "warmup_num_steps": "auto",
+            "total_num_steps": "auto",
+        },
+    },
 }
 
 
 def env_for(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-    env.update(ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TORCH_EXTENSIONS_DIR=EXTENSIONS)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
+    env.update(
+        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
+    )
     return env
 
 
@@ -45,11 +59,10 @@ def write(tmp: Path, name: str, data: dict[str, Any]) -> str:
 
 
 def test_config_sections_wait_for_prepare_and_autos_are_filled(tmp_path: Path) -> None:
+    from accel import Settings
     from accel.options import resolve
     from accel.plugins import Plugins
     from accel_deepspeed import config
-
-    from accel import Settings
 
     path = write(tmp_path, "ds.json", SECTIONS)
     plugins = Plugins.load(env={})
@@ -57,9 +70,14 @@ def test_config_sections_wait_for_prepare_and_autos_are_filled(tmp_path: Path) -
     base, where = config.base_config(Settings(values, sources, world_size=2, phase="launch", env={}))
     filled = config.fill(base, config.KernelFacts(1, "no", 2, 4), where)  # at launch: sections' autos stay
     assert filled["optimizer"]["params"]["lr"] == "auto"
-    config.fill_sections(filled, {"optimizer": {"lr": 0.5, "weight_decay": 0.1},
-                                  "scheduler": {"warmup_min_lr": 0, "warmup_max_lr": 0.5, "warmup_num_steps": 2,
-                                                "total_num_steps": 10}}, where)
+    config.fill_sections(
+        filled,
+        {
+            "optimizer": {"lr": 0.5, "weight_decay": 0.1},
+            "scheduler": {"warmup_min_lr": 0, "warmup_max_lr": 0.5, "warmup_num_steps": 2, "total_num_steps": 10},
+        },
+        where,
+    )
     assert filled["optimizer"]["params"] == {"lr": 0.5, "weight_decay": 0.1, "torch_adam": True, "adam_w_mode": True}
     assert filled["scheduler"]["params"]["total_num_steps"] == 10
     with pytest.raises(UsageError, match=r'cannot fill "auto" for scheduler.params.warmup_max_lr'):
@@ -68,12 +86,15 @@ def test_config_sections_wait_for_prepare_and_autos_are_filled(tmp_path: Path) -
 
 def test_dummy_scheduler_auto_values_follow_accelerate() -> None:
     import torch
-
     from accel_deepspeed import DummyOptim, DummyScheduler
 
     opt = DummyOptim(torch.nn.Linear(2, 2).parameters(), lr=0.3)
     assert DummyScheduler(opt, total_num_steps=25, warmup_num_steps=0).auto_values(2) == {
-        "warmup_min_lr": 0, "warmup_max_lr": 0.3, "warmup_num_steps": 1, "total_num_steps": 13}
+        "warmup_min_lr": 0,
+        "warmup_max_lr": 0.3,
+        "warmup_num_steps": 1,
+        "total_num_steps": 13,
+    }
 
 
 @pytest.mark.slow
@@ -81,8 +102,14 @@ def test_dummy_scheduler_auto_values_follow_accelerate() -> None:
 def test_dummy_mistakes_are_one_line_each(tmp_path: Path) -> None:
     with_sections = write(tmp_path, "with.json", SECTIONS)
     without = write(tmp_path, "without.json", {"train_micro_batch_size_per_gpu": "auto"})
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "deepspeed_dummy_refusals.py"), with_sections, without],
-                          env=env_for(tmp_path), capture_output=True, text=True, timeout=850, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "deepspeed_dummy_refusals.py"), with_sections, without],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {
@@ -103,8 +130,14 @@ def test_dummy_mistakes_are_one_line_each(tmp_path: Path) -> None:
 
 def launch(tmp: Path, mode: str, flags: list[str]) -> list[dict[str, Any]]:
     out = Path(tempfile.mkdtemp(prefix=f"out-{mode}-", dir=tmp))
-    proc = subprocess.run([ACCEL, "launch", "-q", "-n", "2", *flags, str(SCRIPTS / "deepspeed_dummy.py"), str(out),
-                           mode], env=env_for(tmp), capture_output=True, text=True, timeout=850, cwd=tmp)
+    proc = subprocess.run(
+        [ACCEL, "launch", "-q", "-n", "2", *flags, str(SCRIPTS / "deepspeed_dummy.py"), str(out), mode],
+        env=env_for(tmp),
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=tmp,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -131,8 +164,9 @@ def warmup_decay(steps: int) -> list[float]:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_config_optimizer_and_scheduler_through_dummies(tmp_path: Path, stage: int) -> None:
     path = write(tmp_path, "ds.json", SECTIONS)
-    ranks = launch(tmp_path, "dummy", ["--plugin", "deepspeed", "--zero_stage", str(stage),
-                                       "--deepspeed_config_file", path])
+    ranks = launch(
+        tmp_path, "dummy", ["--plugin", "deepspeed", "--zero_stage", str(stage), "--deepspeed_config_file", path]
+    )
     expected = warmup_decay(12)
     for rec in ranks:
         assert rec["optimizer"] == "AdamW"  # built by the engine from the config (torch_adam)

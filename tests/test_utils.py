@@ -16,7 +16,6 @@ from typing import Any
 import numpy
 import pytest
 import torch
-
 from accel import UsageError
 from accel.testing import imported_modules, run_launch
 
@@ -43,7 +42,7 @@ def test_set_seed_seeds_random_numpy_and_torch() -> None:
     set_seed(7)
     assert draws() == first
     set_seed(8)
-    assert all(a != b for a, b in zip(draws(), first))
+    assert all(a != b for a, b in zip(draws(), first, strict=True))
 
 
 def test_set_seed_deterministic_turns_on_deterministic_algorithms() -> None:
@@ -98,7 +97,7 @@ def test_find_executable_batch_size_shrinks_after_a_real_cpu_allocation_failure(
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     tried = out["tried"]
     assert tried[0] == 1024 and len(tried) > 3
-    assert all(b == int(a * 0.9) for a, b in zip(tried, tried[1:]))
+    assert all(b == int(a * 0.9) for a, b in zip(tried, tried[1:], strict=False))
     assert tried[-1] * 4 * 2**20 < 600 * 2**20  # the size that fitted is within the budget
     assert len(out["errors"]) == len(tried) - 1
     assert all("DefaultCPUAllocator: can't allocate memory" in e for e in out["errors"])
@@ -138,8 +137,11 @@ def test_find_executable_batch_size_rules() -> None:
     def takes(batch_size: int, model: str) -> int:
         return batch_size
 
-    with pytest.raises(TypeError, match=r"Batch size was passed into `takes` as the first argument when called."
-                                        r"Remove this as the decorator already does so: `takes\(model=m\)`"):
+    with pytest.raises(
+        TypeError,
+        match=r"Batch size was passed into `takes` as the first argument when called."
+        r"Remove this as the decorator already does so: `takes\(model=m\)`",
+    ):
         takes(8, "m")
     assert not should_reduce_batch_size(RuntimeError("something else"))
 
@@ -157,9 +159,11 @@ def test_tqdm_shows_on_the_main_process_and_refuses_a_positional_flag() -> None:
 
 
 def test_tqdm_without_the_package_is_one_clear_line() -> None:
-    code = ("import sys; sys.modules['tqdm'] = None; sys.modules['tqdm.auto'] = None\n"
-            "from accel.utils import tqdm\n"
-            "try:\n    tqdm(range(2))\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    code = (
+        "import sys; sys.modules['tqdm'] = None; sys.modules['tqdm.auto'] = None\n"
+        "from accel.utils import tqdm\n"
+        "try:\n    tqdm(range(2))\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "UsageError accel.utils.tqdm needs the tqdm package: pip install tqdm"
 
@@ -177,14 +181,22 @@ def test_kwargs_handlers_set_the_options_plugins_declare(accel_kernel: Any) -> N
     )
 
     profile = ProfileKwargs(record_shapes=True)
-    kernel = accel_kernel(["ddp", "amp"], kwargs_handlers=[
-        DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=5, static_graph=True,
-                                      comm_hook=DDPCommunicationHookType.POWER_SGD, comm_wrapper="fp16",
-                                      comm_state_option={"matrix_approximation_rank": 2}),
-        GradScalerKwargs(init_scale=1024.0, growth_interval=10),
-        InitProcessGroupKwargs(timeout=timedelta(seconds=800)),
-        profile,
-    ])
+    kernel = accel_kernel(
+        ["ddp", "amp"],
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(
+                find_unused_parameters=True,
+                bucket_cap_mb=5,
+                static_graph=True,
+                comm_hook=DDPCommunicationHookType.POWER_SGD,
+                comm_wrapper="fp16",
+                comm_state_option={"matrix_approximation_rank": 2},
+            ),
+            GradScalerKwargs(init_scale=1024.0, growth_interval=10),
+            InitProcessGroupKwargs(timeout=timedelta(seconds=800)),
+            profile,
+        ],
+    )
     s = kernel.settings
     assert (s["ddp_find_unused_parameters"], s["ddp_bucket_cap_mb"], s["ddp_static_graph"]) == (True, 5.0, True)
     assert (s["ddp_comm_hook"], s["ddp_comm_wrapper"]) == ("power_sgd", "fp16")
@@ -209,24 +221,34 @@ def test_grad_scaler_and_autocast_handlers_reach_torch(accel_kernel: Any) -> Non
         assert torch.mm(a, a).dtype == torch.float32
 
 
-@pytest.mark.parametrize("handlers,arguments,message", [
-    ("two", {}, "You can only pass one GradScalerKwargs in `kwargs_handlers`."),
-    ("dim", {}, "DistributedDataParallelKwargs(dim=...) is not supported: no installed plugin takes that field"),
-    ("init_method", {}, "InitProcessGroupKwargs(init_method=...) is not supported"),
-    ("conflict", {"grad_scaler_init_scale": 4.0}, "GradScalerKwargs(init_scale=2.0) disagrees with "
-                                                  "Kernel(grad_scaler_init_scale=4.0); give one of them"),
-    ("object", {}, "Kernel(kwargs_handlers=...) takes kwargs-handler objects"),
-    ("bad_hook", {}, "must be one of no, fp16, bf16, power_sgd, batched_power_sgd, got 'fp8'"),
-])
-def test_kwargs_handler_mistakes_are_one_line(accel_kernel: Any, handlers: str, arguments: dict[str, Any],
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    "handlers,arguments,message",
+    [
+        ("two", {}, "You can only pass one GradScalerKwargs in `kwargs_handlers`."),
+        ("dim", {}, "DistributedDataParallelKwargs(dim=...) is not supported: no installed plugin takes that field"),
+        ("init_method", {}, "InitProcessGroupKwargs(init_method=...) is not supported"),
+        (
+            "conflict",
+            {"grad_scaler_init_scale": 4.0},
+            "GradScalerKwargs(init_scale=2.0) disagrees with Kernel(grad_scaler_init_scale=4.0); give one of them",
+        ),
+        ("object", {}, "Kernel(kwargs_handlers=...) takes kwargs-handler objects"),
+        ("bad_hook", {}, "must be one of no, fp16, bf16, power_sgd, batched_power_sgd, got 'fp8'"),
+    ],
+)
+def test_kwargs_handler_mistakes_are_one_line(
+    accel_kernel: Any, handlers: str, arguments: dict[str, Any], message: str
+) -> None:
     from accel.utils import DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
 
-    given = {"two": [GradScalerKwargs(), GradScalerKwargs(init_scale=2.0)],
-             "dim": [DistributedDataParallelKwargs(dim=1)],
-             "init_method": [InitProcessGroupKwargs(init_method="tcp://127.0.0.1:1")],
-             "conflict": [GradScalerKwargs(init_scale=2.0)], "object": [object()],
-             "bad_hook": [DistributedDataParallelKwargs(comm_hook="fp8")]}[handlers]
+    given = {
+        "two": [GradScalerKwargs(), GradScalerKwargs(init_scale=2.0)],
+        "dim": [DistributedDataParallelKwargs(dim=1)],
+        "init_method": [InitProcessGroupKwargs(init_method="tcp://127.0.0.1:1")],
+        "conflict": [GradScalerKwargs(init_scale=2.0)],
+        "object": [object()],
+        "bad_hook": [DistributedDataParallelKwargs(comm_hook="fp8")],
+    }[handlers]
     with pytest.raises(UsageError) as info:
         accel_kernel(["ddp", "amp"], kwargs_handlers=given, **arguments)
     assert message in str(info.value) and "\n" not in str(info.value)
@@ -244,8 +266,11 @@ def test_handler_without_its_plugin_installed_is_refused(accel_kernel: Any) -> N
 def test_fp8_recipe_handlers_are_refused_with_the_options_to_use(name: str) -> None:
     import accel.utils
 
-    with pytest.raises(UsageError, match=rf"{name} is not supported: accel sets fp8 through options: "
-                                         r"Kernel\(mixed_precision='fp8', fp8_recipe="):
+    with pytest.raises(
+        UsageError,
+        match=rf"{name} is not supported: accel sets fp8 through options: "
+        r"Kernel\(mixed_precision='fp8', fp8_recipe=",
+    ):
         getattr(accel.utils, name)(backend="te")
 
 
@@ -278,8 +303,9 @@ def test_profile_on_one_process(accel_kernel: Any, tmp_path: Path) -> None:
         torch.mm(torch.randn(8, 8), torch.randn(8, 8))
     trace = json.loads((tmp_path / "t" / "profile_0.json").read_text())
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
-    with pytest.raises(UsageError, match="ProfileKwargs\\(activities=...\\): 'tpu' is not available here; choose "
-                                         "from cpu"):
+    with pytest.raises(
+        UsageError, match="ProfileKwargs\\(activities=...\\): 'tpu' is not available here; choose from cpu"
+    ):
         with kernel.profile(ProfileKwargs(activities=["tpu"])):
             pass
 
@@ -302,8 +328,11 @@ def test_trigger_and_local_sgd_on_one_process(accel_kernel: Any) -> None:
 
 
 def test_comm_hook_options_are_validated(accel_kernel: Any) -> None:
-    with pytest.raises(UsageError, match=r"Kernel\(ddp_comm_wrapper=...\) must be one of no, fp16, bf16, got "
-                                         r"'power_sgd'"):
+    with pytest.raises(
+        UsageError,
+        match=r"Kernel\(ddp_comm_wrapper=...\) must be one of no, fp16, bf16, got "
+        r"'power_sgd'",
+    ):
         accel_kernel(["ddp"], ddp_comm_wrapper="power_sgd")
 
 
@@ -315,8 +344,14 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("utils")
     out = tmp / "out"
     out.mkdir()
-    run_launch(["-q", str(SCRIPTS / "utils_checks.py"), str(out)], num_processes=2, home=tmp / "home",
-               registered=["ddp"], cwd=tmp, timeout=240)
+    run_launch(
+        ["-q", str(SCRIPTS / "utils_checks.py"), str(out)],
+        num_processes=2,
+        home=tmp / "home",
+        registered=["ddp"],
+        cwd=tmp,
+        timeout=240,
+    )
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r, rec in enumerate(records):
         rec["traces"] = sorted(p.name for p in (out / "traces").iterdir())
@@ -327,7 +362,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 @pytest.mark.multiprocess
 def test_set_seed_agrees_across_processes_and_device_specific_differs(ranks: list[dict[str, Any]]) -> None:
     assert ranks[0]["same"] == ranks[1]["same"]
-    assert all(a != b for a, b in zip(ranks[0]["specific"], ranks[1]["specific"]))
+    assert all(a != b for a, b in zip(ranks[0]["specific"], ranks[1]["specific"], strict=True))
     assert ranks[0]["specific"] == ranks[0]["same"]  # rank 0 adds 0
 
 
@@ -344,7 +379,7 @@ def test_trigger_set_on_one_process_is_seen_by_all_then_reset(ranks: list[dict[s
 
 @pytest.mark.multiprocess
 def test_local_sgd_averages_every_n_steps_and_not_in_between(ranks: list[dict[str, Any]]) -> None:
-    for a, b in zip(ranks[0]["local_sgd"], ranks[1]["local_sgd"]):
+    for a, b in zip(ranks[0]["local_sgd"], ranks[1]["local_sgd"], strict=True):
         if a["step"] % 3 == 0:
             assert a["checksum"] == pytest.approx(b["checksum"], abs=1e-9), a
         else:  # no gradient synchronisation inside LocalSGD: each rank followed its own data
@@ -362,8 +397,12 @@ def test_profile_writes_a_trace_per_process_and_calls_its_handler(ranks: list[di
 @pytest.mark.multiprocess
 def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]]) -> None:
     hooks = [r["comm_hooks"] for r in ranks]
-    expected = {"no": [], "fp16": ["fp16_compress_hook"], "power_sgd": ["powerSGD_hook"],
-                "power_sgd+fp16": ["fp16_compress_wrapper.<locals>.fp16_compress_wrapper_hook"]}
+    expected = {
+        "no": [],
+        "fp16": ["fp16_compress_hook"],
+        "power_sgd": ["powerSGD_hook"],
+        "power_sgd+fp16": ["fp16_compress_wrapper.<locals>.fp16_compress_wrapper_hook"],
+    }
     for name, registered in expected.items():
         for rec in hooks:
             assert rec[name]["error"] is None, rec[name]["error"]
@@ -375,7 +414,10 @@ def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]])
     for rec in hooks:
         for name in ("bf16", "power_sgd+bf16"):  # torch refuses bf16 compression on gloo: one line
             assert rec[name]["error"].startswith("UsageError: ddp_comm_hook=")
-            assert rec[name]["error"].endswith("cannot be used here: BF16 all reduce communication hook required "
-                                               "CUDA 11+ and NCCL 2.10+ or XPU and XCCL; choose another hook")
-        assert rec["batched_power_sgd"]["error"].startswith("UsageError: ddp_comm_hook=batched_power_sgd cannot "
-                                                            "be used with this torch")
+            assert rec[name]["error"].endswith(
+                "cannot be used here: BF16 all reduce communication hook required "
+                "CUDA 11+ and NCCL 2.10+ or XPU and XCCL; choose another hook"
+            )
+        assert rec["batched_power_sgd"]["error"].startswith(
+            "UsageError: ddp_comm_hook=batched_power_sgd cannot be used with this torch"
+        )

@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy
 import torch
-from torch import nn
-
 from accel import Kernel
 from accel.utils import (
     DDPCommunicationHookType,
@@ -24,6 +22,7 @@ from accel.utils import (
     set_seed,
     tqdm,
 )
+from torch import nn
 
 OUT = Path(sys.argv[1])
 
@@ -73,9 +72,13 @@ def triggers(kernel: Kernel) -> list[bool]:
 
 def profile(kernel: Kernel) -> dict[str, Any]:
     ready: list[int] = []
-    handler = ProfileKwargs(schedule_option=dict(wait=1, warmup=1, active=2, repeat=1), record_shapes=True,
-                            on_trace_ready=lambda prof: ready.append(kernel.process_index),
-                            output_trace_dir=str(OUT / "traces"), activities=["cpu"])
+    handler = ProfileKwargs(
+        schedule_option=dict(wait=1, warmup=1, active=2, repeat=1),
+        record_shapes=True,
+        on_trace_ready=lambda prof: ready.append(kernel.process_index),
+        output_trace_dir=str(OUT / "traces"),
+        activities=["cpu"],
+    )
     model = nn.Linear(8, 8)
     with kernel.profile(handler) as prof:
         for _ in range(6):
@@ -85,15 +88,23 @@ def profile(kernel: Kernel) -> dict[str, Any]:
 
 
 def comm_hooks() -> dict[str, Any]:
-    cases = {"no": {}, "fp16": {}, "bf16": {}, "power_sgd+bf16": {"matrix_approximation_rank": 1}, "power_sgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
-             "batched_power_sgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
-             "power_sgd+fp16": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}}
+    cases = {
+        "no": {},
+        "fp16": {},
+        "bf16": {},
+        "power_sgd+bf16": {"matrix_approximation_rank": 1},
+        "power_sgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
+        "batched_power_sgd": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
+        "power_sgd+fp16": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
+    }
     out: dict[str, Any] = {}
     for name, state in cases.items():
         hook, _, wrapper = name.partition("+")
-        handler = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType(hook),
-                                                comm_wrapper=DDPCommunicationHookType(wrapper or "no"),
-                                                comm_state_option=state)
+        handler = DistributedDataParallelKwargs(
+            comm_hook=DDPCommunicationHookType(hook),
+            comm_wrapper=DDPCommunicationHookType(wrapper or "no"),
+            comm_state_option=state,
+        )
         kernel = Kernel(kwargs_handlers=[handler])
         model = net()
         before = checksum(model)
@@ -114,8 +125,14 @@ def comm_hooks() -> dict[str, Any]:
         except Exception as exc:  # recorded: the test shows torch's exact message
             error = f"{type(exc).__name__}: {exc}"
         hooks = [getattr(h, "__qualname__", repr(h)) for h, _ in getattr(ddp, "_comm_hooks", [])]
-        out[name] = {"hooks": hooks, "before": before, "after": checksum(model), "losses": losses, "error": error,
-                     "settings": [kernel.settings["ddp_comm_hook"], kernel.settings["ddp_comm_wrapper"]]}
+        out[name] = {
+            "hooks": hooks,
+            "before": before,
+            "after": checksum(model),
+            "losses": losses,
+            "error": error,
+            "settings": [kernel.settings["ddp_comm_hook"], kernel.settings["ddp_comm_wrapper"]],
+        }
     return out
 
 
@@ -126,9 +143,14 @@ def main() -> None:
     set_seed(42, device_specific=True)
     specific = draws()
     record = {
-        "rank": kernel.process_index, "same": same, "specific": specific,
-        "bar_disabled": tqdm(range(3)).disable, "bar_everywhere": tqdm(range(3), main_process_only=False).disable,
-        "triggers": triggers(kernel), "local_sgd": local_sgd(kernel), "profile": profile(kernel),
+        "rank": kernel.process_index,
+        "same": same,
+        "specific": specific,
+        "bar_disabled": tqdm(range(3)).disable,
+        "bar_everywhere": tqdm(range(3), main_process_only=False).disable,
+        "triggers": triggers(kernel),
+        "local_sgd": local_sgd(kernel),
+        "profile": profile(kernel),
     }
     record["comm_hooks"] = comm_hooks()
     (OUT / f"rank{kernel.process_index}.json").write_text(json.dumps(record))

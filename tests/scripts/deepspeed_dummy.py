@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import torch
+from accel import Kernel
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from accel import Kernel
 
 OUT, MODE = Path(sys.argv[1]), sys.argv[2]
 STEPS_PER_EPOCH, EPOCHS, WARMUP = 6, 2, 3
@@ -54,9 +53,17 @@ def main() -> None:
             optimizer.zero_grad()
             lrs.append([scheduler.get_last_lr(), [g["lr"] for g in optimizer.param_groups]])
             losses.append(loss.item())
-    (OUT / f"rank{kernel.process_index}.json").write_text(json.dumps(
-        {"lrs": lrs, "losses": losses, "groups": groups_seen, "optimizer": type(optimizer.optimizer).__name__,
-         "weight_decay": [g["weight_decay"] for g in optimizer.param_groups]}))
+    (OUT / f"rank{kernel.process_index}.json").write_text(
+        json.dumps(
+            {
+                "lrs": lrs,
+                "losses": losses,
+                "groups": groups_seen,
+                "optimizer": type(optimizer.optimizer).__name__,
+                "weight_decay": [g["weight_decay"] for g in optimizer.param_groups],
+            }
+        )
+    )
     kernel.end_training()
 
 

@@ -8,11 +8,10 @@ import json
 import sys
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
 from accel import Kernel
 from accel_deepspeed import DummyOptim, DummyScheduler
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 WITH_SECTIONS, WITHOUT = sys.argv[1], sys.argv[2]
 
@@ -31,12 +30,14 @@ def main() -> None:
     out = {}
     sections = Kernel(plugins=["deepspeed"], deepspeed_config_file=WITH_SECTIONS)
     out["torch_optimizer_with_section"] = attempt(sections, lambda m: [torch.optim.SGD(m.parameters(), lr=0.1)])
-    out["torch_scheduler_with_section"] = attempt(sections, lambda m: [
-        o := DummyOptim(m.parameters()), torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0)])
+    out["torch_scheduler_with_section"] = attempt(
+        sections, lambda m: [o := DummyOptim(m.parameters()), torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0)]
+    )
     plain = Kernel(plugins=["deepspeed"], deepspeed_config_file=WITHOUT)
     out["dummy_optimizer_without_section"] = attempt(plain, lambda m: [DummyOptim(m.parameters())])
-    out["dummy_scheduler_without_section"] = attempt(plain, lambda m: [
-        o := torch.optim.SGD(m.parameters(), lr=0.1), DummyScheduler(o)])
+    out["dummy_scheduler_without_section"] = attempt(
+        plain, lambda m: [o := torch.optim.SGD(m.parameters(), lr=0.1), DummyScheduler(o)]
+    )
     try:
         DummyOptim(nn.Linear(2, 2).parameters()).step()
     except Exception as exc:

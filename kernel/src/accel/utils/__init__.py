@@ -33,12 +33,39 @@ _LAZY = {
     "should_reduce_batch_size": "accel.utils.memory",
     "release_memory": "accel.utils.memory",
     "LocalSGD": "accel.utils.local_sgd",
-    **{name: "accel.utils.handlers" for name in (
-        "KwargsHandler", "AutocastKwargs", "GradScalerKwargs", "InitProcessGroupKwargs", "ProfileKwargs",
-        "FP8RecipeKwargs", "AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs")},
+    **{
+        name: "accel.utils.handlers"
+        for name in (
+            "KwargsHandler",
+            "AutocastKwargs",
+            "GradScalerKwargs",
+            "InitProcessGroupKwargs",
+            "ProfileKwargs",
+            "FP8RecipeKwargs",
+            "AORecipeKwargs",
+            "TERecipeKwargs",
+            "MSAMPRecipeKwargs",
+        )
+    },
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "AORecipeKwargs",
+    "AutocastKwargs",
+    "FP8RecipeKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "LocalSGD",
+    "MSAMPRecipeKwargs",
+    "ProfileKwargs",
+    "TERecipeKwargs",
+    "find_executable_batch_size",
+    "release_memory",
+    "set_seed",
+    "should_reduce_batch_size",
+    "tqdm",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -54,6 +81,7 @@ def __getattr__(name: str) -> Any:
             try:
                 return getattr(importlib.import_module(module), name)
             except ImportError:
-                raise AttributeError(f"accel.utils.{name} comes with plugin {plugin!r}: pip install "
-                                     f"{info['distribution']}") from None
+                raise AttributeError(
+                    f"accel.utils.{name} comes with plugin {plugin!r}: pip install {info['distribution']}"
+                ) from None
     raise AttributeError(f"module 'accel.utils' has no attribute {name!r}")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel.errors import UsageError
 
@@ -107,8 +108,10 @@ class ProfileKwargs(KwargsHandler):
         out = []
         for name in self.activities:
             if str(name).lower() not in known:
-                raise UsageError(f"ProfileKwargs(activities=...): {name!r} is not available here; choose from "
-                                 f"{', '.join(sorted(known))}")
+                raise UsageError(
+                    f"ProfileKwargs(activities=...): {name!r} is not available here; choose from "
+                    f"{', '.join(sorted(known))}"
+                )
             out.append(known[str(name).lower()])
         return out
 
@@ -120,17 +123,25 @@ class ProfileKwargs(KwargsHandler):
             try:
                 schedule = torch.profiler.schedule(**self.schedule_option)
             except TypeError as exc:
-                raise UsageError(f"ProfileKwargs(schedule_option=...): {exc}; use wait, warmup, active, repeat "
-                                 "and skip_first") from None
+                raise UsageError(
+                    f"ProfileKwargs(schedule_option=...): {exc}; use wait, warmup, active, repeat and skip_first"
+                ) from None
         return torch.profiler.profile(
-            activities=self.profiler_activities(), schedule=schedule, on_trace_ready=self.on_trace_ready,
-            record_shapes=self.record_shapes, profile_memory=self.profile_memory, with_stack=self.with_stack,
-            with_flops=self.with_flops, with_modules=self.with_modules,
+            activities=self.profiler_activities(),
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
         )
 
 
-FP8_HINT = ("accel sets fp8 through options: Kernel(mixed_precision='fp8', fp8_recipe=..., fp8_pad_inner_dim=..., "
-            "fp8_enable_fsdp_float8_all_gather=...) with accel-plugin-amp (torchao float8)")
+FP8_HINT = (
+    "accel sets fp8 through options: Kernel(mixed_precision='fp8', fp8_recipe=..., fp8_pad_inner_dim=...) "
+    "and the other fp8_* options of accel-plugin-amp (torchao float8)"
+)
 
 
 class _Refused(KwargsHandler):
@@ -177,8 +188,10 @@ def route(handlers: Iterable[Any], declared: Options, arguments: Mapping[str, An
     for handler in handlers:
         kind = type(handler)
         if not isinstance(handler, KwargsHandler):
-            raise UsageError(f"Kernel(kwargs_handlers=...) takes kwargs-handler objects (accel.utils."
-                             f"GradScalerKwargs, ...), got {kind.__name__}")
+            raise UsageError(
+                f"Kernel(kwargs_handlers=...) takes kwargs-handler objects (accel.utils."
+                f"GradScalerKwargs, ...), got {kind.__name__}"
+            )
         if kind in seen:
             raise UsageError(f"You can only pass one {kind.__name__} in `kwargs_handlers`.")
         seen.add(kind)
@@ -189,14 +202,17 @@ def route(handlers: Iterable[Any], declared: Options, arguments: Mapping[str, An
             key = f"{kind.__name__}.{name}"
             names = takers.get(key)
             if not names:
-                raise UsageError(f"{kind.__name__}({name}=...) is not supported: no installed plugin takes that "
-                                 "field, so it would change nothing; remove it (docs/utilities.md lists the fields "
-                                 "each plugin takes)")
+                raise UsageError(
+                    f"{kind.__name__}({name}=...) is not supported: no installed plugin takes that "
+                    "field, so it would change nothing; remove it (docs/utilities.md lists the fields "
+                    "each plugin takes)"
+                )
             for option in names:
                 plain = option_value(value)
                 if arguments.get(option) is not None and arguments[option] != plain:
-                    raise UsageError(f"{kind.__name__}({name}={value!r}) disagrees with Kernel({option}="
-                                     f"{arguments[option]!r}); give one of them")
+                    raise UsageError(
+                        f"{kind.__name__}({name}={value!r}) disagrees with Kernel({option}="
+                        f"{arguments[option]!r}); give one of them"
+                    )
                 out.options[option] = plain
     return out
-

@@ -29,8 +29,10 @@ class LocalSGD:
         distributed = accelerator.num_processes > 1
         if distributed and not any(CAPABILITY in c.provides for c in accelerator.components if c.role == "strategy"):
             strategy = next((c.name for c in accelerator.components if c.role == "strategy"), "none")
-            raise UsageError(f"LocalSGD averages full parameter replicas; the active strategy ({strategy}) does not "
-                             f"keep one per process (it provides no {CAPABILITY!r}); use the ddp plugin")
+            raise UsageError(
+                f"LocalSGD averages full parameter replicas; the active strategy ({strategy}) does not "
+                f"keep one per process (it provides no {CAPABILITY!r}); use the ddp plugin"
+            )
         self.enabled = enabled and distributed
         self.num_steps = 0
         self.accelerator = accelerator

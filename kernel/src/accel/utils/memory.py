@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Messages of out-of-memory errors (any accelerator, and the CPU allocator), as Accelerate matches them.
 OOM_MESSAGES = (
@@ -57,8 +58,11 @@ def find_executable_batch_size(
     what ``reduce_batch_size_fn()`` returns. The batch size found is kept for later calls. Raises
     ``RuntimeError`` when it reaches zero."""
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
-                                 reduce_batch_size_fn=reduce_batch_size_fn)
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
     batch_size = starting_batch_size
     if reduce_batch_size_fn is None:
 
@@ -73,9 +77,11 @@ def find_executable_batch_size(
         clear_device_cache()
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
-            given = ", ".join(f"{name}={value}" for name, value in zip(params[1:], args[1:]))
-            raise TypeError(f"Batch size was passed into `{function.__name__}` as the first argument when called."
-                            f"Remove this as the decorator already does so: `{function.__name__}({given})`")
+            given = ", ".join(f"{name}={value}" for name, value in zip(params[1:], args[1:], strict=False))
+            raise TypeError(
+                f"Batch size was passed into `{function.__name__}` as the first argument when called."
+                f"Remove this as the decorator already does so: `{function.__name__}({given})`"
+            )
         while True:
             if batch_size == 0:
                 raise RuntimeError("No executable batch size found, reached zero.")

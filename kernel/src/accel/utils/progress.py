@@ -25,8 +25,7 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     except ImportError:
         raise UsageError("accel.utils.tqdm needs the tqdm package: pip install tqdm") from None
     if args and isinstance(args[0], bool):
-        raise UsageError("accel.utils.tqdm: pass main_process_only=True/False as a keyword, not as the first "
-                         "argument")
+        raise UsageError("accel.utils.tqdm: pass main_process_only=True/False as a keyword, not as the first argument")
     disable = kwargs.pop("disable", False)
     if main_process_only and not disable:
         disable = local_process_index() != 0

@@ -7,10 +7,10 @@ nothing (as Accelerate)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-
 from accel import UsageError
 
 WHY = "stands for the {} of the DeepSpeed config; pass it to kernel.prepare() and use what prepare() returns"
@@ -39,8 +39,14 @@ class DummyScheduler:
     the ``"auto"`` values of the config's ``scheduler`` section, or (without one) ``lr_scheduler_callable(optimizer)``
     builds the scheduler the engine steps."""
 
-    def __init__(self, optimizer: Any, total_num_steps: int | None = None, warmup_num_steps: int = 0,
-                 lr_scheduler_callable: Callable[[Any], Any] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ):
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
         self.warmup_num_steps = warmup_num_steps
@@ -58,8 +64,11 @@ class DummyScheduler:
         steps the script counted over the whole dataset are divided among the processes)."""
         opt = self.optimizer
         max_lr = opt.defaults["lr"] if getattr(opt, "defaults", None) else getattr(opt, "lr", None)
-        values: dict[str, Any] = {"warmup_min_lr": 0, "warmup_max_lr": max_lr,
-                                  "warmup_num_steps": max(1, self.warmup_num_steps)}
+        values: dict[str, Any] = {
+            "warmup_min_lr": 0,
+            "warmup_max_lr": max_lr,
+            "warmup_num_steps": max(1, self.warmup_num_steps),
+        }
         if self.total_num_steps is not None:
             values["total_num_steps"] = math.ceil(self.total_num_steps / world_size)
         return values
