@@ -171,6 +171,7 @@ def test_tqdm_without_the_package_is_one_clear_line() -> None:
 # ---- kwargs handlers --------------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:kwargs_handlers:UserWarning")  # one process: ddp is not active (notice tested below)
 def test_kwargs_handlers_set_the_options_plugins_declare(accel_kernel: Any) -> None:
     from accel.utils import (
         DDPCommunicationHookType,
@@ -421,3 +422,20 @@ def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]])
         assert rec["batched_power_sgd"]["error"].startswith(
             "UsageError: ddp_comm_hook=batched_power_sgd cannot be used with this torch"
         )
+
+
+def test_handler_fields_of_an_inactive_plugin_get_one_notice(accel_kernel: Any) -> None:
+    from accel.utils import DistributedDataParallelKwargs, GradScalerKwargs
+
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=True), GradScalerKwargs(init_scale=4.0)]
+    with pytest.warns(UserWarning) as caught:
+        accel_kernel(["ddp", "amp"], kwargs_handlers=handlers)  # one process, no mixed precision
+    assert [str(w.message) for w in caught] == [
+        "kwargs_handlers: DistributedDataParallelKwargs(find_unused_parameters=...), GradScalerKwargs(init_scale=...) "
+        "change nothing in this run (no active plugin uses them)"
+    ]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the scaler is used with fp16: no notice
+        accel_kernel(["ddp", "amp"], mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=4.0)])

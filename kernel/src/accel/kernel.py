@@ -24,7 +24,7 @@ from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
 from accel.errors import UsageError
-from accel.options import Settings, did_you_mean, resolve
+from accel.options import KERNEL, Settings, did_you_mean, resolve
 from accel.plugins import Plugins
 from accel.project import ProjectConfiguration, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
@@ -324,6 +324,9 @@ class Kernel(TrackingMixin):
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
         self.topology: Topology = hook.accel_topology(kernel=self)
+        idle = handled.unused(declared, [KERNEL, *(c.name for c in self.plugins.components)])
+        if idle and self.is_main_process:
+            warnings.warn(idle, UserWarning, stacklevel=2)
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)

@@ -173,6 +173,16 @@ class Routed:
 
     options: dict[str, Any] = field(default_factory=dict)  # option name -> value
     profile: ProfileKwargs | None = None
+    given: dict[str, str] = field(default_factory=dict)  # option name -> "Handler(field=...)" that set it
+
+    def unused(self, declared: Options, active: Iterable[str]) -> str | None:
+        """One line naming the handler fields whose options belong to installed plugins that are not active in
+        this run (so they change nothing here, as with Accelerate's handlers of an unused backend), or None."""
+        active = set(active)
+        idle = sorted({self.given[name] for name in self.options if declared[name].plugin not in active})
+        if not idle:
+            return None
+        return f"kwargs_handlers: {', '.join(idle)} change nothing in this run (no active plugin uses them)"
 
 
 def route(handlers: Iterable[Any], declared: Options, arguments: Mapping[str, Any]) -> Routed:
@@ -215,4 +225,5 @@ def route(handlers: Iterable[Any], declared: Options, arguments: Mapping[str, An
                         f"{arguments[option]!r}); give one of them"
                     )
                 out.options[option] = plain
+                out.given[option] = f"{kind.__name__}({name}=...)"
     return out
