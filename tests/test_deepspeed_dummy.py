@@ -171,6 +171,7 @@ def test_config_optimizer_and_scheduler_through_dummies(tmp_path: Path, stage: i
     for rec in ranks:
         assert rec["optimizer"] == "AdamW"  # built by the engine from the config (torch_adam)
         assert rec["weight_decay"] == [0.01, 0.0]  # the script's two groups, as given
+        assert rec["restored"] == [True, True]  # save_state/load_state: the engine's scheduler and the lr
         assert [step[0][0] for step in rec["lrs"]] == pytest.approx(expected)  # scheduler.get_last_lr()
         assert [step[1] for step in rec["lrs"]] == [[lr, lr] for lr in [step[0][0] for step in rec["lrs"]]]
 
@@ -185,6 +186,7 @@ def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_pat
     expected = [0.05 / (1 + step) for step in range(1, 13)]
     for rec in ranks:
         assert rec["groups"] == 1  # DeepSpeed dropped the empty group
+        assert rec["restored"] == [True, True]
         assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
         assert [step[1] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
 
@@ -196,4 +198,5 @@ def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -
     expected = [0.05 / (1 + step) for step in range(1, 13)]
     for rec in ranks:
         assert rec["groups"] == 2
+        assert rec["restored"] == [True, True]
         assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr, lr]) for lr in expected]

@@ -171,7 +171,9 @@ def test_tqdm_without_the_package_is_one_clear_line() -> None:
 # ---- kwargs handlers --------------------------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore:kwargs_handlers:UserWarning")  # one process: ddp is not active (notice tested below)
+@pytest.mark.filterwarnings(
+    "ignore:kwargs_handlers:UserWarning"
+)  # one process: ddp is not active (notice tested below)
 def test_kwargs_handlers_set_the_options_plugins_declare(accel_kernel: Any) -> None:
     from accel.utils import (
         DDPCommunicationHookType,
@@ -410,6 +412,8 @@ def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]])
             assert rec[name]["hooks"] == registered
             assert len(rec[name]["losses"]) == 5 and rec[name]["after"] != rec[name]["before"]
         assert hooks[0][name]["after"] == hooks[1][name]["after"]  # synchronised through the hook
+    assert [rec["no"]["ddp"] for rec in hooks] == [[True, True, False]] * 2  # static_graph, bucket view, buffers
+    assert [rec["fp16"]["ddp"] for rec in hooks] == [[False, False, True]] * 2
     assert hooks[0]["fp16"]["after"] != hooks[0]["no"]["after"]  # fp16 compression changed the gradients
     assert hooks[0]["power_sgd"]["after"] != hooks[0]["no"]["after"]  # PowerSGD from its 2nd step
     for rec in hooks:

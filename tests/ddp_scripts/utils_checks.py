@@ -104,6 +104,9 @@ def comm_hooks() -> dict[str, Any]:
             comm_hook=DDPCommunicationHookType(hook),
             comm_wrapper=DDPCommunicationHookType(wrapper or "no"),
             comm_state_option=state,
+            static_graph=name == "no",  # the other DDP fields reach DistributedDataParallel too
+            gradient_as_bucket_view=name == "no",
+            broadcast_buffers=name != "no",
         )
         kernel = Kernel(kwargs_handlers=[handler])
         model = net()
@@ -132,6 +135,9 @@ def comm_hooks() -> dict[str, Any]:
             "losses": losses,
             "error": error,
             "settings": [kernel.settings["ddp_comm_hook"], kernel.settings["ddp_comm_wrapper"]],
+            "ddp": None
+            if ddp is None
+            else [bool(ddp.static_graph), ddp.gradient_as_bucket_view, ddp.broadcast_buffers],
         }
     return out
 

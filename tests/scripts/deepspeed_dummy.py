@@ -53,9 +53,18 @@ def main() -> None:
             optimizer.zero_grad()
             lrs.append([scheduler.get_last_lr(), [g["lr"] for g in optimizer.param_groups]])
             losses.append(loss.item())
+    # save_state / load_state carry the scheduler's position (the engine's scheduler under DummyScheduler)
+    saved_state = scheduler.state_dict()
+    kernel.save_state(OUT / "ckpt")
+    for group in optimizer.param_groups:
+        group["lr"] = 123.0
+    scheduler.load_state_dict({k: 0 if isinstance(v, int) else v for k, v in saved_state.items()})
+    kernel.load_state(OUT / "ckpt")
+    restored = [scheduler.state_dict() == saved_state, [g["lr"] for g in optimizer.param_groups] == lrs[-1][1]]
     (OUT / f"rank{kernel.process_index}.json").write_text(
         json.dumps(
             {
+                "restored": restored,
                 "lrs": lrs,
                 "losses": losses,
                 "groups": groups_seen,

@@ -326,7 +326,7 @@ class Kernel(TrackingMixin):
         self.topology: Topology = hook.accel_topology(kernel=self)
         idle = handled.unused(declared, [KERNEL, *(c.name for c in self.plugins.components)])
         if idle and self.is_main_process:
-            warnings.warn(idle, UserWarning, stacklevel=2)
+            warnings.warn(idle, UserWarning, stacklevel=user_stacklevel())
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
