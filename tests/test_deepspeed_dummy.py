@@ -186,6 +186,10 @@ def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_pat
     expected = [0.05 / (1 + step) for step in range(1, 13)]
     for rec in ranks:
         assert rec["groups"] == 1  # DeepSpeed dropped the empty group
+        assert rec["local_sgd"] == (
+            "UsageError: LocalSGD averages full parameter replicas; the active strategy (deepspeed) does not keep one "
+            "per process (it provides no 'local_sgd'); use the ddp plugin"
+        )
         assert rec["restored"] == [True, True]
         assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
         assert [step[1] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
@@ -198,5 +202,6 @@ def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -
     expected = [0.05 / (1 + step) for step in range(1, 13)]
     for rec in ranks:
         assert rec["groups"] == 2
+        assert rec["local_sgd"] == "accepted"
         assert rec["restored"] == [True, True]
         assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr, lr]) for lr in expected]

@@ -43,6 +43,14 @@ def main() -> None:
         optimizer = torch.optim.AdamW(groups, lr=0.05)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     model, optimizer, loader, scheduler = kernel.prepare(model, optimizer, loader, scheduler)
+    local_sgd = "accepted"
+    if kernel.num_processes > 1:
+        from accel.utils import LocalSGD
+
+        try:  # only a strategy with a full parameter replica per process may average parameters
+            LocalSGD(kernel, model, local_sgd_steps=2)
+        except Exception as exc:
+            local_sgd = f"{type(exc).__name__}: {exc}"
     lrs, losses, groups_seen = [], [], len(optimizer.param_groups)
     for _ in range(EPOCHS):
         for x, y in loader:
@@ -65,6 +73,7 @@ def main() -> None:
         json.dumps(
             {
                 "restored": restored,
+                "local_sgd": local_sgd,
                 "lrs": lrs,
                 "losses": losses,
                 "groups": groups_seen,
