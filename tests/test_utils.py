@@ -443,3 +443,24 @@ def test_handler_fields_of_an_inactive_plugin_get_one_notice(accel_kernel: Any) 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the scaler is used with fp16: no notice
         accel_kernel(["ddp", "amp"], mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=4.0)])
+
+
+def test_comm_hook_options_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    from accel.options import read_config_file, resolve, validate_config
+    from accel.plugins import Plugins
+
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp"})
+    declared = plugins.options()
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "ddp_comm_hook: power_sgd\nddp_comm_wrapper: fp16\nddp_comm_state_option:\n  matrix_approximation_rank: 2\n"
+    )
+    config, notes = validate_config(read_config_file(path), declared, ["ddp"], str(path))
+    assert notes == []
+    values, sources = resolve(declared, config=config, env={})
+    assert (values["ddp_comm_hook"], values["ddp_comm_wrapper"]) == ("power_sgd", "fp16")
+    assert values["ddp_comm_state_option"] == {"matrix_approximation_rank": 2}
+    values, sources = resolve(
+        declared, config=config, env={}, flags={"ddp_comm_state_option": '{"start_powerSGD_iter": 3}'}
+    )
+    assert values["ddp_comm_state_option"] == {"start_powerSGD_iter": 3} and sources["ddp_comm_state_option"] == "flag"
