@@ -179,7 +179,8 @@ class Routed:
         """One line naming the handler fields whose options belong to installed plugins that are not active in
         this run (so they change nothing here, as with Accelerate's handlers of an unused backend), or None."""
         active = set(active)
-        idle = sorted({self.given[name] for name in self.options if declared[name].plugin not in active})
+        used = {self.given[name] for name in self.options if declared[name].plugin in active}
+        idle = sorted(set(self.given.values()) - used)  # a field counts as used when any option it sets is
         if not idle:
             return None
         return f"kwargs_handlers: {', '.join(idle)} change nothing in this run (no active plugin uses them)"
@@ -193,7 +194,7 @@ def route(handlers: Iterable[Any], declared: Options, arguments: Mapping[str, An
     seen: set[type] = set()
     takers: dict[str, list[str]] = {}
     for opt in declared:
-        for key in getattr(opt, "handler", ()) or ():
+        for key in opt.handler:
             takers.setdefault(key, []).append(opt.name)
     for handler in handlers:
         kind = type(handler)
