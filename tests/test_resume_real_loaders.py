@@ -239,3 +239,15 @@ def test_a_sampler_whose_length_lies_is_named() -> None:
     dl = kernel.prepare(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, sampler=Short()))
     with pytest.raises(UsageError, match="yields more batches than its length"):
         list(dl)
+
+
+@pytest.mark.multiprocess
+def test_unseedable_worker_loading_is_named_at_save_state(tmp_path: Path) -> None:
+    """batch_size=None with worker processes: no batch to carry a seed, so save_state says the resume may differ."""
+    kernel = Kernel(cpu=True)
+    dl = kernel.prepare(DataLoader(Counting(12), batch_size=None, num_workers=2))
+    it = iter(dl)
+    next(it)
+    with pytest.warns(RuntimeWarning, match="batch_size=None"):
+        kernel.save_state(tmp_path / "ck")
+    del it
