@@ -358,6 +358,9 @@ def test_forged_and_corrupt_checkpoints_of_every_plugin_on_two_processes(tmp_pat
         assert line0["case"] == line1["case"]
         for line in (line0, line1):
             assert not line["marker"], f"{line['case']}: code from the checkpoint ran"
+            if line["case"].endswith(".py"):  # DeepSpeed's recovery scripts (run by hand): loading never opens them
+                assert line["outcome"] == "returned", line
+                continue
             assert line["outcome"] == "error" and line["type"] == "CheckpointError", line
             assert "\n" not in line["message"] and line["seconds"] < 30, line
     by_case = {line["case"]: line["message"] for line in ranks[1]}

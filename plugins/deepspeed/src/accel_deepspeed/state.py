@@ -98,8 +98,11 @@ def save(engine: Any, root: Path, sub: str) -> list[str]:
     dist.all_gather_object(everyone, failures[0] if failures else None)
     failed = [(rank, message) for rank, message in enumerate(everyone) if message]
     if failed:
+        import shutil
+
+        free = shutil.disk_usage(root).free
         raise CheckpointError(f"DeepSpeed could not write its checkpoint into {root / sub} on process "
-                              f"{failed[0][0]}: {failed[0][1]}")
+                              f"{failed[0][0]}: {failed[0][1]} ({free} bytes free there)")
     return files_under(root, Path(sub))
 
 
@@ -170,13 +173,21 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
 def save_frozen(engine: Any, root: Path, sub: str) -> list[str]:
     """Write the gathered weights of a frozen ZeRO-3 model (no optimizer: DeepSpeed's checkpoint does not apply) as
     ``root/sub/weights.safetensors``, on process 0."""
+    from accel import CheckpointError
     from safetensors.torch import save_file
 
     state = full_state_dict(engine, sixteen_bit=True)
+    problem = None
     if dist.get_rank() == 0:
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        save_file({k: v.clone().contiguous() for k, v in state.items()}, os.fspath(root / sub / FROZEN_FILE))
-    dist.barrier()
+        try:
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            save_file({k: v.clone().contiguous() for k, v in state.items()}, os.fspath(root / sub / FROZEN_FILE))
+        except Exception as exc:  # a full disk: every process learns it here, none is left in a barrier
+            problem = f"cannot write {root / sub / FROZEN_FILE}: {type(exc).__name__}: {exc}".splitlines()[0]
+    box = [problem]
+    dist.broadcast_object_list(box, 0)
+    if box[0]:
+        raise CheckpointError(box[0])
     return files_under(root, Path(sub))
 
 

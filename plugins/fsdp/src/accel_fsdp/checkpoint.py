@@ -77,7 +77,9 @@ def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, reco
         dcp_load(state, directory / key)
         set_model_state_dict(model, state)
     elif record.format == FULL_MODEL_FORMAT:
-        expected = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items() if hasattr(v, "shape")}
+        import torch
+
+        expected = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items() if isinstance(v, torch.Tensor)}
         path = directory / record.files[0]
 
         def read() -> dict[str, Any]:
