@@ -320,13 +320,16 @@ def disk_group() -> None:
                    kernel.save_state, survived)
             on_main(lambda: (mount / "filler").unlink())
         else:
-            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
-            try:
-                record(f"{name}: save_state with RLIMIT_FSIZE=1 KiB", "ulimit -f: files over 1 KiB fail (EFBIG)",
-                       kernel.save_state, survived)
-            finally:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            def limited_save(kernel: Kernel = kernel) -> None:
+                soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+                try:
+                    kernel.save_state()
+                finally:
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+            record(f"{name}: save_state with RLIMIT_FSIZE=1 KiB", "ulimit -f: files over 1 KiB fail (EFBIG)",
+                   limited_save, survived)
         record(f"{name}: load_state after the failed save", "load_state() of the project",
                kernel.load_state, survived)
         if mount is not None:
