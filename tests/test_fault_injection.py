@@ -150,6 +150,12 @@ def test_forged_dcp_entries_are_refused_and_torch_default_would_run_them(tmp_pat
     assert marker.exists(), "control: the forged entry is what torch's default load planner executes"
     marker.unlink()
 
+    outside = dict(metadata.storage_data)  # only allowed classes, but data read from elsewhere
+    metadata.storage_data = {k: dataclasses.replace(v, relative_path="../good/__0_0.distcp") for k, v in outside.items()}
+    (bad / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match="points at data '../good/__0_0.distcp' outside its directory"):
+        dcp_load({"w": torch.zeros(6), "flag": False}, bad)
+
     (bad / ".metadata").write_bytes(pickle.dumps(Exploit(marker)))
     with pytest.raises(CheckpointError, match="references posix.system"):
         dcp_load({"w": torch.zeros(6), "flag": False}, bad)

@@ -268,7 +268,16 @@ def _dcp_reader_class() -> type:
         planner only (``read_data`` refuses any other planner)."""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = load_restricted_pickle(self._get_metadata_path(kwargs.get("rank")), DCP_METADATA_GLOBALS)
+            path = self._get_metadata_path(kwargs.get("rank"))
+            metadata = load_restricted_pickle(path, DCP_METADATA_GLOBALS)
+            for info in (getattr(metadata, "storage_data", None) or {}).values():
+                name = getattr(info, "relative_path", None)
+                # data files sit next to the index: a path elsewhere (../, /etc/...) is refused, not read
+                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or \
+                        not all(isinstance(getattr(info, f, None), int) and getattr(info, f) >= 0
+                                for f in ("offset", "length")):
+                    raise CheckpointError(f"refusing to load {path}: it points at data {name!r} outside its "
+                                          "directory or at a negative offset")
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
