@@ -1112,8 +1112,8 @@ def _plugin_advice(kernel: Kernel, name: str) -> str:
 def _check_model(kernel: Kernel, key: str, item: Item, directory: Path) -> None:
     saved = tree_shapes(directory, key)
     current = {k: v for k, v in kernel.unwrap_model(item.obj).state_dict().items() if isinstance(v, torch.Tensor)}
-    kinds = sorted({type(v).__name__ for v in current.values() if type(v) is not torch.Tensor})
-    if kinds:  # the kernel restores plain tensors; a strategy that shards the model writes (and reads) it itself
+    kinds = sorted({type(v).__name__ for v in current.values() if hasattr(v, "placements")})  # distributed tensors
+    if kinds:  # the kernel restores whole tensors; a strategy that shards the model writes (and reads) it itself
         raise CheckpointError(f"checkpoint item {key!r} of {directory} holds the full model as written without a "
                               f"sharding strategy, but this run's model holds {', '.join(kinds)} values (its strategy "
                               "shards it): resume with the strategy that saved the checkpoint, or load the weights "
