@@ -151,7 +151,9 @@ def test_forged_dcp_entries_are_refused_and_torch_default_would_run_them(tmp_pat
     marker.unlink()
 
     outside = dict(metadata.storage_data)  # only allowed classes, but data read from elsewhere
-    metadata.storage_data = {k: dataclasses.replace(v, relative_path="../good/__0_0.distcp") for k, v in outside.items()}
+    metadata.storage_data = {
+        k: dataclasses.replace(v, relative_path="../good/__0_0.distcp") for k, v in outside.items()
+    }
     (bad / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.raises(CheckpointError, match="points at data '../good/__0_0.distcp' outside its directory"):
         dcp_load({"w": torch.zeros(6), "flag": False}, bad)
@@ -285,8 +287,11 @@ def test_project_configuration_other_fields() -> None:
 
 
 def test_kernel_project_config_must_be_a_project_configuration() -> None:
-    with pytest.raises(UsageError, match=r"takes an accel.ProjectConfiguration, got str 'runs'; for a directory use "
-                                         r"Kernel\(project_dir='runs'\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"takes an accel.ProjectConfiguration, got str 'runs'; for a directory use "
+        r"Kernel\(project_dir='runs'\)",
+    ):
         Kernel(cpu=True, project_config="runs")
 
 
@@ -300,8 +305,12 @@ def test_prepare_of_a_prepared_object_returns_it_as_is() -> None:
     again = kernel.prepare(*prepared)
     assert all(a is b for a, b in zip(prepared, again, strict=True))
     assert kernel.prepare(prepared[0]) is prepared[0]
-    assert (len(kernel._models), len(kernel._optimizers), len(kernel._dataloaders), len(kernel._schedulers)) == \
-        (1, 1, 1, 1)
+    assert (len(kernel._models), len(kernel._optimizers), len(kernel._dataloaders), len(kernel._schedulers)) == (
+        1,
+        1,
+        1,
+        1,
+    )
 
 
 def test_deepspeed_stage_must_be_a_number(tmp_path: Path) -> None:
@@ -327,13 +336,23 @@ def test_deepspeed_stage_must_be_a_number(tmp_path: Path) -> None:
 
 
 def launch(tmp: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess[str], list[list[dict]]]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-    env.update(ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TORCH_EXTENSIONS_DIR=EXTENSIONS)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
+    env.update(
+        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
+    )
     out = tmp / "out"
-    proc = subprocess.run([ACCEL, "launch", "-q", "-n", "2", str(HERE / "scripts" / "fault_cases.py"), str(out),
-                           *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    proc = subprocess.run(
+        [ACCEL, "launch", "-q", "-n", "2", str(HERE / "scripts" / "fault_cases.py"), str(out), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp,
+    )
     ranks = []
     for rank in (0, 1):
         path = out / f"rank{rank}.jsonl"
@@ -345,8 +364,10 @@ def report(ranks: list[list[dict]]) -> None:
     for line0, line1 in zip(*ranks, strict=True):
         print(f"- {line0['case']}: tried {line0['tried']}")
         for rank, line in ((0, line0), (1, line1)):
-            print(f"    process {rank}: {line['outcome']} {line['type']}: {line['message']} ({line['seconds']} s, "
-                  f"marker {'CREATED' if line['marker'] else 'absent'}){' | ' + line['survived'] if line['survived'] else ''}")
+            print(
+                f"    process {rank}: {line['outcome']} {line['type']}: {line['message']} ({line['seconds']} s, "
+                f"marker {'CREATED' if line['marker'] else 'absent'}){' | ' + line['survived'] if line['survived'] else ''}"
+            )
 
 
 @pytest.mark.slow
@@ -394,8 +415,12 @@ def test_full_disk_and_read_only_saves_on_two_processes(tmp_path: Path, tmpfs: P
     assert len(ranks[0]) == len(ranks[1]) == (16 if tmpfs is not None else 8)
     for line0, line1 in zip(*ranks, strict=True):
         for line in (line0, line1):
-            expected = "returned" if line["case"].endswith(("after the failed save", "read-only file system")) \
-                and "load_state" in line["case"] else "error"
+            expected = (
+                "returned"
+                if line["case"].endswith(("after the failed save", "read-only file system"))
+                and "load_state" in line["case"]
+                else "error"
+            )
             assert line["outcome"] == expected, line
             assert "\n" not in line["message"] and line["seconds"] < 30, line
             assert line["survived"].startswith("latest complete checkpoint: checkpoint_0; leftovers: []"), line

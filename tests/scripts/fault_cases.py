@@ -74,8 +74,16 @@ def record(case: str, tried: str, fn: Callable[[], Any], survived: Callable[[], 
         outcome, kind, message = "base-exception", type(exc).__name__, str(exc)
     seconds = round(time.monotonic() - start, 2)
     dist.barrier()
-    line = {"case": case, "tried": tried, "outcome": outcome, "type": kind, "message": message,
-            "seconds": seconds, "marker": MARKER.exists(), "survived": survived()}
+    line = {
+        "case": case,
+        "tried": tried,
+        "outcome": outcome,
+        "type": kind,
+        "message": message,
+        "seconds": seconds,
+        "marker": MARKER.exists(),
+        "survived": survived(),
+    }
     with open(OUT / f"rank{RANK}.jsonl", "a") as fh:
         fh.write(json.dumps(line) + "\n")
     MARKER.unlink(missing_ok=True)
@@ -90,8 +98,9 @@ def build(project: str | None = None, **kwargs: Any) -> tuple[Kernel, nn.Module,
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
     gen = torch.Generator().manual_seed(1)
-    loader = DataLoader(TensorDataset(torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)),
-                        batch_size=4, shuffle=True)
+    loader = DataLoader(
+        TensorDataset(torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)), batch_size=4, shuffle=True
+    )
     model, optimizer, loader, scheduler = kernel.prepare(model, optimizer, loader, scheduler)
     return kernel, model, (optimizer, loader, scheduler)
 
@@ -162,7 +171,7 @@ def relabel_tensor_as_bytes(dcp_dir: Path) -> str:
     metadata = pickle.loads((dcp_dir / ".metadata").read_bytes())
     fqn = sorted(k for k, v in metadata.state_dict_metadata.items() if not isinstance(v, BytesStorageMetadata))[0]
     infos = {k: v for k, v in metadata.storage_data.items() if k.fqn == fqn}
-    first = min(infos, key=lambda k: (k.index or 0))
+    first = min(infos, key=lambda k: k.index or 0)
     data = dcp_dir / infos[first].relative_path
     payload = exploit_torch_file()
     start = data.stat().st_size
@@ -189,8 +198,11 @@ def every_file_replaced(case: str, kernel: Kernel, ckpt: Path, load: Callable[[P
                 fix_manifest(bad)
 
         on_main(forge)
-        record(f"{case}: pickle in place of {name}", f"replaced {name} by a pickle that runs code, manifest sizes "
-               "fixed", lambda bad=bad: load(bad))
+        record(
+            f"{case}: pickle in place of {name}",
+            f"replaced {name} by a pickle that runs code, manifest sizes fixed",
+            lambda bad=bad: load(bad),
+        )
 
 
 def forge_group() -> None:
@@ -209,22 +221,33 @@ def forge_group() -> None:
     bad = copy_of(ck, "fsdp_forged_distcp")
     where: list[str] = []
     on_main(lambda: where.append(forge_distcp(bad / "optimizer", "accel_fsdp_fresh")) or fix_manifest(bad))
-    record("fsdp sharded: pickle appended to a .distcp, index entry points at it",
-           "appended a torch-format pickle to optimizer/*.distcp, pointed the bytes entry 'accel_fsdp_fresh' at it, "
-           "fixed the manifest sizes", lambda: kernel.load_state(bad))
+    record(
+        "fsdp sharded: pickle appended to a .distcp, index entry points at it",
+        "appended a torch-format pickle to optimizer/*.distcp, pointed the bytes entry 'accel_fsdp_fresh' at it, "
+        "fixed the manifest sizes",
+        lambda: kernel.load_state(bad),
+    )
     from accel_fsdp import load_sharded
 
-    record("fsdp sharded: the same forged .distcp through accel_fsdp.load_sharded", "load_sharded(model, optimizer)",
-           lambda: load_sharded(kernel, bad, model=model, optimizer=parts[0]))
+    record(
+        "fsdp sharded: the same forged .distcp through accel_fsdp.load_sharded",
+        "load_sharded(model, optimizer)",
+        lambda: load_sharded(kernel, bad, model=model, optimizer=parts[0]),
+    )
     bad = copy_of(ck, "fsdp_relabelled")
     on_main(lambda: relabel_tensor_as_bytes(bad / "model") and fix_manifest(bad))
-    record("fsdp sharded: a tensor entry relabelled as bytes, pointing at an appended pickle",
-           "model/.metadata: tensor entry turned into a bytes entry at an appended pickle, sizes fixed",
-           lambda: kernel.load_state(bad))
+    record(
+        "fsdp sharded: a tensor entry relabelled as bytes, pointing at an appended pickle",
+        "model/.metadata: tensor entry turned into a bytes entry at an appended pickle, sizes fixed",
+        lambda: kernel.load_state(bad),
+    )
     bad = copy_of(ck, "fsdp_metadata")
     on_main(lambda: ((bad / "model" / ".metadata").write_bytes(exploit_pickle()), fix_manifest(bad)))
-    record("fsdp sharded: tampered .metadata", "model/.metadata replaced by a pickle that runs code, sizes fixed",
-           lambda: kernel.load_state(bad))
+    record(
+        "fsdp sharded: tampered .metadata",
+        "model/.metadata replaced by a pickle that runs code, sizes fixed",
+        lambda: kernel.load_state(bad),
+    )
     bad = copy_of(ck, "fsdp_corrupt")
 
     def corrupt() -> None:
@@ -233,15 +256,21 @@ def forge_group() -> None:
             fh.write(b"\xff" * 64)
 
     on_main(corrupt)
-    record("fsdp sharded: same-size corruption of a .distcp", "overwrote the first 64 bytes of model/__0_0.distcp",
-           lambda: kernel.load_state(bad))
+    record(
+        "fsdp sharded: same-size corruption of a .distcp",
+        "overwrote the first 64 bytes of model/__0_0.distcp",
+        lambda: kernel.load_state(bad),
+    )
     every_file_replaced("fsdp sharded", kernel, ck)
     kernel.end_training()
 
     # ---- a DDP checkpoint into an FSDP run
     kernel, model, parts = build(plugins=["fsdp"])
-    record("ddp checkpoint loaded under fsdp", "load_state of the ddp run's checkpoint with --plugin fsdp",
-           lambda: kernel.load_state(ddp_ck))
+    record(
+        "ddp checkpoint loaded under fsdp",
+        "load_state of the ddp run's checkpoint with --plugin fsdp",
+        lambda: kernel.load_state(ddp_ck),
+    )
     kernel.end_training()
 
     # ---- FSDP, full state dict
@@ -255,8 +284,11 @@ def forge_group() -> None:
             fh.write(b"\xff" * 8)
 
     on_main(corrupt_header)
-    record("fsdp full: same-size corruption of model.safetensors (only process 0 reads it)",
-           "overwrote the 8-byte header length of model.safetensors", lambda: kernel.load_state(bad))
+    record(
+        "fsdp full: same-size corruption of model.safetensors (only process 0 reads it)",
+        "overwrote the 8-byte header length of model.safetensors",
+        lambda: kernel.load_state(bad),
+    )
     every_file_replaced("fsdp full", kernel, ck)
     kernel.end_training()
 
@@ -273,9 +305,11 @@ def forge_group() -> None:
             fix_manifest(bad)
 
         on_main(forge_rank0_optim)
-        record(f"deepspeed ZeRO-{stage}: process 0's optimizer partition forged",
-               "replaced zero_pp_rank_0_*_optim_states.pt by a torch file that runs code",
-               lambda kernel=kernel, bad=bad: kernel.load_state(bad))
+        record(
+            f"deepspeed ZeRO-{stage}: process 0's optimizer partition forged",
+            "replaced zero_pp_rank_0_*_optim_states.pt by a torch file that runs code",
+            lambda kernel=kernel, bad=bad: kernel.load_state(bad),
+        )
         every_file_replaced(f"deepspeed ZeRO-{stage}", kernel, ck)
         kernel.end_training()
 
@@ -299,9 +333,11 @@ def fill(mount: Path) -> None:
 def disk_group() -> None:
     mount = Path(MOUNT) if MOUNT != "rlimit" else None
     plugins: list[tuple[str, dict[str, Any]]] = [
-        ("ddp", {"plugins": ["ddp"]}), ("fsdp sharded", {"plugins": ["fsdp"]}),
+        ("ddp", {"plugins": ["ddp"]}),
+        ("fsdp sharded", {"plugins": ["fsdp"]}),
         ("fsdp full", {"plugins": ["fsdp"], "fsdp_state_dict_type": "FULL_STATE_DICT"}),
-        ("deepspeed ZeRO-2", {"plugins": ["deepspeed"], "zero_stage": 2})]
+        ("deepspeed ZeRO-2", {"plugins": ["deepspeed"], "zero_stage": 2}),
+    ]
     for i, (name, kwargs) in enumerate(plugins):
         project = (mount or OUT) / f"proj{i}"
         kernel, model, parts = build(project=str(project), **kwargs)
@@ -316,10 +352,15 @@ def disk_group() -> None:
 
         if mount is not None:
             on_main(lambda: fill(mount))
-            record(f"{name}: save_state onto a full disk", f"filled the {MOUNT} tmpfs, then save_state()",
-                   kernel.save_state, survived)
+            record(
+                f"{name}: save_state onto a full disk",
+                f"filled the {MOUNT} tmpfs, then save_state()",
+                kernel.save_state,
+                survived,
+            )
             on_main(lambda: (mount / "filler").unlink())
         else:
+
             def limited_save(kernel: Kernel = kernel) -> None:
                 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
@@ -328,16 +369,27 @@ def disk_group() -> None:
                 finally:
                     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
-            record(f"{name}: save_state with RLIMIT_FSIZE=1 KiB", "ulimit -f: files over 1 KiB fail (EFBIG)",
-                   limited_save, survived)
-        record(f"{name}: load_state after the failed save", "load_state() of the project",
-               kernel.load_state, survived)
+            record(
+                f"{name}: save_state with RLIMIT_FSIZE=1 KiB",
+                "ulimit -f: files over 1 KiB fail (EFBIG)",
+                limited_save,
+                survived,
+            )
+        record(f"{name}: load_state after the failed save", "load_state() of the project", kernel.load_state, survived)
         if mount is not None:
             on_main(lambda: subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True))
-            record(f"{name}: save_state onto a read-only file system", "remounted the tmpfs read-only, save_state()",
-                   kernel.save_state, survived)
-            record(f"{name}: load_state from the read-only file system", "load_state() of the project",
-                   kernel.load_state, survived)
+            record(
+                f"{name}: save_state onto a read-only file system",
+                "remounted the tmpfs read-only, save_state()",
+                kernel.save_state,
+                survived,
+            )
+            record(
+                f"{name}: load_state from the read-only file system",
+                "load_state() of the project",
+                kernel.load_state,
+                survived,
+            )
             on_main(lambda: subprocess.run(["mount", "-o", "remount,rw", str(mount)], check=True))
         kernel.end_training()
 
