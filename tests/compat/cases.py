@@ -46,13 +46,16 @@ CASES: dict[str, Case] = {
         config=TEXT,
         train_size=256,
     ),
+    # batched_power_sgd is refused by accel on this torch (its hook fails at the first compressed step)
     "ddp_comm_hook_bf16_wrapper": Case(
         "ddp_comm_hook.py",
-        args=["--ddp_comm_hook", "batched_power_sgd", "--ddp_comm_wrapper", "bf16"],
+        args=["--ddp_comm_hook", "power_sgd", "--ddp_comm_wrapper", "bf16"],
         config=TEXT,
         train_size=256,
     ),
-    "early_stopping": Case("early_stopping.py", train_size=256),  # the example's lr: the loss stalls, the callback fires
+    "early_stopping": Case(
+        "early_stopping.py", train_size=256
+    ),  # the example's lr: the loss stalls, the callback fires
     "local_sgd": Case("local_sgd.py", args=["--local_sgd_steps", "4"], config=TEXT, train_size=256),
     "memory": Case("memory.py", config=TEXT, train_size=256),
     "automatic_gradient_accumulation": Case(

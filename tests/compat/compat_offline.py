@@ -132,7 +132,12 @@ def tokenizer(name: str, use_fast: bool = True, **kwargs: Any) -> Any:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="[UNK]", **kwargs
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        **kwargs,
     )
     fast.model_max_length = 64
     return fast

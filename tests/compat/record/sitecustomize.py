@@ -2,7 +2,7 @@
 every process writes ``<dir>/rank<RANK>.json`` at exit with
 
 - ``lrs``: the learning rate of every parameter group at each real optimizer step (a global optimizer pre-step
-  hook on the user's ``torch.optim`` optimizer; the wrappers of accel, Accelerate and DeepSpeed's ZeRO are not
+  hook on the user's ``torch.optim`` optimizer; the wrappers of accel and its plugins, Accelerate and DeepSpeed's ZeRO are not
   counted, their inner optimizer is), so a step skipped for inf/NaN gradients or an accumulation step is absent;
 - ``losses``: the ``loss`` of every training forward that returns one (transformers' model outputs), through a
   global module forward hook.
@@ -20,7 +20,7 @@ _DIR = os.environ.get("COMPAT_RECORD")
 
 if _DIR:
     _record: dict[str, list] = {"lrs": [], "losses": []}
-    _WRAPPERS = ("accel.", "accelerate.", "deepspeed.runtime.")
+    _WRAPPERS = ("accel.", "accel_", "accelerate.", "deepspeed.runtime.")
     _last = {"output": None}
 
     def _on_step(optimizer, args, kwargs):  # noqa: ANN001

@@ -31,5 +31,7 @@ class Kernel(Accelerator):
     @property
     def settings(self) -> dict[str, Any]:
         """``state`` renamed ``settings``: what the ports read from it (the DeepSpeed config file)."""
-        return {"deepspeed_config_file": os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None,
-                "zero_stage": os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")}
+        return {
+            "deepspeed_config_file": os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") or None,
+            "zero_stage": os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"),
+        }
