@@ -201,7 +201,7 @@ def run_accelerate(case: Case, out: Path, python: str, num_processes: int = 2) -
     env = _env(out, case, extra_path=[SHIM])
     env.update(accelerate_environment(case.flags))
     cmd = [
-        python,
+        os.path.abspath(python),  # the run starts in `out`
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",
