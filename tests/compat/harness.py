@@ -181,6 +181,7 @@ def accelerate_environment(flags: Sequence[str]) -> dict[str, str]:
             env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = value
         elif flag == "--plugin" and value == "deepspeed":
             env["ACCELERATE_USE_DEEPSPEED"] = "true"
+            del env["ACCELERATE_USE_CPU"]  # with it Accelerate runs plain multi-CPU DDP and ignores DeepSpeed
         elif flag == "--plugin" and value == "fsdp":
             env.update(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2", FSDP_CPU_RAM_EFFICIENT_LOADING="false")
         elif flag == "--zero_stage":
