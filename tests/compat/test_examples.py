@@ -446,11 +446,7 @@ def clm_result(result: Run) -> dict[str, float]:
 
 
 @slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="accel + DeepSpeed ZeRO-2 runs 22 training forwards and 32 AdamW steps where "
-    "Accelerate 1.15 runs 16 and 16 (same 'Total optimization steps = 16'); deepspeed plugin, to investigate",
-)
+@waiting(SCHEDULER_RULE)
 def test_deepspeed_with_config_support_zero2_zero3(tmp_path: Path) -> None:
     """ZeRO-2 and ZeRO-3 with the script's own AdamW (two parameter groups: GPT-2 has no "LayerNorm.weight" names,
     so the no-decay group holds only the biases) and its linear schedule built before prepare() for
@@ -460,7 +456,11 @@ def test_deepspeed_with_config_support_zero2_zero3(tmp_path: Path) -> None:
     zero2 = run("deepspeed_with_config_support_zero2", tmp_path)
     zero3 = run("deepspeed_with_config_support_zero3", tmp_path)
     for result in (zero2, zero3):
-        assert_lrs(result.lrs, accelerate_lrs(linear_warmup(4, 30), 5e-3, [True] * 16))
+        # ZeRO's optimizer steps the torch AdamW once per parameter group (showing it that group only): one record
+        # per group and optimizer step
+        per_step = len(result.lrs) // 16
+        assert per_step >= 1 and len(result.lrs) == 16 * per_step, len(result.lrs)
+        assert_lrs(result.lrs[::per_step], accelerate_lrs(linear_warmup(4, 30), 5e-3, [True] * 16))
         assert clm_result(result)["perplexity"] > 0
     assert zero3.losses == pytest.approx(zero2.losses, rel=1e-4, abs=1e-5)
 
