@@ -38,6 +38,7 @@ class Option:
     default: Any = None
     help: str = ""
     choices: tuple[str, ...] | None = None
+    refused: tuple[tuple[str, str], ...] = ()  # (value, why it is refused and what to use instead)
     config_key: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
@@ -110,6 +111,9 @@ class Option:
                     f"{bad} must be one of {', '.join(self.choices)}, got {raw!r}{did_you_mean(key, folded)}"
                 )
             value = folded[key]
+        for refused, why in self.refused:
+            if str(value).lower() == refused.lower():
+                raise UsageError(f"{bad} {value}: {why}")
         if self.minimum is not None and value < self.minimum:
             raise UsageError(f"{bad} must be at least {self.minimum:g}, got {raw!r}")
         if self.maximum is not None and value > self.maximum:
@@ -132,6 +136,7 @@ class Options:
         default: Any = None,
         help: str = "",
         choices: Iterable[str] | None = None,
+        refused: Mapping[str, str] | None = None,
         config_key: str | tuple[str, ...] | None = None,
         flags: Iterable[str] = (),
         env: Iterable[str] = (),
@@ -140,7 +145,8 @@ class Options:
         cli: bool = True,
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
-        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins."""
+        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins.
+        ``refused`` maps values that are recognised but not supported to the one line saying what to use instead."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -153,6 +159,7 @@ class Options:
             default=default,
             help=help,
             choices=tuple(choices) if choices is not None else None,
+            refused=tuple((refused or {}).items()),
             config_key=path,
             flags=tuple(flags),
             env=tuple(env),
@@ -210,6 +217,10 @@ def core_options(options: Options) -> None:
     add("plugins", type="list", default=[], flags=("--plugin",),
         help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
+    add("scheduler_steps", default="accelerate", choices=("accelerate", "per_optimizer_step"),
+        env=("ACCEL_SCHEDULER_STEPS",),
+        help="How often a prepared LR scheduler steps: 'accelerate' (Accelerate's rule: num_processes times per "
+             "optimizer step, once with split_batches) or 'per_optimizer_step' (once per optimizer step).")
     add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
@@ -217,6 +228,7 @@ def core_options(options: Options) -> None:
     add("distributed_type", default="NO", cli=False,
         choices=("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
                  "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "TPU", "MEGATRON_LM"),
+        refused=known_plugins()["refused"]["distributed_type"],
         help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.")
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
     add("debug", type="bool", default=False, help="Check distributed operations (slower).")
@@ -380,6 +392,9 @@ def validate_config(
                                   + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")])
         elif key in owner:
             ignore(key, raw, owner[key])
+        elif key in known["refused"]["keys"]:
+            if _is_set(raw):
+                raise UsageError(f"{where}: `{key}`: {known['refused']['keys'][key]}")
         elif key in known["ignored_keys"]:
             ignore(key, raw, None)
         else:
