@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from accel.testing import free_port, isolated_env, make_kernel, run_launch
 
 TESTS = Path(__file__).parent
@@ -36,8 +35,14 @@ def read(out: Path, framework: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def accel_curves(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("lr")
-    run_launch(["-q", str(SCRIPT), str(tmp / "out")], num_processes=2, registered=["ddp"], home=tmp / "home",
-               cwd=tmp, timeout=300)
+    run_launch(
+        ["-q", str(SCRIPT), str(tmp / "out")],
+        num_processes=2,
+        registered=["ddp"],
+        home=tmp / "home",
+        cwd=tmp,
+        timeout=300,
+    )
     return read(tmp / "out", "accel")
 
 
@@ -73,10 +78,28 @@ def test_recorded_curves_are_accelerates_own(tmp_path: Path, accel_curves: list[
     """Run the same worker under Accelerate on 2 CPU processes now: it gives the recorded curves, and accel's."""
     env = isolated_env(tmp_path / "home", extra={"ACCELERATE_USE_CPU": "1"})
     env.pop("PYTHONPATH", None)
-    subprocess.run([str(ACCELERATE_PYTHON), "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                    "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(tmp_path / "out"),
-                    "--framework", "accelerate"], env=env, cwd=tmp_path, check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            str(ACCELERATE_PYTHON),
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(SCRIPT),
+            str(tmp_path / "out"),
+            "--framework",
+            "accelerate",
+        ],
+        env=env,
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     live = read(tmp_path / "out", "accelerate")
     assert live[0] == live[1] == RECORDED
     assert {k: v for k, v in accel_curves[0].items() if k in RECORDED} == RECORDED

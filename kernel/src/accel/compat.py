@@ -45,17 +45,25 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("split_batches", "even_batches", "use_seedable_sampler", "non_blocking",
-                     "use_stateful_dataloader"):
+        for name in (
+            "split_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        ):
             check_bool(f"DataLoaderConfiguration({name}=...)", getattr(self, name))
         if self.dispatch_batches is not None:
             check_bool("DataLoaderConfiguration(dispatch_batches=...)", self.dispatch_batches)
         if self.dispatch_batches:
-            raise UsageError("dispatch_batches=True is not supported: every process reads its own shard of the "
-                             "dataloader; leave dispatch_batches unset (an IterableDataset is sharded too)")
+            raise UsageError(
+                "dispatch_batches=True is not supported: every process reads its own shard of the "
+                "dataloader; leave dispatch_batches unset (an IterableDataset is sharded too)"
+            )
         if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
-            raise UsageError(f"DataLoaderConfiguration(data_seed=...) expects a whole number or None, "
-                             f"got {self.data_seed!r}")
+            raise UsageError(
+                f"DataLoaderConfiguration(data_seed=...) expects a whole number or None, got {self.data_seed!r}"
+            )
 
 
 @dataclass
@@ -75,16 +83,22 @@ class GradientAccumulationPlugin:
     def __post_init__(self) -> None:
         for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
             check_bool(f"GradientAccumulationPlugin({name}=...)", getattr(self, name))
-        if self.num_steps is not None and (isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int)
-                                           or self.num_steps < 1):
-            raise UsageError(f"GradientAccumulationPlugin(num_steps=...) expects a whole number >= 1, "
-                             f"got {self.num_steps!r}")
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1
+        ):
+            raise UsageError(
+                f"GradientAccumulationPlugin(num_steps=...) expects a whole number >= 1, got {self.num_steps!r}"
+            )
         if not self.sync_with_dataloader:
-            raise UsageError("GradientAccumulationPlugin(sync_with_dataloader=False) is not supported: gradients "
-                             "always sync on the last batch of an epoch")
+            raise UsageError(
+                "GradientAccumulationPlugin(sync_with_dataloader=False) is not supported: gradients "
+                "always sync on the last batch of an epoch"
+            )
         if self.sync_each_batch:
-            raise UsageError("GradientAccumulationPlugin(sync_each_batch=True) is not supported: use "
-                             "gradient_accumulation_steps=1 to synchronise every batch")
+            raise UsageError(
+                "GradientAccumulationPlugin(sync_each_batch=True) is not supported: use "
+                "gradient_accumulation_steps=1 to synchronise every batch"
+            )
 
 
 def check_bool(label: str, value: Any) -> bool:
@@ -105,56 +119,84 @@ class DataSettings:
     adjust_scheduler: bool = True
 
 
-def resolve_data_settings(*, split_batches: bool | None, even_batches: bool | None,
-                          dataloader_config: DataLoaderConfiguration | None, rng_types: Sequence[Any] | None,
-                          device_placement: bool, dispatch_batches: bool | None,
-                          use_seedable_sampler: bool | None,
-                          gradient_accumulation_plugin: GradientAccumulationPlugin | None,
-                          gradient_accumulation_steps: int | None) -> tuple[DataSettings, int | None]:
+def resolve_data_settings(
+    *,
+    split_batches: bool | None,
+    even_batches: bool | None,
+    dataloader_config: DataLoaderConfiguration | None,
+    rng_types: Sequence[Any] | None,
+    device_placement: bool,
+    dispatch_batches: bool | None,
+    use_seedable_sampler: bool | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+    gradient_accumulation_steps: int | None,
+) -> tuple[DataSettings, int | None]:
     """Check Accelerate's dataloader and accumulation arguments of ``Kernel(...)`` and merge them. Returns the
     settings and the ``gradient_accumulation_steps`` to use (None: from the options). Raises one UsageError line."""
     check_bool("Kernel(device_placement=...)", device_placement)
     if not device_placement:
-        raise UsageError("Kernel(device_placement=False) is not supported: models are placed by the strategy plugin; "
-                         "pass prepare(dataloader, device_placement=False) for dataloaders whose batches you move")
+        raise UsageError(
+            "Kernel(device_placement=False) is not supported: models are placed by the strategy plugin; "
+            "pass prepare(dataloader, device_placement=False) for dataloaders whose batches you move"
+        )
     if dataloader_config is None:
         config = DataLoaderConfiguration()
     elif isinstance(dataloader_config, DataLoaderConfiguration):
         config = dataloader_config
     else:
-        raise UsageError(f"Kernel(dataloader_config=...) expects an accel.DataLoaderConfiguration, got "
-                         f"{type(dataloader_config).__name__}")
-    given = {"split_batches": split_batches, "even_batches": even_batches, "dispatch_batches": dispatch_batches,
-             "use_seedable_sampler": use_seedable_sampler}
+        raise UsageError(
+            f"Kernel(dataloader_config=...) expects an accel.DataLoaderConfiguration, got "
+            f"{type(dataloader_config).__name__}"
+        )
+    given = {
+        "split_batches": split_batches,
+        "even_batches": even_batches,
+        "dispatch_batches": dispatch_batches,
+        "use_seedable_sampler": use_seedable_sampler,
+    }
     values = {f.name: getattr(config, f.name) for f in fields(config)}
     for name, value in given.items():
         if value is None:
             continue
+        check_bool(f"Kernel({name}=...)", value)
         if dataloader_config is not None and value != values[name]:
-            raise UsageError(f"Kernel({name}={value!r}) disagrees with dataloader_config.{name}={values[name]!r}; "
-                             "give it in one place")
+            raise UsageError(
+                f"Kernel({name}={value!r}) disagrees with dataloader_config.{name}={values[name]!r}; "
+                "give it in one place"
+            )
         values[name] = value
     config = DataLoaderConfiguration(**values)  # validates the direct arguments like the dataclass's own
     if rng_types is not None:
-        kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+        kinds = [
+            str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)
+        ]
         other = [kind for kind in kinds if kind != "generator"]
         if other:
-            raise UsageError(f"Kernel(rng_types={kinds!r}) is not supported: accel does not synchronise the "
-                             f"{', '.join(other)} random generator(s) at each epoch; prepared dataloaders share the "
-                             "sampler's seed on their own (rng_types=['generator']). Seed every process with "
-                             "accel.utils.set_seed(seed)")
+            raise UsageError(
+                f"Kernel(rng_types={kinds!r}) is not supported: accel does not synchronise the "
+                f"{', '.join(other)} random generator(s) at each epoch; prepared dataloaders share the "
+                "sampler's seed on their own (rng_types=['generator']). Seed every process with "
+                "accel.utils.set_seed(seed)"
+            )
     steps = gradient_accumulation_steps
     adjust = True
     if gradient_accumulation_plugin is not None:
         if not isinstance(gradient_accumulation_plugin, GradientAccumulationPlugin):
-            raise UsageError(f"Kernel(gradient_accumulation_plugin=...) expects an accel.GradientAccumulationPlugin, "
-                             f"got {type(gradient_accumulation_plugin).__name__}")
+            raise UsageError(
+                f"Kernel(gradient_accumulation_plugin=...) expects an accel.GradientAccumulationPlugin, "
+                f"got {type(gradient_accumulation_plugin).__name__}"
+            )
         if steps is not None:
             raise UsageError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
         steps = gradient_accumulation_plugin.num_steps
         adjust = gradient_accumulation_plugin.adjust_scheduler
-    settings = DataSettings(split_batches=config.split_batches, even_batches=config.even_batches,
-                            data_seed=config.data_seed, non_blocking=config.non_blocking, adjust_scheduler=adjust)
+    settings = DataSettings(
+        split_batches=config.split_batches,
+        even_batches=config.even_batches,
+        data_seed=config.data_seed,
+        non_blocking=config.non_blocking,
+        adjust_scheduler=adjust,
+    )
     return settings, steps
 
 
@@ -191,18 +233,20 @@ def markdown_table() -> str:
     """The name-by-name table of docs/migrating-from-accelerate.md (tests check the guide holds exactly this)."""
     names = accelerate_names()
     lines = []
-    for part, title, prefix, suffix in (("arguments", "`Accelerator(...)` argument", "", "="),
-                                        ("members", "`Accelerator` member", "", "")):
+    for part, title, suffix in (
+        ("arguments", "`Accelerator(...)` argument", "="),
+        ("members", "`Accelerator` member", ""),
+    ):
         lines += [f"| {title} | accel | notes |", "| --- | --- | --- |"]
         for name in sorted(names[part]):
             entry = names[part][name]
-            shown = f"`{prefix}{name}{suffix}`"
+            shown = f"`{name}{suffix}`"
             if entry["status"] == "same":
                 accel, note = "same", entry.get("note", "")
             elif entry["status"] == "renamed":
                 accel, note = f"`{entry['accel']}`", entry.get("note", "")
-            else:
-                accel, note = "refused", entry["message"]
+            else:  # the message after its "X is not supported:" part
+                accel, note = "refused", entry["message"].split(": ", 1)[-1]
             lines.append(f"| {shown} | {accel} | {note.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"

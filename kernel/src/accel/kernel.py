@@ -21,11 +21,17 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from accel.compat import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    argument_refusal,
+    check_bool,
+    member_message,
+    resolve_data_settings,
+)
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
-from accel.compat import (DataLoaderConfiguration, GradientAccumulationPlugin, argument_refusal, check_bool,
-                          member_message, resolve_data_settings)
 from accel.errors import UsageError
 from accel.options import Settings, did_you_mean, resolve
 from accel.plugins import Plugins
@@ -237,6 +243,7 @@ class PreparedScheduler:
         #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
         own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.num_processes
         own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
+        own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         kernel = self.kernel
@@ -252,11 +259,11 @@ class PreparedScheduler:
             if optimizer.step_was_skipped:
                 return
         repeat = self._repeat
-        if repeat == 1 and not hasattr(scheduler, "total_steps"):
+        if repeat == 1 and not self._limited:
             scheduler.step(*args, **kwargs)
             return
         for _ in range(repeat):
-            if hasattr(scheduler, "total_steps") and scheduler._step_count > scheduler.total_steps:
+            if self._limited and scheduler._step_count > scheduler.total_steps:
                 break  # OneCycleLR raises past its last step; Accelerate stops it there
             scheduler.step(*args, **kwargs)
 
