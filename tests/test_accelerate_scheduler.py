@@ -22,7 +22,8 @@ from accel.testing import free_port, isolated_env, make_kernel, run_launch
 
 TESTS = Path(__file__).parent
 SCRIPT = TESTS / "scripts" / "lr_curves.py"
-RECORDED = json.loads((TESTS / "data" / "accelerate_lr_curves.json").read_text())["curves"]
+RANKS = json.loads((TESTS / "data" / "accelerate_lr_curves.json").read_text())["ranks"]
+RECORDED = RANKS[0]
 ACCELERATE_PYTHON = Path(os.environ.get("ACCEL_TEST_ACCELERATE_PYTHON", "/work/venvs/acc/bin/python"))
 sys.path.insert(0, str(SCRIPT.parent))
 import lr_curves  # noqa: E402  (the worker's scheduler and case definitions)
@@ -48,9 +49,14 @@ def accel_curves(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", sorted(RECORDED))
-def test_two_processes_follow_accelerates_curve(accel_curves: list[dict[str, Any]], case: str) -> None:
-    for rank in accel_curves:
-        assert rank[case] == RECORDED[case], case  # exact: the same scheduler calls in the same order
+def test_two_processes_follow_accelerates_curve_and_shards(accel_curves: list[dict[str, Any]], case: str) -> None:
+    """Exact: the same scheduler calls in the same order, and each process got the same samples in the same batches
+    (dealt, or split with ``split_batches``; the last batches completed from the start with ``even_batches``)."""
+    for rank, recorded in zip(accel_curves, RANKS, strict=True):
+        assert rank[case]["lrs"] == recorded[case]["lrs"]
+        assert rank[case]["optimizer_steps"] == recorded[case]["optimizer_steps"]
+        assert rank[case]["batches"] == recorded[case]["batches"]
+        assert rank[case]["inputs"] == recorded[case]["inputs"]
 
 
 @pytest.mark.multiprocess
@@ -58,7 +64,7 @@ def test_two_processes_follow_accelerates_curve(accel_curves: list[dict[str, Any
 def test_per_optimizer_step_steps_once_per_optimizer_step(accel_curves: list[dict[str, Any]], scheduler: str) -> None:
     """The option keeps accel's former rule: one scheduler step per optimizer step, whatever the process count."""
     got = accel_curves[0][f"{scheduler}/per_optimizer_step"]
-    assert accel_curves[1][f"{scheduler}/per_optimizer_step"] == got
+    assert accel_curves[1][f"{scheduler}/per_optimizer_step"]["lrs"] == got["lrs"]
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     sched = lr_curves.SCHEDULERS[scheduler](optimizer, 11 * lr_curves.EPOCHS)  # 42 samples / 4 = 11 batches
     expected = []
@@ -101,8 +107,8 @@ def test_recorded_curves_are_accelerates_own(tmp_path: Path, accel_curves: list[
         timeout=300,
     )
     live = read(tmp_path / "out", "accelerate")
-    assert live[0] == live[1] == RECORDED
-    assert {k: v for k, v in accel_curves[0].items() if k in RECORDED} == RECORDED
+    assert live == RANKS
+    assert [{k: v for k, v in rank.items() if k in RECORDED} for rank in accel_curves] == RANKS
 
 
 # ---- one process: the rule's parts ---------------------------------------------------------------------------

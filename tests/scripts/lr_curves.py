@@ -6,7 +6,7 @@ Accelerate itself, so the two can be compared step by step.
     python -m torch.distributed.run --nproc_per_node 2 lr_curves.py OUT_DIR --framework accelerate
 
 Each process writes OUT_DIR/<framework>_rank<process index>.json: for each case, the rate after every
-``scheduler.step()`` call and the number of optimizer steps taken.
+``scheduler.step()`` call, the number of optimizer steps taken and the samples of each batch (this process's shard).
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ def curve(framework: str, scheduler: str, config: str) -> dict[str, Any]:
     sched = SCHEDULERS[scheduler](optimizer, len(dataloader) * EPOCHS)  # Accelerate's examples do exactly this
     model, optimizer, dataloader, sched = kernel.prepare(model, optimizer, dataloader, sched)
     lrs: list[float] = []
+    inputs: list[list[float]] = []  # the first feature of each sample this process got: its shard, batch by batch
     steps = 0
     for _ in range(EPOCHS):
         for x, y in dataloader:
+            inputs.append(x[:, 0].tolist())
             with kernel.accumulate(model):
                 kernel.backward(nn.functional.mse_loss(model(x), y))
                 steps += int(kernel.sync_gradients)
@@ -71,7 +73,7 @@ def curve(framework: str, scheduler: str, config: str) -> dict[str, Any]:
                 sched.step()
                 optimizer.zero_grad()
             lrs.append(sched.get_last_lr()[0])
-    return {"lrs": lrs, "optimizer_steps": steps, "batches": len(dataloader)}
+    return {"lrs": lrs, "optimizer_steps": steps, "batches": len(dataloader), "inputs": inputs}
 
 
 def main() -> None:
