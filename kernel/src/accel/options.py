@@ -46,6 +46,7 @@ class Option:
     maximum: float | None = None
     cli: bool = True
     plugin: str = KERNEL
+    handler: tuple[str, ...] = ()  # kwargs-handler fields that set it: "GradScalerKwargs.init_scale"
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -143,10 +144,13 @@ class Options:
         minimum: float | None = None,
         maximum: float | None = None,
         cli: bool = True,
+        handler: str | Iterable[str] = (),
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
-        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins.
-        ``refused`` maps values that are recognised but not supported to the one line saying what to use instead."""
+        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
+        ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
+        :mod:`accel.utils.handlers`); ``refused`` maps values that are
+        recognised but not supported to the one line saying what to use instead."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -167,6 +171,7 @@ class Options:
             maximum=maximum,
             cli=cli,
             plugin=self.current_plugin,
+            handler=(handler,) if isinstance(handler, str) else tuple(handler),
         )
 
     def __iter__(self):
