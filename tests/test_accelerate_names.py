@@ -5,12 +5,11 @@ the guide's table is the mapping's (kernel/src/accel/accelerate_names.json)."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import operator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from accel.compat import accelerate_names, markdown_table
@@ -23,10 +22,6 @@ LISTED = json.loads((ROOT / "tests" / "data" / "accelerate_names.json").read_tex
 MAPPING = accelerate_names()
 GUIDE = ROOT / "docs" / "migrating-from-accelerate.md"
 BEGIN, END = "<!-- accelerate-names: begin -->", "<!-- accelerate-names: end -->"
-#: Names the helper branch compat-utils adds to Kernel (kwargs handlers, profiling, triggers). Until that branch is
-#: merged they may be missing here; test_pending_names_exist_once_accel_utils_does makes them strict after it.
-PENDING = {"kwargs_handlers", "profile", "profile_handler", "set_trigger", "check_trigger"}
-HAS_UTILS = importlib.util.find_spec("accel.utils") is not None
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +62,6 @@ def test_each_accelerate_argument_works_or_is_refused_with_its_message(name: str
         with pytest.raises(UsageError) as info:
             make_kernel(**{name: object()})
         assert str(info.value) == entry["message"]
-    elif name in PENDING and not HAS_UTILS:
-        pytest.skip(f"{name} comes with accel.utils (branch compat-utils)")
     else:
         assert entry["status"] == "same" and name in params, name
 
@@ -77,8 +70,6 @@ def test_each_accelerate_argument_works_or_is_refused_with_its_message(name: str
 def test_each_accelerate_member_works_or_says_what_to_use(kernel: Kernel, name: str) -> None:
     entry = MAPPING["members"][name]
     if entry["status"] == "same":
-        if name in PENDING and not HAS_UTILS:
-            pytest.skip(f"{name} comes with accel.utils (branch compat-utils)")
         assert hasattr(kernel, name), f"the table says Kernel has {name!r}"
         return
     with pytest.raises(AttributeError) as info:
@@ -88,13 +79,6 @@ def test_each_accelerate_member_works_or_says_what_to_use(kernel: Kernel, name: 
         assert f"use kernel.{entry['accel']}" in str(info.value)
     else:
         assert str(info.value) == entry["message"]
-
-
-@pytest.mark.skipif(not HAS_UTILS, reason="accel.utils (branch compat-utils) is not merged here yet")
-def test_pending_names_exist_once_accel_utils_does(kernel: Kernel) -> None:
-    params = set(inspect.signature(Kernel.__init__).parameters)
-    assert "kwargs_handlers" in params
-    assert all(hasattr(kernel, n) for n in PENDING - {"kwargs_handlers"})
 
 
 def test_an_unknown_attribute_is_still_a_plain_attribute_error(kernel: Kernel) -> None:

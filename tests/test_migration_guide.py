@@ -8,10 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-import pytest
-
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "migrating-from-accelerate.md"
-HAS_UTILS = importlib.util.find_spec("accel.utils") is not None
 
 
 def section(title: str) -> str:
@@ -64,16 +61,9 @@ def test_every_accel_name_of_the_imports_table_exists() -> None:
         "accel.utils.GradScalerKwargs",
     } <= set(names)
     for name in names:
-        if (name == "accel.utils" or name.startswith("accel.utils.")) and not HAS_UTILS:
-            continue  # accel.utils comes with branch compat-utils; strict once it is merged
         if name.startswith("accel.utils.Dummy") and importlib.util.find_spec("accel_deepspeed") is None:
             continue  # exported by accel-plugin-deepspeed
         resolve(name)
-
-
-@pytest.mark.skipif(HAS_UTILS, reason="accel.utils is here: the test above checks its names")
-def test_names_waiting_for_accel_utils_are_only_its_own() -> None:
-    assert all(n.startswith("accel.") for n in accel_names_of_the_imports_table())
 
 
 def test_the_scheduler_section_names_the_options_the_kernel_declares() -> None:
