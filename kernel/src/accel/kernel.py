@@ -35,7 +35,7 @@ from accel.dispatch import HotHooks
 from accel.errors import UsageError
 from accel.options import KERNEL, Settings, did_you_mean, resolve
 from accel.plugins import Plugins
-from accel.project import ProjectConfiguration, configure_project
+from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -384,6 +384,7 @@ class Kernel(TrackingMixin):
             gradient_accumulation_steps=gradient_accumulation_steps)
         check_bool("Kernel(step_scheduler_with_optimizer=...)", step_scheduler_with_optimizer)
         env = dict(os.environ)
+        check_project_config(project_config)
         if project_dir is None and project_config is not None:
             project_dir = project_config.project_dir
         self.plugins = Plugins.load(env=env, extra=extra_plugins)
@@ -567,7 +568,9 @@ class Kernel(TrackingMixin):
         kinds: list[str] = []
         models, optimizers, schedulers, dataloaders = [], [], [], []
         for obj in args:
-            if isinstance(obj, torch.nn.Module):
+            if self._is_prepared(obj):  # prepared before (by this kernel): returned as it is, never wrapped twice
+                kinds.append("other")
+            elif isinstance(obj, torch.nn.Module):
                 kinds.append("model")
                 models.append(obj)
             elif isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
@@ -614,6 +617,11 @@ class Kernel(TrackingMixin):
             else:
                 out.append(next(queues[kind]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _is_prepared(self, obj: Any) -> bool:
+        """Whether ``prepare`` returned ``obj`` before (Accelerate returns such objects as they are, too)."""
+        return any(obj is known for group in (self._models, self._optimizers, self._schedulers, self._dataloaders)
+                   for known in group)
 
     def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
         """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that

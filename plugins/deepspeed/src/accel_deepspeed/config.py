@@ -105,6 +105,9 @@ def base_config(settings: Settings) -> tuple[dict[str, Any], str]:
     if not path:
         zero = config.setdefault("zero_optimization", {})
         zero.setdefault("stage", 2)  # Accelerate's default without a file
+    stage = _get(config, ("zero_optimization", "stage"))
+    if stage is not None and stage != AUTO and (type(stage) is not int or stage not in (0, 1, 2, 3)):
+        raise UsageError(f"{where}: zero_optimization.stage is {stage!r}; write a number 0, 1, 2 or 3 (or \"auto\")")
     return config, where
 
 
