@@ -31,7 +31,9 @@ def _load(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namesp
     for value in args.blocked:
         if not value.startswith("no:") or not value[3:]:
             raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}")
-    return Plugins.load(blocked=[v[3:] for v in args.blocked]), args
+    plugins = Plugins.load(blocked=[v[3:] for v in args.blocked])
+    plugins.options()  # a plugin whose accel_add_options fails is shown as failed
+    return plugins, args
 
 
 def _status(rec: PluginRecord) -> str:
