@@ -60,11 +60,12 @@ def plugins_command(argv: Sequence[str]) -> int:
     # width (COLUMNS, else 80 when not a terminal). rich shrinks every column alike and cuts hook names; instead the
     # short columns and the hooks (one whole name per line at worst) keep their width and the status folds.
     console = Console()
-    cells = [(row["name"], row["distribution"], row["version"], ", ".join(row["hooks"]),
-              row["status"] + (f": {row['reason']}" if row["reason"] else "")) for row in rows]
+    records = plugins.all_records
+    cells = [(r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
+             for r in records]
     names = ("name", "distribution", "version", "hooks", "status")
     longest = [max(len(names[i]), *(len(c[i]) for c in cells)) for i in range(5)]
-    hooks = max([len(names[3])] + [len(h) + 1 for row in rows for h in row["hooks"]])
+    hooks = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])
     free = console.width - 16 - longest[0] - longest[2] - hooks  # 16: borders and padding of five columns
     dist = longest[1] if free - longest[1] >= 30 else max(10, free // 3)
     status = min(longest[4], free - dist)
