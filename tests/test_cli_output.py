@@ -61,22 +61,33 @@ def test_plugin_text_with_brackets_is_shown_as_written(tmp_path: Path) -> None:
 def test_plugins_json_is_unchanged(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     rows = json.loads(run(["plugins", "--json"], env).stdout)
-    assert [sorted(row) for row in rows] == [["distribution", "entry_point", "hooks", "name", "reason", "status",
-                                              "version"]] * len(rows)
+    assert [sorted(row) for row in rows] == [
+        ["distribution", "entry_point", "hooks", "name", "reason", "status", "version"]
+    ] * len(rows)
 
 
 def test_env_lists_backend_versions_without_importing_them(tmp_path: Path) -> None:
     """Before: `accel env` showed torch and pluggy only; the backends' versions had to be looked up by hand."""
     env = clean_env(tmp_path, hide=False)
-    code = ("import sys\nfrom accel.commands.cli import main\nassert main(['env']) == 0\n"
-            "heavy = [m for m in ('torch', 'deepspeed', 'torchao', 'mlflow', 'tensorboard', 'wandb', 'transformers') "
-            "if m in sys.modules]\nprint('IMPORTED', heavy)\n")
+    code = (
+        "import sys\nfrom accel.commands.cli import main\nassert main(['env']) == 0\n"
+        "heavy = [m for m in ('torch', 'deepspeed', 'torchao', 'mlflow', 'tensorboard', 'wandb', 'transformers') "
+        "if m in sys.modules]\nprint('IMPORTED', heavy)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "IMPORTED []" in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.startswith("- `Backend and related packages`"))
-    for dist in ("deepspeed", "torchao", "mlflow-skinny", "tensorboard", "wandb", "safetensors", "transformers",
-                 "accelerate"):
+    for dist in (
+        "deepspeed",
+        "torchao",
+        "mlflow-skinny",
+        "tensorboard",
+        "wandb",
+        "safetensors",
+        "transformers",
+        "accelerate",
+    ):
         if _installed(dist):
             assert f"{dist} {md.version(dist)}" in line, (dist, line)
     missing = next((line for line in result.stdout.splitlines() if line.startswith("- `Not installed`")), "")
