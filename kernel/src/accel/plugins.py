@@ -245,9 +245,9 @@ class Plugins:
                 rec.status, rec.reason = "failed", one_line(reason)
 
     def options(self) -> Options:
-        """The kernel's options plus every loaded plugin's."""
-        """A plugin whose ``accel_add_options`` raises (other than declaring a name another plugin declared) is
-        left out (``fail``): it must not block runs that do not use it; asking for it names the error."""
+        """The kernel's options plus every loaded plugin's. A plugin whose ``accel_add_options`` raises (other than
+        a PluginError such as declaring a name another plugin declared) is left out (``fail``): it must not block
+        runs that do not use it; asking for it names the error."""
         if self._options is None:
             options = Options()
             core_options(options)
