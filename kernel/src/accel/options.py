@@ -46,6 +46,7 @@ class Option:
     maximum: float | None = None
     cli: bool = True
     plugin: str = KERNEL
+    handler: tuple[str, ...] = ()  # kwargs-handler fields that set it: "GradScalerKwargs.init_scale"
     #: Optional further check of the converted value: returns what is wrong (``"is not an IP address or host
     #: name"``) or None. Applied wherever the value comes from (flag, file, environment, argument, question).
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)
@@ -144,10 +145,13 @@ class Options:
         minimum: float | None = None,
         maximum: float | None = None,
         cli: bool = True,
+        handler: str | Iterable[str] = (),
         check: Callable[[Any], str | None] | None = None,
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
-        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins."""
+        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
+        ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
+        :mod:`accel.utils.handlers`)."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -167,6 +171,7 @@ class Options:
             maximum=maximum,
             cli=cli,
             plugin=self.current_plugin,
+            handler=(handler,) if isinstance(handler, str) else tuple(handler),
             check=check,
         )
 
