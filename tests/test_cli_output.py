@@ -66,6 +66,21 @@ def test_plugins_json_is_unchanged(tmp_path: Path) -> None:
     ] * len(rows)
 
 
+def test_plugins_env_and_config_import_no_torch_with_every_plugin_visible(tmp_path: Path) -> None:
+    """The other no-torch tests hide most plugins; a plugin module that imports torch at import time (directly or
+    through a kernel module that does) slows every CLI command. Here every installed plugin is visible."""
+    env = clean_env(tmp_path, hide=False)
+    code = (
+        "import sys\nfrom accel.commands.cli import main\n"
+        "assert main(['plugins']) == 0 and main(['plugins', '--json']) == 0 and main(['env']) == 0\n"
+        "assert main(['config', 'show']) == 0\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "TORCH False" in result.stdout
+
+
 def test_env_lists_backend_versions_without_importing_them(tmp_path: Path) -> None:
     """Before: `accel env` showed torch and pluggy only; the backends' versions had to be looked up by hand."""
     env = clean_env(tmp_path, hide=False)
