@@ -57,8 +57,10 @@ def accel_add_options(options: Options) -> None:
     """Declare the plugin's launch flags, config-file keys, environment variables and Kernel arguments.
 
     When: each time the CLI builds a parser or validates a config file, and when a Kernel resolves its settings.
-    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``.
-    A name declared twice (by two plugins) is an error naming both.
+    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``;
+    ``check=fn`` adds a test of the converted value (``fn(value)`` returns what is wrong, or ``None``).
+    A name declared twice (by two plugins) is an error naming both. A plugin whose implementation raises anything
+    else is marked failed and left out with every option it declared; runs that do not ask for it go on.
     """
 
 
@@ -105,7 +107,9 @@ def accel_activate(settings: Settings) -> Component | None:
     Returns a :class:`~accel.Component` or ``None``. A strategy typically activates when it is selected
     (``settings.is_selected(name)``) or, for the default data-parallel strategy, when ``world_size > 1``. If two
     components claim one exclusive role, the one the user selected wins; with no selection it is an error naming
-    both. Must not touch devices or start processes: that happens in ``accel_setup``.
+    both. Must not touch devices or start processes: that happens in ``accel_setup``. A ``UsageError`` refuses the
+    run (one line); any other exception stops the run only when the plugin was selected, else the plugin is marked
+    failed and left out.
     """
 
 

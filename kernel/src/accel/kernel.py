@@ -33,7 +33,7 @@ from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
 from accel.errors import UsageError
-from accel.options import KERNEL, Settings, did_you_mean, resolve
+from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
 from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
@@ -414,7 +414,7 @@ class Kernel(TrackingMixin):
         except ValueError:
             raise UsageError("environment variable ACCEL_CONFIG is not valid JSON; unset it or launch with accel launch") from None
         values, sources = resolve(declared, env=env, launched=launched, kwargs=kwargs)
-        world = int(env.get("WORLD_SIZE") or 1)
+        world = int_env(env, "WORLD_SIZE", 1)
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
         self._data = data
         self.even_batches = data.even_batches
