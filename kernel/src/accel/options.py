@@ -211,6 +211,8 @@ def core_options(options: Options) -> None:
         help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
     add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
+    add("async_save", type="bool", default=False, cli=False, env=("ACCEL_ASYNC_SAVE",),
+        help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).")
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
         help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
