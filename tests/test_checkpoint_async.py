@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import CheckpointError, Kernel, ProjectConfiguration
+from accel import Kernel, ProjectConfiguration
 from accel.checkpoint import _SAVERS, is_complete, numbered_checkpoints, pending_save, read_manifest
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -1048,7 +1049,7 @@ def _start_async(kernel: Kernel, items: Mapping[str, Item], target: Path, tmp: P
                 state = _state_of(kernel, item)  # a model on every process: a sharding strategy may gather here
             if mine:
                 stem = _file_stem(item, kernel.process_index)
-                packer = _Packer(stage=lambda name, t, stem=stem: saver.staging.copy(stem, name, t))
+                packer = _Packer(stage=functools.partial(saver.staging.copy, stem))
                 packed[key] = (stem, packer.encode(state), packer.tensors)
         saver.staging.forget_unused()
         return packed
