@@ -273,3 +273,19 @@ def test_two_processes_async_saves_resume_exactly(tmp_path: Path) -> None:
     proc = _train(tmp_path, "--steps", STEPS, "--project", "proj", "--save-every", "100", "--out", "b.pt")
     assert "checkpoint_4 at step 40" in proc.stdout
     assert_same_training_state(tmp_path / "a.pt", tmp_path / "b.pt")
+
+
+@pytest.mark.parametrize("plugin", ["fsdp", pytest.param("deepspeed", marks=pytest.mark.slow)])
+def test_plugins_that_write_their_own_format_refuse_async_in_one_line(tmp_path: Path, plugin: str) -> None:
+    env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
+    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCEL_ASYNC_SAVE"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_async_refused.py"), str(tmp_path / "out"), plugin],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("refused: ")]
+    print(refused)
+    assert len(refused) == 1 and f"not supported with --plugin {plugin}" in refused[0]
+    assert "without asynchronous=True" in refused[0]
+    assert "sync ok" in proc.stdout
+    read_manifest(tmp_path / "out" / "ck")
