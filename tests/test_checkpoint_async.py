@@ -275,13 +275,17 @@ def test_two_processes_async_saves_resume_exactly(tmp_path: Path) -> None:
     assert_same_training_state(tmp_path / "a.pt", tmp_path / "b.pt")
 
 
+@pytest.mark.timeout(900)  # the first DeepSpeed process of a clean workspace compiles an op
 @pytest.mark.parametrize("plugin", ["fsdp", pytest.param("deepspeed", marks=pytest.mark.slow)])
 def test_plugins_that_write_their_own_format_refuse_async_in_one_line(tmp_path: Path, plugin: str) -> None:
-    env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
+    env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1",
+               # DeepSpeed compiles an op on first use: the workspace's cache, as tests/test_deepspeed.py
+               TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR")
+               or str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"))
     for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCEL_ASYNC_SAVE"):
         env.pop(name, None)
     proc = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_async_refused.py"), str(tmp_path / "out"), plugin],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     refused = [line for line in proc.stdout.splitlines() if line.startswith("refused: ")]
     print(refused)
