@@ -293,3 +293,37 @@ def test_plugins_that_write_their_own_format_refuse_async_in_one_line(tmp_path: 
     assert "without asynchronous=True" in refused[0]
     assert "sync ok" in proc.stdout
     read_manifest(tmp_path / "out" / "ck")
+
+
+def test_the_copy_to_cpu_memory_keeps_every_dtype_and_layout(tmp_path: Path) -> None:
+    # the staging copy takes a byte-level memcpy where it can; a state dict of every kind of tensor comes back equal
+    # (a conjugate view is stored with its values: the synchronous save wrote its memory unconjugated before)
+    class Odd:
+        def __init__(self) -> None:
+            base = torch.randn(4, 6)
+            self.state = {"f32": base, "bf16": base.bfloat16(), "f16": base.half(), "i64": base.long(),
+                          "bool": base > 0, "c64": torch.randn(3, dtype=torch.complex64),
+                          "conj": torch.randn(3, dtype=torch.complex64).conj(), "scalar": torch.tensor(2.5),
+                          "empty": torch.empty(0, 3), "transposed": base.t(), "f8": base.to(torch.float8_e4m3fn)}
+
+        def state_dict(self) -> dict[str, Any]:
+            return self.state
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.state = state
+
+    kernel = Kernel(cpu=True)
+    odd = Odd()
+    kernel.register_for_checkpointing(odd)
+    kernel.save_state(tmp_path / "sync")
+    kernel.save_state(tmp_path / "async", asynchronous=True)
+    kernel.wait_for_save()
+    assert files(tmp_path / "sync") == files(tmp_path / "async")
+    expected = dict(odd.state)
+    kernel.load_state(tmp_path / "async")
+    for key, value in expected.items():
+        got = odd.state[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert torch.equal(got.resolve_conj().reshape(-1).view(torch.uint8),
+                           value.resolve_conj().reshape(-1).view(torch.uint8)), key  # bitwise, conj view resolved
+    kernel.end_training()

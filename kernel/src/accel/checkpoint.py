@@ -266,7 +266,8 @@ class _Packer:
         while name in self.tensors:
             n += 1
             name = f"{path}#{n}"
-        out = t.to("cpu").contiguous() if self._stage is None else self._stage(name, t)
+        # resolve_conj/resolve_neg: safetensors writes memory as it is, without a view's lazy conjugation
+        out = t.to("cpu").resolve_conj().resolve_neg().contiguous() if self._stage is None else self._stage(name, t)
         if out.numel():
             if out.untyped_storage().data_ptr() in self._storages:
                 out = out.clone()
@@ -920,7 +921,7 @@ class _Staging:
             if buf is None:
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
             self.buffers[key] = buf
-        buf.copy_(t)
+        _copy_into(buf, t.detach())
         self.used.add(key)
         return buf
 
@@ -928,6 +929,21 @@ class _Staging:
         """Drop buffers this save did not use (an item that went away), so memory follows the current state."""
         self.buffers = {k: v for k, v in self.buffers.items() if k in self.used}
         self.used = set()
+
+
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``; between contiguous CPU tensors, one plain memcpy of the bytes (numpy): torch's copy is
+    split over its intra-op threads, which on a machine with busy cores wait for each other (bench: 1.5 GiB in
+    0.37 s with one thread against 1.5-2.6 s with two on 2 loaded cores)."""
+    if src.device.type == "cpu" and src.is_contiguous() and src.numel() and not (src.is_conj() or src.is_neg()):
+        try:
+            import numpy as np
+
+            np.copyto(dst.view(-1).view(torch.uint8).numpy(), src.reshape(-1).view(torch.uint8).numpy())
+            return
+        except (RuntimeError, TypeError, ValueError):  # a dtype or layout without a byte view: torch copies it
+            pass
+    dst.copy_(src)
 
 
 class _Saver:
