@@ -124,8 +124,10 @@ def test_training_goes_on_during_the_write_and_the_checkpoint_holds_the_state_at
         counter.n += 1
         still = job.thread.is_alive()
         kernel.wait_for_save()
-        print(f"attempt {attempt}: write in flight when save_state returned: {in_flight}; still after one "
-              f"training step: {still}")
+        print(
+            f"attempt {attempt}: write in flight when save_state returned: {in_flight}; still after one "
+            f"training step: {still}"
+        )
         overlapped += in_flight
         k2, m2, o2, _dl2, c2 = setup(width=1024, depth=8)
         k2.load_state(target)
@@ -182,7 +184,9 @@ def test_end_training_waits(tmp_path: Path) -> None:
     k2.end_training()
 
 
-def run_script(tmp_path: Path, *args: str, launch: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_script(
+    tmp_path: Path, *args: str, launch: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
     for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCEL_ASYNC_SAVE"):
         env.pop(name, None)
@@ -278,14 +282,24 @@ def test_two_processes_async_saves_resume_exactly(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)  # the first DeepSpeed process of a clean workspace compiles an op
 @pytest.mark.parametrize("plugin", ["fsdp", pytest.param("deepspeed", marks=pytest.mark.slow)])
 def test_plugins_that_write_their_own_format_refuse_async_in_one_line(tmp_path: Path, plugin: str) -> None:
-    env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1",
-               # DeepSpeed compiles an op on first use: the workspace's cache, as tests/test_deepspeed.py
-               TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR")
-               or str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"))
+    env = dict(
+        os.environ,
+        ACCEL_HOME=str(tmp_path / "home"),
+        OMP_NUM_THREADS="1",
+        # DeepSpeed compiles an op on first use: the workspace's cache, as tests/test_deepspeed.py
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR")
+        or str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"),
+    )
     for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCEL_ASYNC_SAVE"):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_async_refused.py"), str(tmp_path / "out"), plugin],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=850)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ckpt_async_refused.py"), str(tmp_path / "out"), plugin],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     refused = [line for line in proc.stdout.splitlines() if line.startswith("refused: ")]
     print(refused)
@@ -301,10 +315,19 @@ def test_the_copy_to_cpu_memory_keeps_every_dtype_and_layout(tmp_path: Path) -> 
     class Odd:
         def __init__(self) -> None:
             base = torch.randn(4, 6)
-            self.state = {"f32": base, "bf16": base.bfloat16(), "f16": base.half(), "i64": base.long(),
-                          "bool": base > 0, "c64": torch.randn(3, dtype=torch.complex64),
-                          "conj": torch.randn(3, dtype=torch.complex64).conj(), "scalar": torch.tensor(2.5),
-                          "empty": torch.empty(0, 3), "transposed": base.t(), "f8": base.to(torch.float8_e4m3fn)}
+            self.state = {
+                "f32": base,
+                "bf16": base.bfloat16(),
+                "f16": base.half(),
+                "i64": base.long(),
+                "bool": base > 0,
+                "c64": torch.randn(3, dtype=torch.complex64),
+                "conj": torch.randn(3, dtype=torch.complex64).conj(),
+                "scalar": torch.tensor(2.5),
+                "empty": torch.empty(0, 3),
+                "transposed": base.t(),
+                "f8": base.to(torch.float8_e4m3fn),
+            }
 
         def state_dict(self) -> dict[str, Any]:
             return self.state
@@ -324,6 +347,7 @@ def test_the_copy_to_cpu_memory_keeps_every_dtype_and_layout(tmp_path: Path) -> 
     for key, value in expected.items():
         got = odd.state[key]
         assert got.dtype == value.dtype and got.shape == value.shape, key
-        assert torch.equal(got.resolve_conj().reshape(-1).view(torch.uint8),
-                           value.resolve_conj().reshape(-1).view(torch.uint8)), key  # bitwise, conj view resolved
+        assert torch.equal(
+            got.resolve_conj().reshape(-1).view(torch.uint8), value.resolve_conj().reshape(-1).view(torch.uint8)
+        ), key  # bitwise, conj view resolved
     kernel.end_training()

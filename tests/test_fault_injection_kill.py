@@ -42,16 +42,30 @@ class Run:
 
     def __init__(self, tmp_path: Path, project: Path, nprocs: int, asynchronous: bool, check: bool = False):
         env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
-        for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "ACCEL_ASYNC_SAVE"):
+        for name in (
+            "ACCEL_CONFIG",
+            "WORLD_SIZE",
+            "RANK",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "ACCEL_ASYNC_SAVE",
+        ):
             env.pop(name, None)
         cmd = [sys.executable, str(SCRIPT), str(project)]
         if nprocs > 1:
             cmd = [str(ACCEL), "launch", "-q", "-n", str(nprocs), "--plugin", "ddp", *cmd[1:]]
         cmd += ["--async"] * asynchronous + ["--check"] * check
         self.nprocs = nprocs
-        self.proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         self.err: list[str] = []
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
@@ -75,11 +89,17 @@ class Run:
                 time.sleep(0.5)  # let the readers catch up
                 if condition():
                     return
-                raise AssertionError(f"run ended ({self.proc.returncode}) early:\n" + "\n".join(self.lines[-20:])
-                                     + "\n" + "\n".join(self.err[-40:]))
+                raise AssertionError(
+                    f"run ended ({self.proc.returncode}) early:\n"
+                    + "\n".join(self.lines[-20:])
+                    + "\n"
+                    + "\n".join(self.err[-40:])
+                )
             if time.monotonic() > end:
                 self.kill_all()
-                raise AssertionError("timed out waiting:\n" + "\n".join(self.lines[-20:]) + "\n" + "\n".join(self.err[-40:]))
+                raise AssertionError(
+                    "timed out waiting:\n" + "\n".join(self.lines[-20:]) + "\n" + "\n".join(self.err[-40:])
+                )
             time.sleep(0.02)
 
     def kill(self, victim: str) -> None:
@@ -151,18 +171,22 @@ def kill_trials(tmp_path: Path, nprocs: int, asynchronous: bool, victims: list[s
         inside += bool(hidden)
         # published for sure: the last save that returned (synchronous), the one before it (asynchronous)
         confirmed = max(confirmed, saved - 1 if asynchronous else saved)
-        print(f"[{nprocs} process(es), {mode} save] trial {trial}: resumed from step {resumed}; SIGKILL to {victim} "
-              f"{delay:.2f} s after the first save (last save returned before the kill: step {saved_before}, at the "
-              f"end: {saved}); run ended with {rc}{' after HANGING 90 s' if hung else ''}; visible: {complete} "
-              f"(all complete), hidden leftovers: {hidden or 'none'}")
+        print(
+            f"[{nprocs} process(es), {mode} save] trial {trial}: resumed from step {resumed}; SIGKILL to {victim} "
+            f"{delay:.2f} s after the first save (last save returned before the kill: step {saved_before}, at the "
+            f"end: {saved}); run ended with {rc}{' after HANGING 90 s' if hung else ''}; visible: {complete} "
+            f"(all complete), hidden leftovers: {hidden or 'none'}"
+        )
     final = Run(tmp_path, project, nprocs, asynchronous, check=True)
     rc = final.proc.wait(timeout=300)
     time.sleep(0.5)
     assert rc == 0, "\n".join(final.lines[-20:] + final.err[-40:])
     resumed = min(final.values("resumed"))
-    print(f"[{nprocs} process(es), {mode} save] final: resumed from step {resumed} (published for sure: {confirmed}), "
-          f"trained one step; {inside}/{len(victims)} kills left a hidden temporary/set-aside directory (landed "
-          "inside a save)")
+    print(
+        f"[{nprocs} process(es), {mode} save] final: resumed from step {resumed} (published for sure: {confirmed}), "
+        f"trained one step; {inside}/{len(victims)} kills left a hidden temporary/set-aside directory (landed "
+        "inside a save)"
+    )
     assert resumed >= confirmed
     assert not hangs, f"trials {hangs} hung after the kill"
     assert inside >= 1, "no kill landed inside a save; the test did not test anything"
