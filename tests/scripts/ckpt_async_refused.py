@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel, UsageError
 
@@ -27,8 +28,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = kernel.prepare(model, optimizer)
-    kernel.backward(model(torch.ones(4, 8, device=kernel.device)).sum())
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randn(16, 1)), batch_size=4)
+    model, optimizer, loader = kernel.prepare(model, optimizer, loader)  # DeepSpeed takes its batch size from it
+    x, _y = next(iter(loader))
+    kernel.backward(model(x).sum())
     optimizer.step()
     optimizer.zero_grad()
     directory.mkdir(parents=True, exist_ok=True)
