@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -77,10 +78,11 @@ class Run:
             into.append(line.rstrip("\n"))
 
     def values(self, word: str) -> list[int]:
-        return [int(line.split()[-1]) for line in list(self.lines) if line.startswith(word + " ")]
+        # the processes share one pipe: a line of one may be glued to another's (seen: "pid 1 14126pid 0 14127")
+        return [int(v) for v in re.findall(rf"{word} (\d+)", "\n".join(list(self.lines)))]
 
     def pids(self) -> dict[int, int]:
-        return {int(line.split()[1]): int(line.split()[2]) for line in list(self.lines) if line.startswith("pid ")}
+        return {int(rank): int(pid) for rank, pid in re.findall(r"pid (\d+) (\d+)", "\n".join(list(self.lines)))}
 
     def wait_for(self, condition, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
         end = time.monotonic() + timeout
