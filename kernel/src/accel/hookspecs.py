@@ -378,7 +378,9 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
 
 
 @hookspec
-def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) -> Mapping[str, ItemRecord] | None:
+def accel_save_state(
+    kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+) -> Mapping[str, ItemRecord] | None:
     """Write the checkpoint items this plugin owns (FSDP: sharded model/optimizer with
     torch.distributed.checkpoint; DeepSpeed: the engine's checkpoint) into ``directory``.
 
@@ -397,6 +399,13 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
     unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
     files that ``accel.checkpoint.load_weights_only`` accepts.
+
+    ``asynchronous`` is true for ``save_state(asynchronous=True)`` (or the ``async_save`` option). The hook still
+    runs on the training thread and its files must be complete when it returns (the kernel fsyncs and publishes
+    them with the rest, in the background), so a plugin that writes here simply makes the loop wait for its own
+    write. A plugin whose writing cannot be done that way (collectives of its own, an engine that writes by
+    itself) raises ``UsageError`` in one line when ``asynchronous`` is true: nothing is published and every
+    process raises. No background thread ever calls a hook.
     """
 
 

@@ -15,6 +15,7 @@ import gc
 import inspect
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -904,15 +905,29 @@ class Kernel(TrackingMixin):
                                  "load_state_dict(); only such objects can be checkpointed")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None,
+                   asynchronous: bool | None = None) -> os.PathLike[str]:
         """Save everything needed to resume exactly: prepared models, optimizers, schedulers and dataloader
         positions, registered objects, plugin items (grad scaler, ...), and every process's random states.
         Call it on every process. Without ``output_dir`` it writes ``project_dir/checkpoints/checkpoint_<i>``
         (see :class:`accel.ProjectConfiguration`). Atomic: the directory appears complete or not at all.
-        Returns the checkpoint's directory."""
+        ``asynchronous=True`` (default: the ``async_save`` option) returns once the state is copied to CPU
+        memory; the write, fsync and publish happen in the background, and the next ``save_state``,
+        ``load_state``, ``latest_checkpoint``, ``wait_for_save`` or ``end_training`` waits for them (and raises
+        their error). Returns the checkpoint's directory."""
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
-        return checkpoint.save_state(self, output_dir)
+        return checkpoint.save_state(self, output_dir, asynchronous)
+
+    def wait_for_save(self) -> None:
+        """Wait until the asynchronous ``save_state`` in flight (if any) is written and published; raise its error
+        (the same on every process). Call it on every process."""
+        self._finish_save()
+
+    def _finish_save(self, at_exit: bool = False, release: bool = False) -> None:
+        checkpoint = sys.modules.get("accel.checkpoint")  # not imported: this run never saved
+        if checkpoint is not None:
+            checkpoint.finish_pending(self, at_exit=at_exit, release=release)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
         """Restore what ``save_state`` saved, after checking that it fits this run (plugins, items, number of
@@ -921,6 +936,7 @@ class Kernel(TrackingMixin):
         stopped. Returns the directory loaded."""
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
+        checkpoint.finish_pending(self)
         return checkpoint.load_state(self, input_dir)
 
     def latest_checkpoint(self) -> os.PathLike[str] | None:
@@ -929,6 +945,7 @@ class Kernel(TrackingMixin):
         project = self.project_configuration.project_dir
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
+        checkpoint.finish_pending(self)
         found = checkpoint.latest_checkpoint(project) if (project and self.is_main_process) else None
         found = self.collectives.broadcast_object(None if found is None else os.fspath(found), 0)
         return None if found is None else Path(found)
@@ -996,16 +1013,21 @@ class Kernel(TrackingMixin):
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
 
     def end_training(self) -> None:
-        """Finish trackers and release the processes' resources (process group). Safe to call once at the end."""
-        self._end_trackers()
-        if not self._torn_down:
-            self.call_isolated("accel_end_training", kernel=self, trackers=False)
-        self._teardown()
+        """Finish trackers and release the processes' resources (process group). Safe to call once at the end.
+        An asynchronous save in flight is finished first (its error is raised after the teardown)."""
+        try:
+            self._finish_save(release=True)
+        finally:
+            self._end_trackers()
+            if not self._torn_down:
+                self.call_isolated("accel_end_training", kernel=self, trackers=False)
+            self._teardown()
 
     def _teardown(self) -> None:
         if self._torn_down:
             return
         self._torn_down = True
+        self._finish_save(at_exit=True)  # at interpreter exit: an asynchronous save in flight, without collectives
         self._end_trackers()  # a script that never called end_training still gets its logs flushed
         self.call_isolated("accel_teardown", kernel=self)
         if self in _ACTIVE:

@@ -239,6 +239,8 @@ def core_options(options: Options) -> None:
         help="How often a prepared LR scheduler steps: 'accelerate' (Accelerate's rule: num_processes times per "
              "optimizer step, once with split_batches) or 'per_optimizer_step' (once per optimizer step).")
     add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
+    add("async_save", type="bool", default=False, cli=False, env=("ACCEL_ASYNC_SAVE",),
+        help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).")
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
         help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
