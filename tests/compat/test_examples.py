@@ -122,7 +122,6 @@ SCHEDULER_RULE = "Accelerate's scheduler-stepping rule by default (compat-core)"
 DATALOADER_CONFIGURATION = "accel.DataLoaderConfiguration (compat-core)"
 
 
-@waiting(SCHEDULER_RULE)
 def test_nlp_example(tmp_path: Path) -> None:
     result = run("nlp_example", tmp_path)
     text_epochs(result)
@@ -132,7 +131,6 @@ def test_nlp_example(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_nlp_example_mixed_precision(tmp_path: Path, precision: str) -> None:
     result = run(f"nlp_example_{precision}", tmp_path)
@@ -163,7 +161,6 @@ def assert_same_checkpoint(a: Path, b: Path) -> None:
 
 
 @slow
-@waiting("DataLoaderConfiguration and Accelerate's scheduler rule (compat-core)")
 def test_complete_nlp_example_tracking_and_epoch_resume(tmp_path: Path) -> None:
     full = run("complete_nlp_example", tmp_path)
     metrics = text_epochs(full)
@@ -222,7 +219,6 @@ def resume_case(step: str, full: Run) -> Case:
     )
 
 
-@waiting(DATALOADER_CONFIGURATION)
 def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path) -> None:
     """Accelerate's documented mid-epoch resume (load_state, then skip_first_batches(train_dataloader, 3)) continues
     exactly where the uninterrupted run was: the same losses bit for bit, the same learning rates, the same metrics
@@ -240,7 +236,6 @@ def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(DATALOADER_CONFIGURATION)
 def test_checkpointing_resumes_in_second_epoch(tmp_path: Path) -> None:
     """step_9 is the third batch of the second epoch: the example computes starting_epoch=1, resume_step=2."""
     full = run("checkpointing", tmp_path)
@@ -268,7 +263,6 @@ def cv_lrs(epochs: int = 3, images: int = 64, batch: int = 8, lr: float = 0.1) -
     )
 
 
-@waiting(SCHEDULER_RULE)
 def test_cv_example(tmp_path: Path) -> None:
     result = run("cv_example", tmp_path)
     accuracy = result.epochs()
@@ -278,7 +272,6 @@ def test_cv_example(tmp_path: Path) -> None:
 
 
 @slow
-@waiting("DataLoaderConfiguration and Accelerate's scheduler rule (compat-core)")
 def test_complete_cv_example_resume(tmp_path: Path) -> None:
     full = run("complete_cv_example", tmp_path)
     assert len(full.epochs()) == 3
@@ -311,7 +304,6 @@ def test_complete_cv_example_resume(tmp_path: Path) -> None:
 # find_executable_batch_size, metrics, profiler, schedule-free, tracking
 
 
-@waiting(SCHEDULER_RULE)
 def test_gradient_accumulation(tmp_path: Path) -> None:
     """288 rows, 16 a batch: 9 micro-batches per process and epoch, accumulation 2: the optimizer steps at micro-steps
     2, 4, 6, 8 and at the end of the epoch (9)."""
@@ -348,7 +340,6 @@ def test_early_stopping(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(SCHEDULER_RULE)  # at 1/N of the schedule the loss falls too late for assert_learns
 def test_local_sgd(tmp_path: Path) -> None:
     result = run("local_sgd", tmp_path)
     text_epochs(result)
@@ -356,7 +347,6 @@ def test_local_sgd(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 def test_memory_find_executable_batch_size(tmp_path: Path) -> None:
     result = run("memory", tmp_path)
     text_epochs(result)
@@ -364,7 +354,6 @@ def test_memory_find_executable_batch_size(tmp_path: Path) -> None:
 
 
 @slow
-@waiting("a settable gradient_accumulation_steps (compat-core)")
 def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
     result = run("automatic_gradient_accumulation", tmp_path)
     text_epochs(result)
@@ -372,7 +361,6 @@ def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 def test_multi_process_metrics(tmp_path: Path) -> None:
     """70 evaluation rows in batches of 32 over 2 processes: the example trims the duplicated samples by hand."""
     result = run("multi_process_metrics", tmp_path)
@@ -388,14 +376,12 @@ def test_profiler(tmp_path: Path) -> None:
     assert "Self CPU time total" in result.stdout
 
 
-@waiting("optimizer.train()/eval() pass-through (compat-core)")
 def test_schedule_free(tmp_path: Path) -> None:
     result = run("schedule_free", tmp_path)
     text_epochs(result)
     assert_learns(result.losses, 3)
 
 
-@waiting(SCHEDULER_RULE)
 def test_tracking(tmp_path: Path) -> None:
     result = run("tracking", tmp_path)
     metrics = text_epochs(result)
@@ -432,7 +418,6 @@ def test_fsdp_with_peak_mem_tracking(tmp_path: Path) -> None:
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 def test_nlp_example_fsdp(tmp_path: Path) -> None:
     """nlp_example under --plugin fsdp (FSDP2 over gloo): Accelerate's LR curve, a falling loss."""
     result = run("nlp_example_fsdp", tmp_path)
@@ -446,7 +431,6 @@ def clm_result(result: Run) -> dict[str, float]:
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 def test_deepspeed_with_config_support_zero2_zero3(tmp_path: Path) -> None:
     """ZeRO-2 and ZeRO-3 with the script's own AdamW (two parameter groups: GPT-2 has no "LayerNorm.weight" names,
     so the no-decay group holds only the biases) and its linear schedule built before prepare() for
@@ -480,7 +464,6 @@ COMPARED = ["nlp_example", "gradient_accumulation", "checkpointing", "tracking",
 
 
 @slow
-@waiting(SCHEDULER_RULE)
 @pytest.mark.parametrize("name", COMPARED)
 def test_same_as_accelerate(tmp_path: Path, name: str) -> None:
     """The port under accel and under Accelerate 1.15 (torchrun with Accelerate's launch variables): the same
