@@ -91,11 +91,12 @@ def destroy_process_group() -> None:
         time.sleep(0.05)
 
 def torchrun_args(settings: Settings, command: list[str], no_python: bool = False, with_launcher: bool = False,
-                  python: str = "") -> list[str]:
+                  python: str = "", log_dir: str | None = None) -> list[str]:
     """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
     interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
     executable. With ``with_launcher`` each worker starts through the parent-death prelude of
-    :mod:`accel.processes` (``python`` is the interpreter of the workers), so it dies with the launcher."""
+    :mod:`accel.processes` (``python`` is the interpreter of the workers), so it dies with the launcher.
+    ``log_dir`` is the log directory when the settings have none."""
     nnodes = settings["num_machines"]
     total = settings["num_processes"]
     if total % nnodes:
@@ -119,7 +120,7 @@ def torchrun_args(settings: Settings, command: list[str], no_python: bool = Fals
         args.append(f"--rdzv_conf={settings['rdzv_conf']}")
     if settings.get("role") not in (None, "", "default"):
         args.append(f"--role={settings['role']}")
-    log_dir, tee = settings.get("log_dir"), settings.get("tee")
+    log_dir, tee = settings.get("log_dir") or log_dir, settings.get("tee")
     if log_dir:
         args.append(f"--log_dir={log_dir}")
         tee = tee or "3"  # a log directory without --tee: each process's output in its files *and* on the console
@@ -163,7 +164,7 @@ def rank_log(log_dir: str, local_rank: int) -> str | None:
     return str(found[-1]) if found else None
 
 
-def failure_line(exc: Any, settings: Settings) -> tuple[str, int]:
+def failure_line(exc: Any, settings: Settings, log_dir: str | None) -> tuple[str, int]:
     """One line for torch's ``ChildFailedError`` (which process failed, how, where its output is) and the exit
     code to return."""
     failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
@@ -173,7 +174,6 @@ def failure_line(exc: Any, settings: Settings) -> tuple[str, int]:
     how = (f"was killed by {signal_name(-first.exitcode)}" if first.exitcode and first.exitcode < 0
            else f"exited with code {first.exitcode}")
     others = f" ({len(failures) - 1} more failed after it)" if len(failures) > 1 else ""
-    log_dir = settings.get("log_dir")
     where = rank_log(log_dir, first.local_rank) if log_dir else None
     output = (f"its output: {where}" if where else
               "its output is above; --log_dir DIR keeps each process's output in a file")
@@ -196,8 +196,13 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
     naming it and its log file."""
     from accel import processes
 
+    log_dir = plan.settings.get("log_dir")
+    if not log_dir and plan.settings.get("tee") not in (None, "0") and not plan.dry_run:
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="accel-logs-")  # where torchrun would put them, but known to us
     args = torchrun_args(plan.settings, plan.command, no_python=not plan.python, with_launcher=True,
-                         python=plan.python or sys.executable)
+                         python=plan.python or sys.executable, log_dir=log_dir)
     env = plan.env
     gpu_ids = plan.settings.get("gpu_ids")
     if gpu_ids and str(gpu_ids).lower() != "all":
@@ -228,7 +233,7 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
             print(processes.stopped_line(signum, f"the {total} process(es) of this machine"), file=sys.stderr)
             return 128 + signum
         except ChildFailedError as exc:
-            line, code = failure_line(exc, plan.settings)
+            line, code = failure_line(exc, plan.settings, log_dir)
             print(line, file=sys.stderr)
             return code
     return 0
