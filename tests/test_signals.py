@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import ACCEL, TESTS, clean_env
-
 from accel.distributed import free_port
+from clitools import ACCEL, TESTS, clean_env
 
 LONG = str(TESTS / "scripts" / "long_train.py")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -57,15 +56,26 @@ def gone_within(pids: list[int], seconds: float) -> list[int]:
 
 def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     """A launcher in a process group of its own, as a shell starts a job."""
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def accel_launch(tmp_path: Path, processes: int) -> tuple[subprocess.Popen[str], Path]:
     env = clean_env(tmp_path)
     piddir = tmp_path / "pids"
-    args = [ACCEL, "launch", "-q", "--cpu", "-n", str(processes), "--main_process_port", str(free_port()), LONG,
-            str(piddir)]
+    args = [
+        ACCEL,
+        "launch",
+        "-q",
+        "--cpu",
+        "-n",
+        str(processes),
+        "--main_process_port",
+        str(free_port()),
+        LONG,
+        str(piddir),
+    ]
     return start(args, env), piddir
 
 
@@ -135,8 +145,9 @@ def test_debug_launcher_ctrl_c(tmp_path):
     out, err = launcher.communicate(timeout=60)
     assert launcher.returncode == -signal.SIGINT, err  # Python's exit for an uncaught KeyboardInterrupt (130)
     assert err.count("Traceback") == 1 and "[rank" not in err, err  # the caller's KeyboardInterrupt, no worker's
-    assert err.strip().splitlines()[-1] == ("KeyboardInterrupt: accel: stopped by Ctrl-C (SIGINT): the 2 process(es) "
-                                            "ended (exit code 130)"), err
+    assert err.strip().splitlines()[-1] == (
+        "KeyboardInterrupt: accel: stopped by Ctrl-C (SIGINT): the 2 process(es) ended (exit code 130)"
+    ), err
     assert gone_within(pids, 5) == []
 
 
@@ -147,7 +158,8 @@ def test_debug_launcher_sigterm(tmp_path):
     out, err = launcher.communicate(timeout=60)
     assert launcher.returncode == -signal.SIGTERM, err  # ended by SIGTERM as without accel (143 in a shell)
     assert [line for line in err.splitlines() if line.strip()] == [
-        "accel: stopped by SIGTERM: the 2 process(es) ended (exit code 143)"], err
+        "accel: stopped by SIGTERM: the 2 process(es) ended (exit code 143)"
+    ], err
     assert gone_within(pids, 5) == []
 
 

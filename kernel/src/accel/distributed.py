@@ -189,7 +189,7 @@ def signal_name(signum: int) -> str:
 
 def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
     """Answer ``accel_launch`` with ``torch.distributed.run`` (torchrun) in this process and wait; return the exit
-    code. ``name`` is the plugin, for the ``--dry-run`` line. Used by the ddp, fsdp and deepspeed plugins.
+    code. ``name`` is the plugin, for the ``--dry-run`` line. Used by the strategy plugins that run torchrun.
 
     Workers die with this process (parent-death signal); SIGINT/SIGTERM/SIGHUP stop them with SIGTERM and end
     the launch with one line and ``128 + signal`` (see :mod:`accel.processes`); a failed worker gives one line

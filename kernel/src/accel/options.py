@@ -207,7 +207,7 @@ def core_options(options: Options) -> None:
     add("gradient_accumulation_steps", type="int", default=1, minimum=1,
         env=("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
         help="Micro-batches per optimizer step (the Kernel's gradient_accumulation_steps unless the script "
-             "gives its own; a DeepSpeed config's 'auto' is filled from it).")
+             "gives its own; strategies with a config of their own fill its 'auto' from it).")
     add("plugins", type="list", default=[], flags=("--plugin",),
         help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")

@@ -22,8 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 #: Signals that stop a run; the workers always get SIGTERM.
@@ -79,8 +80,9 @@ class StopRequest:
 
 
 @contextmanager
-def stop_signals(on_first: Callable[[int], None], on_again: Callable[[int], None] | None = None
-                 ) -> Iterator[StopRequest]:
+def stop_signals(
+    on_first: Callable[[int], None], on_again: Callable[[int], None] | None = None
+) -> Iterator[StopRequest]:
     """Handle SIGINT, SIGTERM and SIGHUP for the block: the first calls ``on_first(signum)`` (which may raise),
     later ones ``on_again(signum)``. The previous handlers come back afterwards. Only in the main thread (elsewhere
     nothing is installed)."""
@@ -122,8 +124,12 @@ def run_process(argv: Sequence[str], env: Mapping[str, str], what: str = "the pr
     """Run one worker command (or a runner that starts workers) and wait: the accel rules above. Returns its exit
     code (``128 + N`` when a signal N ended it)."""
     parent = os.getpid()
-    proc = subprocess.Popen(list(argv), env={**env, LAUNCHER_PID: str(parent)}, start_new_session=True,
-                            preexec_fn=lambda: die_with_parent(parent) if parent_death_supported() else None)
+    proc = subprocess.Popen(
+        list(argv),
+        env={**env, LAUNCHER_PID: str(parent)},
+        start_new_session=True,
+        preexec_fn=lambda: die_with_parent(parent) if parent_death_supported() else None,
+    )
 
     def stop(sig: int) -> None:
         try:
@@ -139,5 +145,13 @@ def run_process(argv: Sequence[str], env: Mapping[str, str], what: str = "the pr
     return 128 - code if code < 0 else code
 
 
-__all__ = ["die_with_parent", "with_parent_death", "run_process", "stop_signals", "stopped_line",
-           "elastic_signals", "quiet_torch_elastic", "PARENT_DEATH_CODE"]
+__all__ = [
+    "die_with_parent",
+    "with_parent_death",
+    "run_process",
+    "stop_signals",
+    "stopped_line",
+    "elastic_signals",
+    "quiet_torch_elastic",
+    "PARENT_DEATH_CODE",
+]

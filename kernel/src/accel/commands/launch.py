@@ -114,7 +114,7 @@ class SelectPlugin(BoolFlag):
             raise UsageError(f"{option_string} selects plugin {self.plugin!r}, which is not installed; install it "
                              f"with `{install_hint(self.plugin)}`")
         chosen = getattr(namespace, "plugins", None) or []
-        setattr(namespace, "plugins", [*chosen, self.plugin])
+        namespace.plugins = [*chosen, self.plugin]
 
 
 class Refuse(argparse.Action):
