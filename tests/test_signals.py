@@ -173,3 +173,41 @@ def test_debug_launcher_workers_die_with_a_killed_launcher(tmp_path, group):
         launcher.kill()
     launcher.communicate(timeout=30)
     assert gone_within(pids, 5) == []
+
+
+ROOT = TESTS.parent
+EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
+
+
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
+@pytest.mark.parametrize("how", ["ctrl-c", "kill-9-process-group"])
+def test_deepspeed_launch_signals(tmp_path, how):
+    """DeepSpeed's launch (torchrun on one machine): Ctrl-C is one line and 130; kill -9 takes the workers along."""
+    env = clean_env(tmp_path, hide=False, TORCH_EXTENSIONS_DIR=EXTENSIONS)
+    piddir = tmp_path / "pids"
+    args = [
+        ACCEL,
+        "launch",
+        "-q",
+        "--cpu",
+        "--use_deepspeed",
+        "--zero_stage",
+        "2",
+        "-n",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        LONG,
+        str(piddir),
+    ]
+    launcher = start(args, env)
+    pids = wait_for_pids(piddir, 2, launcher, timeout=840)
+    if how == "ctrl-c":
+        os.killpg(launcher.pid, signal.SIGINT)
+        out, err = launcher.communicate(timeout=60)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert launcher.returncode == 130 and len(lines) == 1 and "stopped by Ctrl-C" in lines[0], err
+    else:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.communicate(timeout=30)
+    assert gone_within(pids, 5) == []
