@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex clean
+.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
 
 setup: $(VENV)/.installed
 
@@ -27,8 +27,17 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
 
-# What CI runs (.ci/run): the main suite, then the XLA and IPEX plugins in their own venvs.
-test-all: test test-xla test-ipex
+# What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
+# their own venvs.
+test-all: setup-slurm test test-xla test-ipex
+
+# Debian's Slurm and munge, for tests/test_slurm.py (which starts a one-node cluster of its own on 127.0.0.1).
+# Needs root (CI and the dev VMs are); elsewhere it says so and the Slurm tests are skipped (under CI=true they fail).
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+setup-slurm:
+	@if test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && command -v sbatch >/dev/null && test -x /usr/sbin/munged; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null; \
+	else echo "setup-slurm: not root, so Slurm is not installed (apt-get install $(SLURM_PACKAGES)); tests/test_slurm.py will skip"; fi
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) build dist .pytest_cache

@@ -6,6 +6,10 @@ followed by evaluation with ``gather_for_metrics``.
     python examples/train_digits.py                      # one process, kernel only
     accel launch -n 2 examples/train_digits.py           # two processes (accel-plugin-ddp)
     torchrun --nproc_per_node 2 examples/train_digits.py # also works
+
+With ``--project_dir DIR`` it saves a checkpoint after every epoch (the newest two are kept) and, when DIR already
+holds one, resumes from it: a run that was stopped (a Slurm requeue, a pre-empted node) continues where its last
+complete epoch ended. See docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel
+from accel import Kernel, ProjectConfiguration
 
 
 def datasets() -> tuple[TensorDataset, TensorDataset]:
@@ -49,10 +53,12 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--mixed_precision", default=None)
+    parser.add_argument("--project_dir", default=None, help="checkpoint every epoch here; resume from the newest")
     args = parser.parse_args()
 
     torch.manual_seed(42)
-    kernel = Kernel(mixed_precision=args.mixed_precision)
+    project = ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2) if args.project_dir else None
+    kernel = Kernel(mixed_precision=args.mixed_precision, project_dir=args.project_dir, project_config=project)
     train_ds, test_ds = datasets()
     train_dl = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True)
     test_dl = DataLoader(test_ds, batch_size=64)
@@ -61,7 +67,13 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.7)
     model, optimizer, train_dl, test_dl, scheduler = kernel.prepare(model, optimizer, train_dl, test_dl, scheduler)
 
-    for epoch in range(args.epochs):
+    first_epoch = 0
+    if args.project_dir and kernel.latest_checkpoint():
+        loaded = kernel.load_state()
+        first_epoch = kernel.save_iteration  # checkpoint_<i> is saved after epoch i: i + 1 epochs are done
+        kernel.print(f"resumed from {loaded.name}: epoch {first_epoch} is next")
+
+    for epoch in range(first_epoch, args.epochs):
         model.train()
         for x, y in train_dl:
             loss = nn.functional.cross_entropy(model(x), y)
@@ -79,6 +91,8 @@ def main() -> None:
                 total += len(y)
         kernel.print(f"epoch {epoch}: accuracy {correct / total:.3f} on {total} test images "
                      f"({kernel.num_processes} process{'es' if kernel.num_processes > 1 else ''})")
+        if args.project_dir:
+            kernel.save_state()
     kernel.end_training()
 
 
