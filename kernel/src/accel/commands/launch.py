@@ -114,7 +114,7 @@ class SelectPlugin(BoolFlag):
             raise UsageError(f"{option_string} selects plugin {self.plugin!r}, which is not installed; install it "
                              f"with `{install_hint(self.plugin)}`")
         chosen = getattr(namespace, "plugins", None) or []
-        namespace.plugins = [*chosen, self.plugin]
+        namespace.plugins = chosen if self.plugin in chosen else [*chosen, self.plugin]
 
 
 class Refuse(argparse.Action):
