@@ -14,14 +14,17 @@ seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 600.0
 kernel = Kernel()
 model = torch.nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer = kernel.prepare(model, optimizer)
+data = torch.utils.data.TensorDataset(torch.randn(64, 8))
+loader = torch.utils.data.DataLoader(data, batch_size=4)  # DeepSpeed takes its micro-batch size from it
+model, optimizer, loader = kernel.prepare(model, optimizer, loader)
 piddir.mkdir(parents=True, exist_ok=True)
 (piddir / f"rank{kernel.process_index}.pid").write_text(str(os.getpid()))
 end = time.monotonic() + seconds
 while time.monotonic() < end:
-    loss = model(torch.randn(4, 8)).pow(2).mean()
-    kernel.backward(loss)
-    optimizer.step()
-    optimizer.zero_grad()
-    time.sleep(0.05)
+    for (batch,) in loader:
+        loss = model(batch).pow(2).mean()
+        kernel.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(0.05)
 kernel.end_training()
