@@ -107,7 +107,7 @@ def test_options_without_a_file_build_the_config() -> None:
     ({"train_batch_size": 100}, dict(micro=8), "train_batch_size is 100 but train_micro_batch_size_per_gpu x"),
     ({"bf16": {"enabled": True}}, dict(precision="no"), "bf16.enabled is true but the Kernel's mixed_precision is 'no'"),
     ({"fp16": {"enabled": False}}, dict(precision="fp16"), "fp16.enabled is false but the Kernel's mixed_precision"),
-    ({"optimizer": {"type": "Adam"}}, {}, "defines an 'optimizer' section"),
+    ({"optimizer": {"type": "Adam"}, "sub_group_size": "auto"}, {}, "cannot fill \"auto\" for sub_group_size"),
     ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, {}, "needs ZeRO stage 3"),
     ({"zero_optimization": {"stage": 2, "sub_group_size": "auto"}}, {}, "cannot fill \"auto\" for "
                                                                        "zero_optimization.sub_group_size"),

@@ -138,12 +138,13 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:
     """A DCP index (.metadata) that would run code when unpickled is refused; a real one is read."""
     import torch.distributed.checkpoint as dcp
 
+    from accel.checkpoint import dcp_load
     from accel_fsdp.checkpoint import SafeReader
 
     good = tmp_path / "good"
     dcp.save({"w": torch.arange(6.0).reshape(2, 3), "lr": 0.5}, checkpoint_id=good)  # one process, no group
     target = {"w": torch.zeros(2, 3), "lr": 0.0}
-    dcp.load(target, checkpoint_id=good, storage_reader=SafeReader(good))
+    dcp_load(target, good)
     assert torch.equal(target["w"], torch.arange(6.0).reshape(2, 3)) and target["lr"] == 0.5
 
     bad = tmp_path / "bad"
@@ -158,3 +159,5 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="refusing to load .* it references posix.system"):
         SafeReader(bad).read_metadata()
     assert not marker.exists()
+    with pytest.raises(BaseException, match="load planner that may unpickle code"):  # torch: CheckpointException
+        dcp.load({"w": torch.zeros(2, 3), "lr": 0.0}, checkpoint_id=good, storage_reader=SafeReader(good))

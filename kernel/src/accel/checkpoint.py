@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -39,7 +40,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -149,7 +150,16 @@ def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu") -
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"refusing to load {path}: it is not a weights-only torch file "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                              f"({weights_only_reason(exc)})") from None
+
+
+def weights_only_reason(exc: BaseException) -> str:
+    """The line of a failed ``torch.load(weights_only=True)`` that says what was refused (torch's message opens
+    with a paragraph of advice to load with ``weights_only=False``, which a checkpoint must never do)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    advice = ("Check the documentation", "Weights only load", "Please file an issue")
+    specific = [line for line in lines[1:] if not line.startswith(advice)]
+    return f"{type(exc).__name__}: {(specific or lines or [''])[0]}"
 
 
 #: The globals a torch.distributed.checkpoint ``.metadata`` file references (dataclasses, enums, torch.Size).
@@ -188,6 +198,98 @@ def load_restricted_pickle(path: str | os.PathLike[str], allowed: Iterable[str])
         raise
     except Exception as exc:
         raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+
+
+def dcp_load(state_dict: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """``torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)`` that never runs code from the files:
+    the index (``.metadata``) is unpickled with :data:`DCP_METADATA_GLOBALS` only, and every non-tensor entry of the
+    ``.distcp`` files with ``torch.load(weights_only=True)`` (torch's default load planner uses
+    ``weights_only=False``). Collective, like DCP's load; a failure on any process raises :class:`CheckpointError`
+    on every process, in one line. Plugins that load DCP checkpoints call this."""
+    import logging
+
+    import torch.distributed.checkpoint as dcp
+
+    def no_dcp_tracebacks(record: logging.LogRecord) -> bool:  # DCP logs each refused file with its traceback
+        return not (record.exc_info and "distributed" in record.pathname and "checkpoint" in record.pathname)
+
+    root = logging.getLogger()  # the logger torch.distributed.checkpoint's loader writes to
+    root.addFilter(no_dcp_tracebacks)
+    try:
+        dcp.load(state_dict, checkpoint_id=path, storage_reader=dcp_reader(path),
+                 planner=_dcp_planner_class()())
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        raise CheckpointError(f"cannot load {path}: {_one_line(exc).removeprefix('CheckpointError: ')}") from None
+    finally:
+        root.removeFilter(no_dcp_tracebacks)
+
+
+def dcp_reader(path: str | os.PathLike[str]) -> Any:
+    """The storage reader :func:`dcp_load` uses: the index is unpickled with :data:`DCP_METADATA_GLOBALS` only, and
+    it reads data only for the weights-only planner of :func:`dcp_load`."""
+    return _dcp_reader_class()(path)
+
+
+@functools.cache
+def _dcp_planner_class() -> type:
+    import io
+
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+        """torch's default load planner, except that non-tensor entries are read weights-only."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            fqn = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except Exception as exc:
+                raise CheckpointError(f"refusing entry {fqn!r}: it is not a weights-only value "
+                                      f"({weights_only_reason(exc)})") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
+
+    return WeightsOnlyLoadPlanner
+
+
+@functools.cache
+def _dcp_reader_class() -> type:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class RestrictedReader(FileSystemReader):
+        """FileSystemReader whose index is unpickled with an allow-list and that loads with the weights-only
+        planner only (``read_data`` refuses any other planner)."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            metadata = load_restricted_pickle(path, DCP_METADATA_GLOBALS)
+            for info in (getattr(metadata, "storage_data", None) or {}).values():
+                name = getattr(info, "relative_path", None)
+                # data files sit next to the index: a path elsewhere (../, /etc/...) is refused, not read
+                if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or \
+                        not all(isinstance(getattr(info, f, None), int) and getattr(info, f) >= 0
+                                for f in ("offset", "length")):
+                    raise CheckpointError(f"refusing to load {path}: it points at data {name!r} outside its "
+                                          "directory or at a negative offset")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            if not isinstance(planner, _dcp_planner_class()):
+                raise CheckpointError("refusing to read DCP data with a load planner that may unpickle code; use "
+                                      "accel.checkpoint.dcp_load")
+            return super().read_data(plan, planner)
+
+    return RestrictedReader
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -377,10 +479,16 @@ def tree_shapes(directory: Path, name: str) -> dict[str, tuple[tuple[int, ...], 
 
 class RNGState:
     """The random states of this process: python, numpy, torch CPU and every device of the current accelerator
-    (through ``torch.accelerator`` and the accelerator's device module, whatever its type)."""
+    (through ``torch.accelerator`` and the accelerator's device module, whatever its type), and the states the
+    prepared dataloaders need to replay their current pass (``rng_state_dict``: per process, like the others)."""
+
+    def __init__(self, loaders: Sequence[Any] = ()):
+        self.loaders = [dl for dl in loaders if callable(getattr(dl, "rng_state_dict", None))]
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if self.loaders:
+            state["dataloaders"] = [dl.rng_state_dict() for dl in self.loaders]
         try:
             import numpy as np
 
@@ -404,6 +512,8 @@ class RNGState:
             import numpy as np
 
             np.random.set_state(state["numpy"])
+        for loader, loader_state in zip(self.loaders, state.get("dataloaders", ()), strict=False):
+            loader.load_rng_state_dict(loader_state)
         saved = state.get("accelerator")
         if saved is None:
             return
@@ -536,7 +646,7 @@ def collect_items(kernel: Kernel) -> dict[str, Item]:
                 raise PluginError(f"plugin {name!r}: checkpoint item {key!r} has no state_dict/load_state_dict")
             add(key, obj, "plugin", provider=name)
     add("gradients", GradientsState(kernel), "gradients", per_rank=True)
-    add("rng", RNGState(), "rng", per_rank=True)
+    add("rng", RNGState(loaders), "rng", per_rank=True)
     add("kernel", KernelState(kernel), "kernel")
     return items
 
@@ -573,8 +683,14 @@ def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
     result = None
     try:
         result = fn()
+    except OSError as exc:  # a full disk, a read-only file system: one line like any checkpoint error
+        error = CheckpointError(f"{what} failed: {_one_line(exc)}")
     except Exception as exc:
-        error = exc
+        error = exc if type(exc).__name__ != "SafetensorError" else CheckpointError(f"{what} failed: {_one_line(exc)}")
+    except BaseException as exc:  # torch's CheckpointException is a BaseException: not an interrupt, an error
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        error = CheckpointError(f"{what} failed: {_one_line(exc)}")
     messages = kernel.collectives.all_gather_object(None if error is None else _one_line(error))
     if error is not None:
         raise error
@@ -584,7 +700,29 @@ def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
+def agree(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on every process; if it failed on any, raise :class:`CheckpointError` (one line, naming the
+    process) on every process. Plugins call it around work that can fail on some processes only (a file only the
+    main process reads or writes) BEFORE the next collective, so that no process waits in a collective that a
+    failed process never reaches. Collective: call it on every process. Returns ``fn``'s result."""
+    return _agreed(kernel, what, fn)
+
+
+def error_line(exc: BaseException) -> str:
+    """``"Type: first line"`` of an error; for torch.distributed.checkpoint's ``CheckpointException`` (one
+    traceback per process), the first failing process's error."""
+    return _one_line(exc)
+
+
 def _one_line(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint's CheckpointException: {rank: (exc, tb)}
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = min(failures.items())
+        inner = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        if isinstance(inner, BaseException):
+            return f"{_one_line(inner)} (process {rank})"
+    if str(exc).startswith("Weights only load failed"):
+        return weights_only_reason(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
@@ -597,6 +735,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """The manifest of a checkpoint, after checking that the directory holds exactly the files it lists, with
     their recorded sizes. Raises :class:`CheckpointError` saying what is wrong."""
     path = directory / MANIFEST
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"checkpoint {directory} is a file, not a checkpoint directory: give the directory "
+                              "that save_state wrote")
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint {directory} does not exist")
     if not path.is_file():
@@ -979,6 +1120,12 @@ def _plugin_advice(kernel: Kernel, name: str) -> str:
 def _check_model(kernel: Kernel, key: str, item: Item, directory: Path) -> None:
     saved = tree_shapes(directory, key)
     current = {k: v for k, v in kernel.unwrap_model(item.obj).state_dict().items() if isinstance(v, torch.Tensor)}
+    kinds = sorted({type(v).__name__ for v in current.values() if hasattr(v, "placements")})  # distributed tensors
+    if kinds:  # the kernel restores whole tensors; a strategy that shards the model writes (and reads) it itself
+        raise CheckpointError(f"checkpoint item {key!r} of {directory} holds the full model as written without a "
+                              f"sharding strategy, but this run's model holds {', '.join(kinds)} values (its strategy "
+                              "shards it): resume with the strategy that saved the checkpoint, or load the weights "
+                              "into the model before prepare() (accel.load_model for save_model's files)")
     problems = []
     for name in current:
         if name not in saved:

@@ -5,6 +5,8 @@ Map-style datasets: the batches of the user's batch sampler are dealt round-robi
 with samples from the start of the epoch, so every process runs the same number of full batches;
 ``gather_for_metrics`` drops those duplicates again. With ``even_batches=False`` nothing is duplicated; processes
 that run out early get *empty* batches (zero rows) for the remaining steps, so collectives in the loop never hang.
+Iterable datasets: every process reads the stream and takes its slice of each ``batch_size * N`` samples; with
+``even_batches=False`` a process whose slice of the last group is empty gets one empty batch (:class:`Padding`).
 
 Shuffling: a ``RandomSampler`` without its own generator is replaced by ``SeedableRandomSampler``, seeded
 identically on every process (drawn from torch's global generator and broadcast from process 0) and reseeded with
@@ -14,12 +16,21 @@ Resuming: a prepared dataloader knows how many batches of the current pass it ha
 generators') state when the pass began (``state_dict``). ``load_state_dict`` makes the next pass replay that
 epoch's order and skip the batches already seen, at the batch-sampler level (:class:`SkipBatchSampler`): the
 skipped batches' indices are drawn, their samples are never loaded. ``skip_first_batches`` does the same on
-request.
+request. Random states, per process (saved with the ``rng`` item): torch's when the pass started, so the restored
+pass draws the loader's seed and the sampler's order again before the saved states are put back; with worker
+processes each batch is loaded with seeds of its own (:class:`WorkerSeededDataset`), so a skipped batch changes no
+other batch's augmentation. Map-style loaders know the epoch's last batch by count and load nothing ahead of the
+training loop; iterable datasets are read one batch ahead, with the random states before that read kept for
+``save_state``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import random
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
@@ -141,25 +152,115 @@ class BatchSamplerShard(Sampler[list[int]]):
 
 
 class SkipBatchSampler(Sampler[Any]):
-    """The batches (or indices) of ``batch_sampler``, leaving out the first ``skip`` of the *next* pass only.
-    Skipped batches are drawn from the inner sampler (so its order and state advance exactly as in a full pass)
-    but never loaded."""
+    """The batches (or indices) of ``batch_sampler``, leaving out the first ``skip`` of a pass. Skipped batches are
+    drawn from the inner sampler (so its order and state advance exactly as in a full pass) but never loaded.
 
-    def __init__(self, batch_sampler: Any, skip: int = 0):
+    The values for a pass are read when the pass's iterator is made, and nothing is consumed by making one: torch's
+    multi-process loader makes two and throws the first away. A prepared dataloader sets ``skip`` (and
+    ``worker_seed``, ``after_skip``) around the ``iter()`` of its loader and clears them again. With ``once``
+    (``skip_first_batches`` on a plain DataLoader) the skip is consumed by the first iterator that starts drawing,
+    so only the next pass is shortened."""
+
+    def __init__(self, batch_sampler: Any, skip: int = 0, once: bool = False):
         self.batch_sampler = batch_sampler
         self.skip = int(skip)
+        self.once = once
+        #: Set for a pass of a dataloader with worker processes: each batch carries a seed the workers load it with
+        #: (see :class:`WorkerSeededDataset`).
+        self.worker_seed: int | None = None
+        #: Called once the skipped batches are drawn, before the first batch of the pass is handed on.
+        self.after_skip: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return max(0, len(self.batch_sampler) - self.skip)
 
     def __iter__(self) -> Iterator[Any]:
-        skip, self.skip = self.skip, 0
-        return self._iter(skip) if skip else iter(self.batch_sampler)
+        if not self.skip and self.worker_seed is None and self.after_skip is None:
+            return iter(self.batch_sampler)
+        return self._iter(self.skip, self.worker_seed, self.after_skip)
 
-    def _iter(self, skip: int) -> Iterator[Any]:
-        for i, batch in enumerate(self.batch_sampler):
-            if i >= skip:
-                yield batch
+    def _iter(self, skip: int, seed: int | None, after: Callable[[], None] | None) -> Iterator[Any]:
+        if self.once:
+            self.skip = 0
+        it = iter(self.batch_sampler)
+        for _ in range(skip):
+            if next(it, _END) is _END:
+                break
+        if after is not None:
+            after()
+        if seed is None:
+            yield from it
+            return
+        for i, batch in enumerate(it, skip):
+            yield SeededBatch(batch, seed, i)
+
+
+class SeededBatch(list):  # type: ignore[type-arg]
+    """A batch's indices with the seed its worker loads it with: derived from the pass's seed and the batch's
+    number in the pass, so it does not depend on which worker loads it or on how many batches a resumed pass
+    skipped."""
+
+    def __init__(self, indices: Iterable[int], pass_seed: int, number: int):
+        super().__init__(indices)
+        self.seed = (pass_seed + number * 0x9E3779B97F4A7C15) % 2**64
+
+
+class WorkerSeededDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """The dataset a prepared dataloader with worker processes loads through: before a batch is loaded, the
+    worker's python, numpy and torch generators are seeded from the batch (:class:`SeededBatch`), so random
+    augmentation in ``__getitem__`` is the same in a resumed run (torch seeds each worker once, and a worker's
+    draws then depend on every batch it loaded before). Other attributes are the dataset's."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        seed = getattr(indices, "seed", None)
+        if seed is not None:
+            seed_everything(seed)
+            indices = list(indices)
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is not None:
+            return many(indices)
+        return [self.dataset[i] for i in indices]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's, numpy's (if loaded) and torch's generators of this process from one 64-bit number."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's python, numpy (if loaded) and torch CPU random states."""
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        states["numpy"] = np.random.get_state()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        import numpy as np
+
+        np.random.set_state(states["numpy"])
 
 
 def innermost_sampler(loader: Any) -> Any:
@@ -218,7 +319,42 @@ class IterableDatasetShard(IterableDataset):
                 filler = _cycle_any(first)
                 while len(buf) < span:
                     buf.append(next(filler))
-            yield from buf[lo:hi]
+            mine = buf[lo:hi]
+            if mine:
+                yield from mine
+            else:  # even_batches=False: another process has one more (short) batch; this one gets an empty batch
+                yield from [Padding(first[0])] * self.batch_size
+
+
+class Padding:
+    """A stand-in sample of an iterable dataset's shard: one batch of them becomes an empty batch (zero rows) of
+    the same structure as ``sample``'s, for a process that has run out while another still has a batch."""
+
+    def __init__(self, sample: Any):
+        self.sample = sample
+
+
+class PaddingBatch:
+    """What :class:`PaddingCollate` makes of a batch of :class:`Padding`: ``template`` is a collated batch of one
+    sample; the prepared dataloader hands out its empty version."""
+
+    def __init__(self, template: Any):
+        self.template = template
+
+
+class PaddingCollate:
+    """A collate function that turns a batch of :class:`Padding` into a :class:`PaddingBatch` and collates
+    everything else as ``collate_fn`` does."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]):
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: Any) -> Any:
+        if type(batch) is Padding:  # batch_size=None: one sample at a time
+            return PaddingBatch(self.collate_fn(batch.sample))
+        if batch and type(batch[0]) is Padding:
+            return PaddingBatch(self.collate_fn([batch[0].sample]))
+        return self.collate_fn(batch)
 
 
 def _cycle_any(items: list[Any]) -> Iterator[Any]:
@@ -293,9 +429,10 @@ def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
 
 class PreparedDataLoader:
     """Iterates this process's shard, moves batches to the device and tells the Kernel when the epoch's last batch
-    is out (one batch of look-ahead), so ``accumulate`` syncs and ``gather_for_metrics`` trims duplicates.
-    ``state_dict``/``load_state_dict`` save and restore the position in the current pass (see the module
-    docstring). Other attributes are those of the underlying DataLoader."""
+    is out, so ``accumulate`` syncs and ``gather_for_metrics`` trims duplicates. The last batch is known by count
+    where the loader has a length (map-style datasets), so no batch is loaded before the training loop asks for it;
+    an iterable dataset is read one batch ahead. ``state_dict``/``load_state_dict`` save and restore the position
+    in the current pass (see the module docstring). Other attributes are those of the underlying DataLoader."""
 
     def __init__(self, kernel: Kernel, base: DataLoader, steps: int | None, remainder: int,
                  device_placement: bool = True, shard: Any = None, skipper: SkipBatchSampler | None = None,
@@ -312,14 +449,38 @@ class PreparedDataLoader:
         self.skipper = skipper
         self.end_of_dataloader = False
         self._skip = 0  # batches to leave out at the start of the next pass
+        self._restored: int | None = None  # the position load_state restored for the next pass, until it starts
         self._position = 0  # batches of the current pass handed out, skipped ones included
         self._open = False  # a pass started (or was restored) and has neither finished nor been abandoned
         self._start: dict[str, Any] = {}  # sampler and generator states when the current pass started
+        # Random states of this process (saved with the per-process ``rng`` item, see ``rng_state_dict``): torch's
+        # when the current pass started (its iterator's seed and the sampler's draws come from it), and all of them
+        # as they were before the batch read ahead was loaded (iterable datasets loaded in this process).
+        self._rng_start: torch.Tensor | None = None
+        self._before: dict[str, Any] | None = None
+        self._resume: dict[str, Any] = {}  # the above as restored by load_state, for the restored pass
+        self._length: int | None = self._known_length()
+
+    def _known_length(self) -> int | None:
+        if self.steps is not None:
+            return self.steps
+        if isinstance(self.base.dataset, IterableDataset):
+            return None
+        try:
+            return len(self.base)
+        except TypeError:
+            return None
 
     def __getattr__(self, name: str) -> Any:
         if name == "base":
             raise AttributeError(name)
         return getattr(self.base, name)
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset given to ``prepare`` (the loader may read it through a wrapper)."""
+        dataset = self.base.dataset
+        return dataset.dataset if isinstance(dataset, WorkerSeededDataset) else dataset
 
     def __len__(self) -> int:
         return self.steps if self.steps is not None else len(self.base)
@@ -333,13 +494,17 @@ class PreparedDataLoader:
     # ---- position -----------------------------------------------------------------------------------------
 
     def skip_next(self, num_batches: int) -> None:
-        """Leave out the first ``num_batches`` batches of the next pass (they are not loaded)."""
-        if self._skip:
-            raise UsageError(f"this dataloader already starts its next pass at batch {self._skip} (restored by "
-                             "load_state); do not call skip_first_batches after load_state, the position is "
-                             "restored for you")
+        """Leave out the first ``num_batches`` batches of the next pass (they are not loaded). After
+        ``load_state`` the next pass already starts where the saved one stopped: a call naming that same position
+        (Accelerate's documented resume) changes nothing; another number is an error."""
         if num_batches < 0:
             raise UsageError(f"skip_first_batches needs a number of batches >= 0, got {num_batches}")
+        if self._restored is not None:
+            if num_batches != self._restored:
+                raise UsageError(f"skip_first_batches({num_batches}) disagrees with the checkpoint: load_state "
+                                 f"restored this dataloader to batch {self._restored} of its epoch, where its next "
+                                 f"pass starts; skip {self._restored} batches or leave the call out")
+            return
         self._skip = int(num_batches)
 
     def _snapshot(self) -> dict[str, Any]:
@@ -369,17 +534,45 @@ class PreparedDataLoader:
         if "loader_generator" in snap:
             self.base.generator.set_state(snap["loader_generator"])
 
+    def _in_pass(self) -> bool:
+        return self._open and (self.steps is None or self._position < self.steps)
+
     def state_dict(self) -> dict[str, Any]:
         """Where the current pass stands: ``position`` batches out of ``steps`` handed out, and the sampler state
         that reproduces this pass's order. A pass that finished (or handed out its last batch, or was abandoned)
-        is recorded as position 0 of the next one."""
-        in_pass = self._open and (self.steps is None or self._position < self.steps)
+        is recorded as position 0 of the next one. Warns (one line) where the resumed run cannot be exact."""
+        in_pass = self._in_pass()
+        problem = self._inexact(in_pass)
+        if problem:
+            from accel.tracking import user_stacklevel
+
+            dataset = self.shard.dataset if isinstance(self.shard, IterableDatasetShard) else self.dataset
+            warnings.warn(f"save_state: the prepared dataloader over {type(dataset).__name__} {problem}",
+                          RuntimeWarning, stacklevel=user_stacklevel())
         return {
             "position": self._position if in_pass else 0,
             "start": self._start if in_pass else self._snapshot(),
             "steps": self.steps,
             "num_processes": self.kernel.num_processes,
         }
+
+    def _inexact(self, in_pass: bool) -> str | None:
+        """Why a run resumed from a checkpoint taken now may load different batches, or None."""
+        if not isinstance(self.base.dataset, IterableDataset):
+            if in_pass and self._position and self.base.num_workers > 0 and self.base.batch_size is None:
+                return ("loads single samples (batch_size=None) in worker processes, which cannot be given seeds per "
+                        "batch: random draws in the dataset can differ after resuming (give the DataLoader a "
+                        "batch_size to resume exactly)")
+            return None
+        if self.base.num_workers > 0 and self.base.persistent_workers and getattr(self.base, "_iterator", None) is not None:
+            return ("has persistent worker processes, whose dataset copies and random generators cannot be saved: "
+                    "the resumed run starts new ones, so its batches can differ (persistent_workers=False resumes "
+                    "exactly)")
+        if in_pass and self._position:
+            return (f"is an iterable dataset with no index to resume at: the resumed run reads the {self._position} "
+                    "batches already seen again and drops them, which is exact only if the dataset yields the same "
+                    "samples each time it is iterated")
+        return None
 
     def check_state(self, state: dict[str, Any]) -> str | None:
         """Why ``state`` cannot be restored into this dataloader, or None."""
@@ -402,36 +595,80 @@ class PreparedDataLoader:
         self._apply(state["start"])
         self._start = dict(state["start"])
         self._position = self._skip = int(state["position"])
+        self._restored = self._position
         self._open = self._position > 0
+        self._resume = {}
+
+    def rng_state_dict(self) -> dict[str, Any]:
+        """This process's random states the current pass needs to be replayed (saved in the per-process ``rng``
+        checkpoint item, next to the generators they belong to)."""
+        if not self._in_pass() or self._rng_start is None:
+            return {}
+        out: dict[str, Any] = {"torch_start": self._rng_start}
+        if self._before is not None:
+            out["before"] = self._before
+        return out
+
+    def load_rng_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = dict(state) if self._skip else {}
 
     # ---- iteration ----------------------------------------------------------------------------------------
 
-    def _batches(self, skip: int) -> Iterator[Any]:
-        if self.skipper is not None:
-            self.skipper.skip = skip
-            drop = 0
-        else:
-            drop = skip  # iterable datasets: nothing to skip by index, the batches are read and dropped
-        if skip:
-            # Starting a loader's iterator draws a seed from torch's global generator when the loader has no
-            # generator of its own. The interrupted pass already drew it before the state was saved.
-            rng = torch.get_rng_state()
+    def _worker_seed(self) -> int | None:
+        if not isinstance(self.base.dataset, WorkerSeededDataset):
+            return None
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self.base.generator).item())
+
+    def _open_base(self, skip: int, resume: dict[str, Any]) -> Iterator[Any]:
+        """The base loader's iterator for a pass that leaves out ``skip`` batches. A restored pass replays from
+        torch's random state when the interrupted pass started (so the loader's seed and a sampler's draws repeat),
+        then puts back the states of the moment of saving once the skipped batches are drawn; the first batch is
+        loaded with the states from before it was read ahead, if it was."""
+        saved = rng_states() if skip else None  # the states of the moment of saving (or of skip_first_batches)
+        if "torch_start" in resume:
+            torch.set_rng_state(resume["torch_start"])
+        self._rng_start = torch.get_rng_state()
+        after: Callable[[], None] | None = None
+        if saved is not None:
+            before = resume.get("before")
+            if before is not None:
+                resume["saved"] = saved  # put back once the first batch is loaded (see _read_ahead)
+            after = functools.partial(set_rng_states, before if before is not None else saved)
+        seed = self._worker_seed()
+        if self.skipper is None:
             it = iter(self.base)
-            torch.set_rng_state(rng)
-        else:
-            it = iter(self.base)
+            return self._drop(it, skip, after) if skip else it
+        self.skipper.skip, self.skipper.worker_seed, self.skipper.after_skip = skip, seed, after
+        try:
+            return iter(self.base)
+        finally:
+            self.skipper.skip, self.skipper.worker_seed, self.skipper.after_skip = 0, None, None
+
+    @staticmethod
+    def _drop(it: Iterator[Any], skip: int, after: Callable[[], None] | None) -> Iterator[Any]:
+        for _ in range(skip):  # iterable datasets: nothing to skip by index, the batches are read and dropped
+            if next(it, _END) is _END:
+                break
+        if after is not None:
+            after()
+        yield from it
+
+    def _batches(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
+        """The batches of a pass of several processes (or a skipping one): empty batches where this process has
+        run out before the others (``even_batches=False``)."""
         last = None
         count = 0
         for batch in it:
-            if drop:
-                drop -= 1
-                continue
+            if type(batch) is PaddingBatch:
+                batch = empty_like_batch(batch.template)
             last = batch
             count += 1
             yield batch
         if self.steps is not None and count < self.steps - skip:
             if last is None:
+                states = rng_states()  # a sample read for its structure only: no draws of the run are spent on it
                 last = self.base.collate_fn([self.base.dataset[0]])
+                set_rng_states(states)
             empty = empty_like_batch(last)
             for _ in range(self.steps - skip - count):
                 yield empty
@@ -439,33 +676,28 @@ class PreparedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         state = self.kernel.gradient_state
         skip, self._skip = self._skip, 0
-        self._start = self._snapshot()
+        restored, self._restored = self._restored, None
+        resume, self._resume = self._resume, {}
+        if not (restored and skip):  # a restored pass keeps the start states of the pass it continues
+            self._start = self._snapshot()
         self._position, self._open = skip, True
+        self._before = None
         self.end_of_dataloader = False
         state.enter(self)
         ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
-            # One process, nothing to skip: the base loader's batches as they are (no padding, no dropping).
-            it = iter(self.base) if skip == 0 and self.kernel.num_processes == 1 else self._batches(skip)
+            it = self._open_base(skip, resume)
+            if skip or self.kernel.num_processes > 1:
+                it = self._batches(it, skip)
             if self.device_loader is not None and self.device_placement:
                 it = ahead = iter(self.device_loader(it))
-            current = next(it, _END)
-            if current is _END:
-                return
             device = self.kernel.device if self.device_placement and self.device_loader is None else None
             if device is not None and device.type == "cpu" and not _accelerator_present():
                 device = None  # no other device a tensor could be on: placement would hand every batch back as it is
-            for upcoming in it:  # one batch of look-ahead, so the last batch is known when it is handed out
-                self._position += 1
-                yield current if device is None else send_to_device(current, device)
-                current = upcoming
-            self.end_of_dataloader = True
-            state.refresh()
-            if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
-                span = self.shard.batch_size * self.shard.num_processes
-                self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
-            self._position += 1
-            yield current if device is None else send_to_device(current, device)
+            if self._length is not None:
+                yield from self._counted(it, self._length, device)
+            else:
+                yield from self._read_ahead(it, device, resume)
         finally:
             # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
             # starts a fresh epoch, as it would without a checkpoint.
@@ -477,6 +709,59 @@ class PreparedDataLoader:
                     self._apply(self._start)
             self._open = False
             state.leave(self)
+
+    def _counted(self, it: Iterator[Any], total: int, device: torch.device | None) -> Iterator[Any]:
+        """A pass whose length is known: the last batch is the ``total``-th (nothing is loaded ahead)."""
+        if self._position >= total:  # skipped the whole pass: draw it to its end all the same
+            for _ in it:
+                pass
+            return
+        for batch in it:
+            self._position += 1
+            if self._position == total:
+                # Finish the pass (a seeded sampler moves on to its next epoch) before the last batch is handed out.
+                if next(it, _END) is not _END:
+                    raise UsageError(f"the dataloader's sampler yields more batches than its length ({total}); "
+                                     "give it a __len__ that matches what it yields")
+                self.end_of_dataloader = True
+                self.kernel.gradient_state.refresh()
+                yield batch if device is None else send_to_device(batch, device)
+                return
+            yield batch if device is None else send_to_device(batch, device)
+        # Fewer batches than the length said: the pass ended without its last batch being known as such.
+        self.end_of_dataloader = True
+        warnings.warn(f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
+                      "the epoch was not known in time for accumulate/gather_for_metrics", RuntimeWarning,
+                      stacklevel=2)
+
+    def _read_ahead(self, it: Iterator[Any], device: torch.device | None, resume: dict[str, Any]) -> Iterator[Any]:
+        """A pass of unknown length: one batch is read ahead, so the last one is known when it is handed out. When
+        batches are loaded in this process, the random states before each read-ahead are kept: a checkpoint taken
+        now restores them for that batch, whose draws the states saved afterwards already hold."""
+        state = self.kernel.gradient_state
+        current = next(it, _END)
+        if "before" in resume:
+            set_rng_states(resume["saved"])
+        if current is _END:
+            return
+        in_process = self.base.num_workers == 0 and self.device_loader is None
+        while True:
+            before = rng_states() if in_process else None
+            upcoming = next(it, _END)
+            if upcoming is _END:
+                break
+            self._before = before
+            self._position += 1
+            yield current if device is None else send_to_device(current, device)
+            current = upcoming
+        self._before = None
+        self.end_of_dataloader = True
+        state.refresh()
+        if isinstance(self.shard, IterableDatasetShard) and self.shard.seen >= 0:
+            span = self.shard.batch_size * self.shard.num_processes
+            self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
+        self._position += 1
+        yield current if device is None else send_to_device(current, device)
 
 
 def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
@@ -499,6 +784,8 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     if isinstance(dataloader.dataset, IterableDataset):
         bs = dataloader.batch_size or 1
         shard = IterableDatasetShard(dataloader.dataset, bs, n, r, dataloader.drop_last, even)
+        if not even and n > 1:  # a process that has run out gets empty batches while another still has one
+            kwargs["collate_fn"] = PaddingCollate(kwargs["collate_fn"])
         base = DataLoader(shard, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs)
         return PreparedDataLoader(kernel, base, None, -1, device_placement, shard, device_loader=device_loader)
     batch_sampler = dataloader.batch_sampler
@@ -514,7 +801,10 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even)
     skipper = SkipBatchSampler(shard_sampler)
-    base = DataLoader(dataloader.dataset, batch_sampler=skipper, **kwargs)
+    dataset = dataloader.dataset
+    if dataloader.num_workers > 0:  # each batch is loaded with its own seeds, whichever worker loads it
+        dataset = WorkerSeededDataset(dataset)
+    base = DataLoader(dataset, batch_sampler=skipper, **kwargs)
     steps = shard_sampler.steps()
     try:
         size = len(dataloader.dataset)
@@ -548,7 +838,8 @@ def skip_first_batches(dataloader: Any, num_batches: int) -> Any:
 
     For a prepared dataloader this is the dataloader itself; the skipped batches' indices are drawn but their
     samples are never loaded. A plain map-style DataLoader gets a new DataLoader over the same dataset and
-    sampler. After ``load_state`` there is no need to call it: the position is restored automatically."""
+    sampler. After ``load_state`` there is no need to call it: the position is restored automatically; a call with
+    the restored position is accepted (nothing is skipped twice), another number is an error."""
     if isinstance(num_batches, bool) or int(num_batches) < 0:
         raise UsageError(f"skip_first_batches needs a number of batches >= 0, got {num_batches!r}")
     num_batches = int(num_batches)
@@ -561,7 +852,7 @@ def skip_first_batches(dataloader: Any, num_batches: int) -> Any:
         return _DropFirst(dataloader, num_batches)
     kwargs = _loader_kwargs(dataloader)
     if dataloader.batch_sampler is not None:
-        return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
-                          **kwargs)
-    return DataLoader(dataloader.dataset, batch_size=None, sampler=SkipBatchSampler(dataloader.sampler, num_batches),
-                      **kwargs)
+        skipper = SkipBatchSampler(dataloader.batch_sampler, num_batches, once=True)
+        return DataLoader(dataloader.dataset, batch_sampler=skipper, **kwargs)
+    skipper = SkipBatchSampler(dataloader.sampler, num_batches, once=True)
+    return DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)

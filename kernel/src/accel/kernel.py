@@ -24,9 +24,9 @@ from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
 from accel.errors import UsageError
-from accel.options import Settings, did_you_mean, resolve
+from accel.options import KERNEL, Settings, did_you_mean, resolve
 from accel.plugins import Plugins
-from accel.project import ProjectConfiguration, configure_project
+from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -256,8 +256,9 @@ class Kernel(TrackingMixin):
     ``mixed_precision`` ("no", "fp16", "bf16", "fp8"), ``gradient_accumulation_steps``, ``cpu``, ``log_with``,
     ``project_dir``, ``dynamo_backend``, ``plugins`` (names to select), ``even_batches`` (default True),
     ``extra_plugins`` ((name, module-or-object) pairs registered without entry points, for tests),
-    ``project_config`` (:class:`accel.ProjectConfiguration`: checkpoint naming and retention), and any option a
-    plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
+    ``project_config`` (:class:`accel.ProjectConfiguration`: checkpoint naming and retention), ``kwargs_handlers``
+    (Accelerate's handler objects from :mod:`accel.utils`: their fields set the options plugins declare for them),
+    and any option a plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
     """
 
     def __init__(
@@ -273,9 +274,11 @@ class Kernel(TrackingMixin):
         even_batches: bool = True,
         extra_plugins: Iterable[tuple[str, Any]] = (),
         project_config: ProjectConfiguration | None = None,
+        kwargs_handlers: Sequence[Any] | None = None,
         **options: Any,
     ) -> None:
         env = dict(os.environ)
+        check_project_config(project_config)
         if project_dir is None and project_config is not None:
             project_dir = project_config.project_dir
         self.plugins = Plugins.load(env=env, extra=extra_plugins)
@@ -283,7 +286,11 @@ class Kernel(TrackingMixin):
         for name in options:
             if name not in declared:
                 raise TypeError(f"Kernel() got an unexpected argument {name!r}{did_you_mean(name, [o.name for o in declared])}")
-        kwargs = dict(options)
+        from accel.utils.handlers import route  # Accelerate's kwargs handlers -> the options plugins declare for them
+
+        handled = route(kwargs_handlers or (), declared, options)
+        self.profile_handler = handled.profile
+        kwargs = {**handled.options, **options}
         for name, value in (("mixed_precision", mixed_precision), ("gradient_accumulation_steps", gradient_accumulation_steps),
                             ("cpu", cpu), ("dynamo_backend", dynamo_backend), ("plugins", plugins),
                             ("project_dir", None if project_dir is None else os.fspath(project_dir)),
@@ -318,6 +325,9 @@ class Kernel(TrackingMixin):
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
         self.topology: Topology = hook.accel_topology(kernel=self)
+        idle = handled.unused(declared, [KERNEL, *(c.name for c in self.plugins.components)])
+        if idle and self.is_main_process:
+            warnings.warn(idle, UserWarning, stacklevel=user_stacklevel())
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
@@ -403,7 +413,9 @@ class Kernel(TrackingMixin):
         kinds: list[str] = []
         models, optimizers, schedulers, dataloaders = [], [], [], []
         for obj in args:
-            if isinstance(obj, torch.nn.Module):
+            if self._is_prepared(obj):  # prepared before (by this kernel): returned as it is, never wrapped twice
+                kinds.append("other")
+            elif isinstance(obj, torch.nn.Module):
                 kinds.append("model")
                 models.append(obj)
             elif isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
@@ -450,6 +462,11 @@ class Kernel(TrackingMixin):
             else:
                 out.append(next(queues[kind]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _is_prepared(self, obj: Any) -> bool:
+        """Whether ``prepare`` returned ``obj`` before (Accelerate returns such objects as they are, too)."""
+        return any(obj is known for group in (self._models, self._optimizers, self._schedulers, self._dataloaders)
+                   for known in group)
 
     def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
         """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that
@@ -838,6 +855,41 @@ class Kernel(TrackingMixin):
         self.call_isolated("accel_teardown", kernel=self)
         if self in _ACTIVE:
             _ACTIVE.remove(self)
+
+    # ---- profiling and triggers (Accelerate's utilities) --------------------------------------------------
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+        """``torch.profiler.profile`` built from ``profile_handler`` (an :class:`accel.utils.ProfileKwargs`), else
+        the one given in ``kwargs_handlers``, else defaults; yields the profiler (call ``prof.step()`` per step when
+        a schedule is set). With ``output_trace_dir`` every process writes ``profile_<process index>.json``
+        there at the end, then waits for the others."""
+        from accel.utils.handlers import PROFILE_PATTERN_NAME, ProfileKwargs
+
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
+                                                  PROFILE_PATTERN_NAME.format(suffix=self.process_index)))
+        self.wait_for_everyone()
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next ``check_trigger`` on every process sees it (no barrier needed)."""
+        self._trigger = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (an all-reduce: call it on every
+        process). Resets the flag when it was set."""
+        flag = getattr(self, "_trigger", None)
+        if flag is None:
+            flag = self._trigger = torch.tensor(0, device=self.device)
+        if int(self.reduce(flag).item()) >= 1:
+            self._trigger = torch.tensor(0, device=self.device)
+            return True
+        return False
 
 
 _ACTIVE: list[Kernel] = []

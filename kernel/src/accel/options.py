@@ -45,6 +45,7 @@ class Option:
     maximum: float | None = None
     cli: bool = True
     plugin: str = KERNEL
+    handler: tuple[str, ...] = ()  # kwargs-handler fields that set it: "GradScalerKwargs.init_scale"
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -138,9 +139,12 @@ class Options:
         minimum: float | None = None,
         maximum: float | None = None,
         cli: bool = True,
+        handler: str | Iterable[str] = (),
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
-        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins."""
+        ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
+        ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
+        :mod:`accel.utils.handlers`)."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -160,6 +164,7 @@ class Options:
             maximum=maximum,
             cli=cli,
             plugin=self.current_plugin,
+            handler=(handler,) if isinstance(handler, str) else tuple(handler),
         )
 
     def __iter__(self):

@@ -29,14 +29,40 @@ class ProjectConfiguration:
     iteration: int = 0
 
     def __post_init__(self) -> None:
-        if self.total_limit is not None and (isinstance(self.total_limit, bool) or int(self.total_limit) < 1):
-            raise UsageError(f"ProjectConfiguration(total_limit=...) must be at least 1 or None, got {self.total_limit!r}")
-        if isinstance(self.iteration, bool) or int(self.iteration) < 0:
-            raise UsageError(f"ProjectConfiguration(iteration=...) must be 0 or more, got {self.iteration!r}")
+        if self.total_limit is not None and (not _is_int(self.total_limit) or self.total_limit < 1):
+            raise UsageError(f"ProjectConfiguration(total_limit=...) must be a whole number of at least 1, or None; "
+                             f"got {self.total_limit!r}")
+        if not _is_int(self.iteration) or self.iteration < 0:
+            raise UsageError(f"ProjectConfiguration(iteration=...) must be a whole number, 0 or more; got "
+                             f"{self.iteration!r}")
+        for name in ("project_dir", "logging_dir"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise UsageError(f"ProjectConfiguration({name}=...) must be a path (str or os.PathLike) or None; got "
+                                 f"{type(value).__name__} {value!r}")
+        if not isinstance(self.automatic_checkpoint_naming, bool):
+            raise UsageError("ProjectConfiguration(automatic_checkpoint_naming=...) must be True or False; got "
+                             f"{self.automatic_checkpoint_naming!r}")
         if self.project_dir is not None:
             self.project_dir = os.fspath(self.project_dir)
         if self.logging_dir is not None:
             self.logging_dir = os.fspath(self.logging_dir)
+
+
+def _is_int(value: object) -> bool:
+    """A whole number (an int or numpy integer), not a bool or a string such as "2"."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_project_config(config: object) -> None:
+    """``Kernel(project_config=...)`` takes a :class:`ProjectConfiguration` (as Accelerate's ``Accelerator``)."""
+    if config is not None and not isinstance(config, ProjectConfiguration):
+        hint = (f"; for a directory use Kernel(project_dir={config!r})" if isinstance(config, (str, os.PathLike))
+                else "")
+        raise UsageError(f"Kernel(project_config=...) takes an accel.ProjectConfiguration, got "
+                         f"{type(config).__name__} {config!r}{hint}")
 
 
 def configure_project(config: ProjectConfiguration | None, project_dir: str | None) -> ProjectConfiguration:

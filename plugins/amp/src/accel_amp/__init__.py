@@ -21,14 +21,21 @@ FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 def accel_add_options(options: Options) -> None:
     add = options.add
     # torch.amp.GradScaler arguments (Accelerate's GradScalerKwargs), used with fp16.
-    add("grad_scaler_init_scale", type="float", default=65536.0, minimum=0, cli=False,
+    add("grad_scaler_init_scale", handler="GradScalerKwargs.init_scale", type="float", default=65536.0, minimum=0, cli=False,
         help="fp16: initial loss scale of the gradient scaler.")
-    add("grad_scaler_growth_factor", type="float", default=2.0, minimum=1, cli=False,
+    add("grad_scaler_growth_factor", handler="GradScalerKwargs.growth_factor", type="float", default=2.0, minimum=1, cli=False,
         help="fp16: factor the loss scale grows by after growth_interval steps without overflow.")
-    add("grad_scaler_backoff_factor", type="float", default=0.5, minimum=0, maximum=1, cli=False,
+    add("grad_scaler_backoff_factor", handler="GradScalerKwargs.backoff_factor", type="float", default=0.5, minimum=0, maximum=1, cli=False,
         help="fp16: factor the loss scale shrinks by when a step overflows (and is skipped).")
-    add("grad_scaler_growth_interval", type="int", default=2000, minimum=1, cli=False,
+    add("grad_scaler_growth_interval", handler="GradScalerKwargs.growth_interval", type="int", default=2000, minimum=1, cli=False,
         help="fp16: steps without overflow before the loss scale grows.")
+    add("grad_scaler_enabled", type="bool", default=True, cli=False, handler="GradScalerKwargs.enabled",
+        help="fp16: use the gradient scaler (false: unscaled fp16 gradients).")
+    # torch.autocast arguments (Accelerate's AutocastKwargs).
+    add("autocast_enabled", type="bool", default=True, cli=False, handler="AutocastKwargs.enabled",
+        help="Run the forward of prepared models under autocast (false: in the parameters' own precision).")
+    add("autocast_cache_enabled", type="bool", cli=False, handler="AutocastKwargs.cache_enabled",
+        help="torch.autocast(cache_enabled=...); unset: torch's default.")
     # fp8 through torchao (Accelerate's fp8_config keys for the AO backend).
     add("fp8_backend", default="AO", choices=("AO", "TE", "MSAMP"), config_key="fp8_config.backend",
         help="fp8 implementation; accel-plugin-amp provides AO (torchao float8 training).")

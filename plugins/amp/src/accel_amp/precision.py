@@ -97,9 +97,13 @@ class AmpPrecision(Component):
             self.scaler = torch.amp.GradScaler(
                 device.type, init_scale=s["grad_scaler_init_scale"], growth_factor=s["grad_scaler_growth_factor"],
                 backoff_factor=s["grad_scaler_backoff_factor"], growth_interval=s["grad_scaler_growth_interval"],
+                enabled=s["grad_scaler_enabled"],
             )
         dtype = torch.float16 if self.mode == "fp16" else torch.bfloat16
-        return functools.partial(torch.autocast, device.type, dtype=dtype)
+        extra: dict[str, Any] = {"enabled": self.settings["autocast_enabled"]}
+        if self.settings["autocast_cache_enabled"] is not None:
+            extra["cache_enabled"] = self.settings["autocast_cache_enabled"]
+        return functools.partial(torch.autocast, device.type, dtype=dtype, **extra)
 
     @hookimpl(tryfirst=True)
     def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:

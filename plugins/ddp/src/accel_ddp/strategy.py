@@ -7,7 +7,7 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Mapping
 
-from accel import LaunchPlan, Settings, hookimpl
+from accel import LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import (
     ProcessGroupComponent,
     launch_with_torchrun,
@@ -29,11 +29,58 @@ if TYPE_CHECKING:
 
 
 
+def batched_power_sgd_works() -> bool:
+    """Whether torch's batched PowerSGD hook can run: in torch 2.13 it orthogonalizes a 2-D matrix, which
+    ``_orthogonalize`` (batched, 3-D only) refuses with a bare AssertionError."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    try:
+        powerSGD_hook._orthogonalize(torch.ones(2, 1))
+    except AssertionError:
+        return False
+    return True
+
+
+def register_comm_hook(model: Any, hook: str, wrapper: str, state_option: Mapping[str, Any]) -> None:
+    """Register the DDP communication hook ``hook`` (``no``, ``fp16``, ``bf16``, ``power_sgd``,
+    ``batched_power_sgd``), wrapped by ``wrapper`` (``no``, ``fp16``, ``bf16``), on a DistributedDataParallel model;
+    PowerSGD hooks get a ``PowerSGDState`` built from ``state_option``. As Accelerate: a wrapper without a hook
+    does nothing."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    hooks: dict[str, Any] = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
+             "power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}
+    wrappers: dict[str, Any] = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    if hook == "no":
+        return
+    if hook == "batched_power_sgd" and not batched_power_sgd_works():
+        raise UsageError("ddp_comm_hook=batched_power_sgd cannot be used with this torch: its batched_powerSGD_hook "
+                         "fails at the first compressed step (AssertionError in powerSGD_hook._orthogonalize, which "
+                         "it hands a 2-D matrix); use power_sgd")
+    if hook not in ("power_sgd", "batched_power_sgd") and state_option:
+        raise UsageError(f"ddp_comm_state_option is for the PowerSGD hooks; ddp_comm_hook is {hook!r}: remove it")
+    function = hooks[hook]
+    if wrapper != "no":
+        function = wrappers[wrapper](function)
+    state: Any = None
+    if hook in ("power_sgd", "batched_power_sgd"):
+        try:
+            state = powerSGD_hook.PowerSGDState(None, **dict(state_option))
+        except TypeError as exc:
+            raise UsageError(f"ddp_comm_state_option: {exc} (see torch's PowerSGDState for the names)") from None
+    try:
+        model.register_comm_hook(state=state, hook=function)
+    except TypeError as exc:  # torch refuses a hook this backend cannot run (bf16 needs NCCL 2.10+ or XCCL)
+        what = f"ddp_comm_hook={hook}" + (f" with ddp_comm_wrapper={wrapper}" if wrapper != "no" else "")
+        raise UsageError(f"{what} cannot be used here: {exc}; choose another hook") from None
+
+
 class DDPStrategy(ProcessGroupComponent):
     """Answers for a data-parallel run: process group, topology, device, DDP wrapping, no_sync, torchrun launch."""
 
     role = "strategy"
-    provides = frozenset({"distributed"})
+    provides = frozenset({"distributed", "local_sgd"})
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -79,12 +126,18 @@ class DDPStrategy(ProcessGroupComponent):
         model = model.to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (an evaluation-only model)
-        return DistributedDataParallel(
+        s = self.settings
+        ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type != "cpu" else None,
-            find_unused_parameters=self.settings["ddp_find_unused_parameters"],
-            bucket_cap_mb=self.settings["ddp_bucket_cap_mb"],
+            find_unused_parameters=s["ddp_find_unused_parameters"],
+            bucket_cap_mb=s["ddp_bucket_cap_mb"],
+            broadcast_buffers=s["ddp_broadcast_buffers"],
+            gradient_as_bucket_view=s["ddp_gradient_as_bucket_view"],
+            static_graph=s["ddp_static_graph"],
         )
+        register_comm_hook(ddp, s["ddp_comm_hook"], s["ddp_comm_wrapper"], s["ddp_comm_state_option"])
+        return ddp
 
     @hookimpl
     def accel_no_sync(self, kernel: Kernel, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any] | None:

@@ -12,6 +12,15 @@ from accel import Options, Question, Settings, UsageError, hookimpl
 
 NAME = "deepspeed"
 accel_components = ["accel_deepspeed.strategy:DeepSpeedStrategy"]
+__all__ = ["DummyOptim", "DummyScheduler"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:  # Accelerate's stand-ins for a config file's optimizer/scheduler (they import torch)
+        from accel_deepspeed import dummy
+
+        return getattr(dummy, name)
+    raise AttributeError(f"module 'accel_deepspeed' has no attribute {name!r}")
 
 LAUNCHERS = ("standard", "pdsh", "openmpi", "mvapich", "mpich", "slurm", "nossh")
 DEVICES = ("none", "cpu", "nvme")

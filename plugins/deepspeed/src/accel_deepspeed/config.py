@@ -105,10 +105,9 @@ def base_config(settings: Settings) -> tuple[dict[str, Any], str]:
     if not path:
         zero = config.setdefault("zero_optimization", {})
         zero.setdefault("stage", 2)  # Accelerate's default without a file
-    for section in ("optimizer", "scheduler"):
-        if section in config:
-            raise UsageError(f"{where} defines an {section!r} section; accel hands the script's own torch optimizer "
-                             "and scheduler to the engine, so remove that section")
+    stage = _get(config, ("zero_optimization", "stage"))
+    if stage is not None and stage != AUTO and (type(stage) is not int or stage not in (0, 1, 2, 3)):
+        raise UsageError(f"{where}: zero_optimization.stage is {stage!r}; write a number 0, 1, 2 or 3 (or \"auto\")")
     return config, where
 
 
@@ -202,7 +201,30 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
     config.setdefault("zero_force_ds_cpu_optimizer", False)
     config.setdefault("zero_allow_untested_optimizer", True)  # any torch optimizer the script brings (SGD, ...)
     config.setdefault("steps_per_print", 2**31 - 1)  # accel's trackers log; keep DeepSpeed's periodic prints off
-    left = _autos(config)
+    # The optimizer/scheduler sections' "auto" values come from DummyOptim/DummyScheduler at prepare()
+    # (fill_sections); they are not known at launch.
+    left = [p for p in _autos(config) if p.split(".")[0] not in SECTIONS]
+    if left:
+        raise UsageError(f"{where}: cannot fill \"auto\" for {', '.join(left)}; give values there")
+    return config
+
+
+#: Sections of a DeepSpeed config that build the optimizer/scheduler inside the engine (with DummyOptim/
+#: DummyScheduler in the script).
+SECTIONS = ("optimizer", "scheduler")
+
+
+def fill_sections(config: dict[str, Any], values: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, Any]:
+    """Fill the ``"auto"`` entries of ``config[section]["params"]`` from ``values[section]`` (what the script's
+    DummyOptim/DummyScheduler give); an "auto" left over is a UsageError. Returns ``config``."""
+    for section in SECTIONS:
+        params = _get(config, (section, "params"))
+        if not isinstance(params, dict):
+            continue
+        for key, value in params.items():
+            if value == AUTO and values.get(section, {}).get(key) is not None:
+                params[key] = values[section][key]
+    left = [p for p in _autos(config) if p.split(".")[0] in SECTIONS]
     if left:
         raise UsageError(f"{where}: cannot fill \"auto\" for {', '.join(left)}; give values there")
     return config

@@ -64,9 +64,45 @@ def files_under(root: Path, sub: Path) -> list[str]:
 
 def save(engine: Any, root: Path, sub: str) -> list[str]:
     """Write the engine's checkpoint (module, ZeRO partitions, optimizer states, step counters) to
-    ``root/sub/<TAG>/``; returns the files written there by any process on this machine."""
-    engine.save_checkpoint(os.fspath(root / sub), tag=TAG, save_latest=False)
-    dist.barrier()
+    ``root/sub/<TAG>/``; returns the files written there by any process on this machine.
+
+    DeepSpeed writes files between its own barriers; a write that fails on one process (a full disk) would leave
+    the others waiting in the next barrier. So failed writes are recorded and skipped, DeepSpeed runs to its end,
+    and then every process learns whether any failed (:class:`accel.CheckpointError` on all of them)."""
+    from accel import CheckpointError
+
+    failures: list[str] = []
+
+    def deferred(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if failures:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                failures.append(f"{type(exc).__name__}: {first}")
+                return None
+        return call
+
+    saver = engine.checkpoint_engine
+    patched = [(saver, "save"), (engine, "_copy_recovery_script")]
+    for obj, name in patched:
+        setattr(obj, name, deferred(getattr(obj, name)))
+    try:
+        engine.save_checkpoint(os.fspath(root / sub), tag=TAG, save_latest=False)
+    finally:
+        for obj, name in patched:
+            delattr(obj, name)  # the instance attribute shadowed the class's method
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, failures[0] if failures else None)
+    failed = [(rank, message) for rank, message in enumerate(everyone) if message]
+    if failed:
+        import shutil
+
+        free = shutil.disk_usage(root).free
+        raise CheckpointError(f"DeepSpeed could not write its checkpoint into {root / sub} on process "
+                              f"{failed[0][0]}: {failed[0][1]} ({free} bytes free there)")
     return files_under(root, Path(sub))
 
 
@@ -86,6 +122,7 @@ def weights_only_loads() -> Iterator[None]:
     asks: DeepSpeed loads its files with ``weights_only=False``, and a checkpoint must never run code when loaded.
     A file that needs anything else is refused with :class:`accel.CheckpointError`."""
     from accel import CheckpointError
+    from accel.checkpoint import weights_only_reason
 
     original = torch.load
     allowed = _allowed_globals()
@@ -96,8 +133,10 @@ def weights_only_loads() -> Iterator[None]:
             with torch.serialization.safe_globals(allowed):
                 return original(f, *args, **kwargs)
         except pickle.UnpicklingError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"refusing to load {f}: it holds more than weights ({first})") from None
+            raise CheckpointError(f"refusing to load {f}: it holds more than weights ({weights_only_reason(exc)})") \
+                from None
+        except Exception as exc:  # damaged or not a torch file: one line, like every checkpoint error
+            raise CheckpointError(f"cannot load {f}: {weights_only_reason(exc)}") from None
 
     torch.load = load  # type: ignore[assignment]
     try:
@@ -107,6 +146,23 @@ def weights_only_loads() -> Iterator[None]:
 
 
 def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
+    """Load the engine's checkpoint. First every process opens every file of it weights-only (memory-mapped: the
+    tensors are not read) and all learn whether that worked on every process, so a forged or damaged file is
+    refused on every process before DeepSpeed's own collectives could leave one of them waiting."""
+    from accel import CheckpointError
+
+    problem = None
+    try:
+        with weights_only_loads():
+            for path in sorted((root / sub / TAG).glob("*.pt")):
+                torch.load(path, map_location="cpu", mmap=True)
+    except CheckpointError as exc:
+        problem = str(exc)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, problem)
+    failed = [(rank, message) for rank, message in enumerate(everyone) if message]
+    if failed:
+        raise CheckpointError(f"{failed[0][1]} (process {failed[0][0]})")
     with weights_only_loads():
         path, _ = engine.load_checkpoint(os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer,
                                          load_lr_scheduler_states=False)
@@ -117,13 +173,21 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
 def save_frozen(engine: Any, root: Path, sub: str) -> list[str]:
     """Write the gathered weights of a frozen ZeRO-3 model (no optimizer: DeepSpeed's checkpoint does not apply) as
     ``root/sub/weights.safetensors``, on process 0."""
+    from accel import CheckpointError
     from safetensors.torch import save_file
 
     state = full_state_dict(engine, sixteen_bit=True)
+    problem = None
     if dist.get_rank() == 0:
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        save_file({k: v.clone().contiguous() for k, v in state.items()}, os.fspath(root / sub / FROZEN_FILE))
-    dist.barrier()
+        try:
+            (root / sub).mkdir(parents=True, exist_ok=True)
+            save_file({k: v.clone().contiguous() for k, v in state.items()}, os.fspath(root / sub / FROZEN_FILE))
+        except Exception as exc:  # a full disk: every process learns it here, none is left in a barrier
+            problem = f"cannot write {root / sub / FROZEN_FILE}: {type(exc).__name__}: {exc}".splitlines()[0]
+    box = [problem]
+    dist.broadcast_object_list(box, 0)
+    if box[0]:
+        raise CheckpointError(box[0])
     return files_under(root, Path(sub))
 
 

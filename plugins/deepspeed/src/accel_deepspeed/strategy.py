@@ -269,9 +269,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     def accel_prepare_training(
         self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
     ) -> tuple[list[Any], list[Any], list[Any]]:
-        import deepspeed
         import torch
 
+        from accel_deepspeed import dummy
         from accel_deepspeed.model import DeepSpeedModel
 
         params_of = {id(m): {id(p) for p in m.parameters()} for m in models}
@@ -291,6 +291,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             raise UsageError(LIMIT)
         micro = self._batch_size(dataloaders)
         wrapped: list[Any] = []
+        out_opts, out_scheds = list(optimizers), list(schedulers)
         for model in models:
             opt = owner.get(id(model))
             config = self._config(kernel, micro, model, trained=opt is not None)
@@ -301,12 +302,64 @@ class DeepSpeedStrategy(ProcessGroupComponent):
                 rec = Prepared(module=model, wrapper=DeepSpeedModel(model.to(self.device), None))
             else:
                 self._leaf_modules(model, config)
-                engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-                rec = Prepared(module=model, wrapper=DeepSpeedModel(engine, dtype), engine=engine, optimizer=opt,
+                mine = [s for s in schedulers if opt is not None and getattr(s, "optimizer", None) is opt]
+                engine = self._initialize(kernel, model, opt, mine, config)
+                basic = engine.basic_optimizer if opt is not None else None
+                rec = Prepared(module=model, wrapper=DeepSpeedModel(engine, dtype), engine=engine, optimizer=basic,
                                clip=float(config.get("gradient_clipping") or 0.0))
+                if opt is not None and basic is not opt:  # a DummyOptim: the engine built the optimizer
+                    out_opts[optimizers.index(opt)] = basic
+                    for sched in mine:
+                        out_scheds[schedulers.index(sched)] = dummy.EngineScheduler(engine)
             self.prepared.append(rec)
             wrapped.append(rec.wrapper)
-        return wrapped, list(optimizers), list(schedulers)
+        return wrapped, out_opts, out_scheds
+
+    def _initialize(self, kernel: Kernel, model: Any, opt: Any, schedulers: list[Any], config: dict[str, Any]) -> Any:
+        """``deepspeed.initialize`` for one trained (or ZeRO-3 frozen) model. A DummyOptim/DummyScheduler stands for
+        the config's optimizer/scheduler sections (as in Accelerate); with the script's own torch optimizer, the
+        empty parameter groups DeepSpeed drops are dropped from its schedulers too, so they keep stepping."""
+        import deepspeed
+
+        from accel_deepspeed import dummy
+
+        where = "DeepSpeed config"
+        if opt is None:  # a frozen ZeRO-3 model: the engine must not build an optimizer or scheduler for it
+            config = {k: v for k, v in config.items() if k not in dsconfig.SECTIONS}
+        is_dummy = isinstance(opt, dummy.DummyOptim)
+        dummy_sched = next((s for s in schedulers if isinstance(s, dummy.DummyScheduler)), None)
+        if opt is not None:
+            if "optimizer" in config and not is_dummy:
+                raise UsageError(f"{where} defines an optimizer section and the script passes its own optimizer; "
+                                 "remove the section, or pass accel_deepspeed.DummyOptim(params, lr=...) to prepare()")
+            if "optimizer" not in config and is_dummy:
+                raise UsageError(f"DummyOptim needs an optimizer section in the {where}; add one, or pass a torch "
+                                 "optimizer")
+        real_scheds = [s for s in schedulers if not isinstance(s, dummy.DummyScheduler)]
+        if "scheduler" in config and real_scheds:
+            raise UsageError(f"{where} defines a scheduler section and the script passes its own scheduler; remove "
+                             "the section, or pass accel_deepspeed.DummyScheduler(optimizer, ...) to prepare()")
+        if dummy_sched is not None and "scheduler" not in config and dummy_sched.lr_scheduler_callable is None:
+            raise UsageError(f"DummyScheduler needs a scheduler section in the {where}, or lr_scheduler_callable=")
+        if not is_dummy:
+            if dummy_sched is not None:
+                raise UsageError("DummyScheduler goes with DummyOptim (the engine builds the scheduler over the "
+                                 "optimizer it builds); pass DummyOptim, or a torch scheduler")
+            groups = list(opt.param_groups) if opt is not None else []
+            kept = [i for i, g in enumerate(groups) if g["params"]]
+            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+            if opt is not None and len(opt.param_groups) < len(groups):
+                for sched in schedulers:
+                    dummy.prune_scheduler(sched, kept, len(groups))
+            return engine
+        values: dict[str, dict[str, Any]] = {"optimizer": {"lr": opt.lr, "weight_decay": opt.weight_decay}}
+        if dummy_sched is not None:
+            values["scheduler"] = dummy_sched.auto_values(kernel.num_processes)
+        dsconfig.fill_sections(config, values, where)
+        callable_ = dummy_sched.lr_scheduler_callable if dummy_sched is not None else None
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=opt.params, lr_scheduler=callable_,
+                                               config=config)
+        return engine
 
     # ---- lookups ------------------------------------------------------------------------------------------
 

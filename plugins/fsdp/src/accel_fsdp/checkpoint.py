@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel import ItemRecord, UsageError
+from accel import CheckpointError, ItemRecord, UsageError
+from accel.checkpoint import agree, dcp_load, error_line
 
 if TYPE_CHECKING:
     import torch
+    from accel import Kernel
     from torch import nn
 
 PLUGIN = "fsdp"
@@ -36,46 +38,84 @@ def _options(full: bool, broadcast: bool = False) -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def save_model(model: nn.Module, key: str, directory: Path, full: bool, is_main: bool) -> ItemRecord:
+def _dcp_save(state: dict[str, Any], path: Path) -> None:
+    """DCP's save (collective: a failure on any process raises on every process), as one-line CheckpointError."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.save(state, checkpoint_id=path)
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        raise CheckpointError(f"cannot write {path}: {error_line(exc)}") from None
+
+
+def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full: bool) -> ItemRecord:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    state = get_model_state_dict(model, options=_options(full))
+    state = get_model_state_dict(model, options=_options(full))  # collective
     if not full:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(state, checkpoint_id=directory / key)
+        _dcp_save(state, directory / key)
         return ItemRecord(plugin=PLUGIN, format=DCP_FORMAT, files=(key,))
     name = f"{key}.safetensors"
-    if is_main:
-        from safetensors.torch import save_file
 
-        save_file(_unshare(state), str(directory / name), metadata={"format": "pt"})
+    def write() -> None:
+        if kernel.is_main_process:
+            from safetensors.torch import save_file
+
+            save_file(_unshare(state), str(directory / name), metadata={"format": "pt"})
+
+    agree(kernel, f"save_state (writing {name})", write)  # before the next item's collectives
     return ItemRecord(plugin=PLUGIN, format=FULL_MODEL_FORMAT, files=(name,))
 
 
-def load_model(model: nn.Module, key: str, directory: Path, record: ItemRecord, is_main: bool) -> None:
+def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, record: ItemRecord) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if record.format == DCP_FORMAT:
-        import torch.distributed.checkpoint as dcp
-
         state = get_model_state_dict(model)
-        dcp.load(state, checkpoint_id=directory / key, storage_reader=SafeReader(directory / key))
+        dcp_load(state, directory / key)
         set_model_state_dict(model, state)
     elif record.format == FULL_MODEL_FORMAT:
-        from safetensors.torch import load_file
+        import torch
 
-        state = load_file(str(directory / record.files[0])) if is_main else {}
+        expected = {k: tuple(v.shape) for k, v in get_model_state_dict(model).items() if isinstance(v, torch.Tensor)}
+        path = directory / record.files[0]
+
+        def read() -> dict[str, Any]:
+            if not kernel.is_main_process:
+                return {}
+            from safetensors.torch import load_file
+
+            try:
+                state = load_file(str(path))
+            except Exception as exc:
+                raise CheckpointError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+            _check_full_model(key, state, expected)
+            return state
+
+        # the main process reads and checks; every process learns whether that worked before the broadcast
+        state = agree(kernel, f"load_state (reading {path.name})", read)
         set_model_state_dict(model, state, options=_options(True, broadcast=True))
     else:
         raise UsageError(f"checkpoint item {key!r} has format {record.format!r}, which accel-plugin-fsdp does not read")
 
 
+def _check_full_model(key: str, state: dict[str, Any], expected: dict[str, tuple[int, ...]]) -> None:
+    problems = [f"{k} is missing from the checkpoint" for k in expected if k not in state]
+    problems += [f"{k} is in the checkpoint but not in this model" for k in state if k not in expected]
+    problems += [f"{k} has shape {tuple(state[k].shape)} in the checkpoint, {expected[k]} in this model"
+                 for k in expected if k in state and tuple(state[k].shape) != expected[k]]
+    if problems:
+        more = f" (and {len(problems) - 6} more)" if len(problems) > 6 else ""
+        raise CheckpointError(f"checkpoint item {key!r} does not fit this model: {'; '.join(problems[:6])}{more}")
+
+
 FRESH = "accel_fsdp_fresh"  # saved next to an optimizer's state: it had taken no step yet
 
 
-def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path, full: bool,
-                   is_main: bool) -> ItemRecord:
+def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
+                   full: bool) -> ItemRecord:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     # torch fills an empty optimizer state with a zero-learning-rate step to learn its layout; undo that, so that
@@ -86,49 +126,61 @@ def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, key: str,
         optimizer.state.clear()
     state[FRESH] = fresh
     if not full:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(state, checkpoint_id=directory / key)
+        _dcp_save(state, directory / key)
         return ItemRecord(plugin=PLUGIN, format=DCP_FORMAT, files=(key,))
     name = f"{key}.pt"
-    if is_main:
-        import torch
 
-        torch.save(state, directory / name)
+    def write() -> None:
+        if kernel.is_main_process:
+            import torch
+
+            torch.save(state, directory / name)
+
+    agree(kernel, f"save_state (writing {name})", write)
     return ItemRecord(plugin=PLUGIN, format=FULL_OPTIM_FORMAT, files=(name,))
 
 
-def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
-                   record: ItemRecord, is_main: bool) -> None:
+def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
+                   record: ItemRecord) -> None:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if record.format == DCP_FORMAT:
-        import torch.distributed.checkpoint as dcp
-
         state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))
         state[FRESH] = False
-        dcp.load(state, checkpoint_id=directory / key, storage_reader=SafeReader(directory / key))
+        dcp_load(state, directory / key)
         fresh = bool(state.pop(FRESH))
         set_optimizer_state_dict(model, optimizer, state)
     elif record.format == FULL_OPTIM_FORMAT:
         from accel.checkpoint import load_weights_only
 
-        state = load_weights_only(directory / record.files[0]) if is_main else {}
-        fresh = bool(state.pop(FRESH, False))
+        path = directory / record.files[0]
+        groups = [len(g["params"]) for g in optimizer.param_groups]
+
+        def read() -> tuple[dict[str, Any], bool]:
+            if not kernel.is_main_process:
+                return {}, False
+            loaded = load_weights_only(path)
+            _check_full_optimizer(key, loaded, groups)
+            return loaded, bool(loaded.pop(FRESH, False))
+
+        # the main process reads and checks; every process learns whether that worked before the broadcast
+        state, fresh = agree(kernel, f"load_state (reading {path.name})", read)
         set_optimizer_state_dict(model, optimizer, state, options=_options(True, broadcast=True))
-        fresh = _broadcast_flag(fresh)
+        fresh = bool(kernel.collectives.broadcast_object(fresh, 0))
     else:
         raise UsageError(f"checkpoint item {key!r} has format {record.format!r}, which accel-plugin-fsdp does not read")
     if fresh:
         optimizer.state.clear()
 
 
-def _broadcast_flag(flag: bool) -> bool:
-    import torch.distributed as dist
-
-    box = [flag]
-    dist.broadcast_object_list(box, 0)
-    return bool(box[0])
+def _check_full_optimizer(key: str, state: Any, groups: list[int]) -> None:
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) or \
+            not isinstance(state.get("param_groups"), list):
+        raise CheckpointError(f"checkpoint item {key!r} is not an optimizer state (no 'state'/'param_groups')")
+    saved = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in state["param_groups"]]
+    if saved != groups:
+        raise CheckpointError(f"checkpoint item {key!r} does not fit this optimizer: parameters per group {saved} in "
+                              f"the checkpoint, {groups} in this run")
 
 
 def detect_record(directory: Path, key: str) -> ItemRecord | None:
@@ -154,36 +206,8 @@ def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# DCP keeps its index (.metadata) as a pickle, and its FileSystemReader reads it with pickle.load. Loading a
-# checkpoint must never run code from it: read it with the kernel's allow-list of the records DCP writes there
-# (tensors and other values are read by DCP with torch.load(weights_only=True) already).
+def SafeReader(path: Path) -> Any:  # noqa: N802 - the kernel's class, built on first use (imports torch)
+    """A DCP storage reader that never runs code from the files (see :func:`accel.checkpoint.dcp_load`)."""
+    from accel.checkpoint import dcp_reader
 
-
-def _safe_reader_class() -> type:
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
-
-    class Reader(FileSystemReader):
-        """FileSystemReader whose ``read_metadata`` unpickles with an allow-list."""
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = load_restricted_pickle(self._get_metadata_path(kwargs.get("rank")), DCP_METADATA_GLOBALS)
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return Reader
-
-
-def SafeReader(path: Path) -> Any:  # noqa: N802 - builds the class lazily (torch is imported on first use)
-    global _READER
-    if _READER is None:
-        _READER = _safe_reader_class()
-    return _READER(path)
-
-
-_READER: type | None = None
+    return dcp_reader(path)

@@ -172,12 +172,11 @@ class FSDPStrategy(ProcessGroupComponent):
             obj = items[key]
             model = self._sharded_model(kernel, obj)
             if model is not None:
-                records[key] = checkpoint.save_model(model, key, Path(directory), full, kernel.is_main_process)
+                records[key] = checkpoint.save_model(kernel, model, key, Path(directory), full)
                 continue
             pair = self._optimizer_model(key, obj)
             if pair is not None:
-                records[key] = checkpoint.save_optimizer(pair[1], pair[0], key, Path(directory), full,
-                                                         kernel.is_main_process)
+                records[key] = checkpoint.save_optimizer(kernel, pair[1], pair[0], key, Path(directory), full)
         return records
 
     @hookimpl
@@ -202,9 +201,9 @@ class FSDPStrategy(ProcessGroupComponent):
             model = self._sharded_model(kernel, obj)
             pair = None if model is not None else self._optimizer_model(key, obj)
             if model is not None:
-                checkpoint.load_model(model, key, directory, record, kernel.is_main_process)
+                checkpoint.load_model(kernel, model, key, directory, record)
             elif pair is not None:
-                checkpoint.load_optimizer(pair[1], pair[0], key, directory, record, kernel.is_main_process)
+                checkpoint.load_optimizer(kernel, pair[1], pair[0], key, directory, record)
             else:
                 raise UsageError(f"checkpoint item {key!r} was written by accel-plugin-fsdp, but in this run "
                                  f"{key!r} is not a model or optimizer prepared with --plugin fsdp")

@@ -1,0 +1,207 @@
+"""accel-plugin-deepspeed and Accelerate's DeepSpeed idioms: a config file with ``optimizer``/``scheduler``
+sections used through ``DummyOptim``/``DummyScheduler``, and a scheduler built before ``prepare()`` over an
+optimizer with an empty parameter group (DeepSpeed drops the group inside ``prepare()``). Real DeepSpeed on 2 CPU
+processes over gloo (ZeRO-2 and ZeRO-3), as tests/test_deepspeed.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from accel import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parent / "scripts"
+ACCEL = str(Path(sys.executable).parent / "accel")
+EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
+
+SECTIONS = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True, "adam_w_mode": True},
+    },
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {
+            "warmup_min_lr": "auto",
+            "warmup_max_lr": "auto",
+            "warmup_num_steps": "auto",
+            "total_num_steps": "auto",
+        },
+    },
+}
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
+    env.update(
+        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
+    )
+    return env
+
+
+def write(tmp: Path, name: str, data: dict[str, Any]) -> str:
+    (tmp / name).write_text(json.dumps(data))
+    return str(tmp / name)
+
+
+def test_config_sections_wait_for_prepare_and_autos_are_filled(tmp_path: Path) -> None:
+    from accel import Settings
+    from accel.options import resolve
+    from accel.plugins import Plugins
+    from accel_deepspeed import config
+
+    path = write(tmp_path, "ds.json", SECTIONS)
+    plugins = Plugins.load(env={})
+    values, sources = resolve(plugins.options(), env={}, flags={"deepspeed_config_file": path})
+    base, where = config.base_config(Settings(values, sources, world_size=2, phase="launch", env={}))
+    filled = config.fill(base, config.KernelFacts(1, "no", 2, 4), where)  # at launch: sections' autos stay
+    assert filled["optimizer"]["params"]["lr"] == "auto"
+    config.fill_sections(
+        filled,
+        {
+            "optimizer": {"lr": 0.5, "weight_decay": 0.1},
+            "scheduler": {"warmup_min_lr": 0, "warmup_max_lr": 0.5, "warmup_num_steps": 2, "total_num_steps": 10},
+        },
+        where,
+    )
+    assert filled["optimizer"]["params"] == {"lr": 0.5, "weight_decay": 0.1, "torch_adam": True, "adam_w_mode": True}
+    assert filled["scheduler"]["params"]["total_num_steps"] == 10
+    with pytest.raises(UsageError, match=r'cannot fill "auto" for scheduler.params.warmup_max_lr'):
+        config.fill_sections({"scheduler": {"params": {"warmup_max_lr": "auto"}}}, {}, where)
+
+
+def test_dummy_scheduler_auto_values_follow_accelerate() -> None:
+    import torch
+    from accel_deepspeed import DummyOptim, DummyScheduler
+
+    opt = DummyOptim(torch.nn.Linear(2, 2).parameters(), lr=0.3)
+    assert DummyScheduler(opt, total_num_steps=25, warmup_num_steps=0).auto_values(2) == {
+        "warmup_min_lr": 0,
+        "warmup_max_lr": 0.3,
+        "warmup_num_steps": 1,
+        "total_num_steps": 13,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
+def test_dummy_mistakes_are_one_line_each(tmp_path: Path) -> None:
+    with_sections = write(tmp_path, "with.json", SECTIONS)
+    without = write(tmp_path, "without.json", {"train_micro_batch_size_per_gpu": "auto"})
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "deepspeed_dummy_refusals.py"), with_sections, without],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {
+        "torch_optimizer_with_section": "UsageError: DeepSpeed config defines an optimizer section and the script "
+        "passes its own optimizer; remove the section, or pass accel_deepspeed.DummyOptim(params, lr=...) to "
+        "prepare()",
+        "torch_scheduler_with_section": "UsageError: DeepSpeed config defines a scheduler section and the script "
+        "passes its own scheduler; remove the section, or pass accel_deepspeed.DummyScheduler(optimizer, ...) to "
+        "prepare()",
+        "dummy_optimizer_without_section": "UsageError: DummyOptim needs an optimizer section in the DeepSpeed "
+        "config; add one, or pass a torch optimizer",
+        "dummy_scheduler_without_section": "UsageError: DummyScheduler needs a scheduler section in the DeepSpeed "
+        "config, or lr_scheduler_callable=",
+        "dummy_step": "UsageError: DummyOptim stands for the optimizer of the DeepSpeed config; pass it to "
+        "kernel.prepare() and use what prepare() returns",
+    }
+
+
+def launch(tmp: Path, mode: str, flags: list[str]) -> list[dict[str, Any]]:
+    out = Path(tempfile.mkdtemp(prefix=f"out-{mode}-", dir=tmp))
+    proc = subprocess.run(
+        [ACCEL, "launch", "-q", "-n", "2", *flags, str(SCRIPTS / "deepspeed_dummy.py"), str(out), mode],
+        env=env_for(tmp),
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=tmp,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def warmup_decay(steps: int) -> list[float]:
+    """DeepSpeed's own WarmupDecayLR over a plain torch optimizer, with the values Accelerate fills in for the
+    script's DummyScheduler: 24 steps counted over the whole dataset -> 12 per process, warm-up 3, peak 0.05."""
+    import torch
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.05)
+    sched = WarmupDecayLR(opt, total_num_steps=12, warmup_min_lr=0, warmup_max_lr=0.05, warmup_num_steps=3)
+    lrs = []
+    for _ in range(steps):
+        opt.step()
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    return lrs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("stage", [2, 3])
+def test_config_optimizer_and_scheduler_through_dummies(tmp_path: Path, stage: int) -> None:
+    path = write(tmp_path, "ds.json", SECTIONS)
+    ranks = launch(
+        tmp_path, "dummy", ["--plugin", "deepspeed", "--zero_stage", str(stage), "--deepspeed_config_file", path]
+    )
+    expected = warmup_decay(12)
+    for rec in ranks:
+        assert rec["optimizer"] == "AdamW"  # built by the engine from the config (torch_adam)
+        assert rec["weight_decay"] == [0.01, 0.0]  # the script's two groups, as given
+        assert rec["restored"] == [True, True]  # save_state/load_state: the engine's scheduler and the lr
+        assert [step[0][0] for step in rec["lrs"]] == pytest.approx(expected)  # scheduler.get_last_lr()
+        assert [step[1] for step in rec["lrs"]] == [[lr, lr] for lr in [step[0][0] for step in rec["lrs"]]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("stage", [2, 3])
+def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_path: Path, stage: int) -> None:
+    """Without the fix: `ValueError: zip() argument 2 is longer than argument 1` at the first scheduler.step()."""
+    ranks = launch(tmp_path, "empty", ["--plugin", "deepspeed", "--zero_stage", str(stage)])
+    expected = [0.05 / (1 + step) for step in range(1, 13)]
+    for rec in ranks:
+        assert rec["groups"] == 1  # DeepSpeed dropped the empty group
+        assert rec["local_sgd"] == (
+            "UsageError: LocalSGD averages full parameter replicas; the active strategy (deepspeed) does not keep one "
+            "per process (it provides no 'local_sgd'); use the ddp plugin"
+        )
+        assert rec["restored"] == [True, True]
+        assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
+        assert [step[1] for step in rec["lrs"]] == [pytest.approx([lr]) for lr in expected]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -> None:
+    ranks = launch(tmp_path, "empty", [])
+    expected = [0.05 / (1 + step) for step in range(1, 13)]
+    for rec in ranks:
+        assert rec["groups"] == 2
+        assert rec["local_sgd"] == "accepted"
+        assert rec["restored"] == [True, True]
+        assert [step[0] for step in rec["lrs"]] == [pytest.approx([lr, lr]) for lr in expected]
