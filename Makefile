@@ -55,7 +55,7 @@ $(XLA_VENV)/.installed: kernel/pyproject.toml plugins/xla/pyproject.toml Makefil
 	test -x $(XLA_VENV)/bin/python || $(PY) -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install -q --upgrade pip
 	$(XLA_VENV)/bin/python -m pip install -q torch==$(XLA_TORCH_VERSION) torch-xla==$(XLA_VERSION)  # torch named first, same command
-	$(XLA_VENV)/bin/python -m pip install -q setuptools wheel pytest pytest-timeout scikit-learn
+	$(XLA_VENV)/bin/python -m pip install -q "setuptools>=77" wheel pytest pytest-timeout scikit-learn
 	$(XLA_VENV)/bin/python -m pip install -q --no-build-isolation -e kernel -e plugins/xla
 	$(XLA_VENV)/bin/python -c '$(XLA_CHECK)'
 	touch $@
@@ -82,7 +82,7 @@ $(IPEX_VENV)/.installed: kernel/pyproject.toml plugins/ipex/pyproject.toml plugi
 	test -x $(IPEX_BIN)/python || $(PY) -m venv $(IPEX_VENV)
 	$(IPEX_BIN)/python -m pip install -q --upgrade pip
 	$(IPEX_BIN)/python -m pip install -q $(IPEX_TORCH) $(IPEX_PKG)   # together, torch pinned: never let pip pick it
-	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging rich safetensors questionary setuptools wheel \
+	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging rich safetensors questionary "setuptools>=77" wheel \
 		pytest pytest-timeout scikit-learn
 	$(IPEX_BIN)/python -m pip install -q --no-build-isolation -e kernel -e plugins/ipex -e plugins/amp -e plugins/ddp
 	$(IPEX_BIN)/python -c "$(IPEX_CHECK)"
