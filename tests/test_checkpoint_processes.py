@@ -148,6 +148,8 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(tmp_p
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         first = proc.stdout.readline()
+        while first.startswith(("pid ", "resumed ")):  # ckpt_crash.py's start-up lines
+            first = proc.stdout.readline()
         assert first.startswith("saved "), proc.stderr.read() if proc.stderr else first
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)

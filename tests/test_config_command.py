@@ -91,6 +91,10 @@ def test_config_multi_cpu_through_a_terminal(env: dict[str, str], tmp_path: Path
     term.answer("Which type of machine are you using", DOWN + "\r")  # multi-CPU
     term.answer("How many different machines", "\r")  # 1
     term.answer("Should distributed operations be checked", "n")
+    # DeepSpeed and FSDP run on the CPU too: offered (here with their install commands: only ddp is installed)
+    strategy = term.menu("Which training strategy do you want to use", "not installed: pip install accel-plugin-fsdp")
+    assert "data parallel" in strategy and "not installed: pip install accel-plugin-deepspeed" in strategy
+    term.child.send("\r")
     dynamo = term.menu("optimize your script with torch dynamo", "pip install accel-plugin-dynamo")
     assert "needs a plugin" in dynamo  # no plugin provides compiling: the hint, not the choice
     term.child.send("\r")
@@ -125,6 +129,7 @@ def test_config_multi_node_questions(env: dict[str, str], tmp_path: Path) -> Non
     term.answer("Are all the machines on the same local network", "n")
     term.answer("What rendezvous backend will you use", DOWN + "\r")  # c10d
     term.answer("Should distributed operations be checked", "y")
+    term.answer("Which training strategy do you want to use", "\r")  # data parallel
     term.answer("optimize your script with torch dynamo", "\r")
     term.answer("How many processes should be used", "\r")  # default: 2 per machine x 2 machines
     term.answer("Do you wish to use mixed precision", "\r")

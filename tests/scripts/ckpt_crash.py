@@ -2,14 +2,19 @@
 
 Before each save every parameter and momentum buffer is set to the step number, so a loaded checkpoint can be
 checked for consistency: a mix of two saves would show two numbers. Prints ``saved <step>`` after each save returns.
-On start-up it resumes from the newest complete checkpoint of the project.
+On start-up it resumes from the newest complete checkpoint of the project, checks that every parameter and buffer
+holds its step and prints ``resumed <step>`` (``resumed 0``: nothing to resume from).
 
-    python ckpt_crash.py PROJECT_DIR
+    python ckpt_crash.py PROJECT_DIR [--async] [--check]     (or under accel launch -n 2 --plugin ddp)
+
+``--async``: ``save_state(asynchronous=True)`` (``saved <step>`` then means the copy is done; the save is published
+when the next one starts). ``--check``: resume, train one step, exit. Each process prints ``pid <rank> <pid>`` first.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import os
 from typing import Any
 
 import torch
@@ -51,14 +56,38 @@ def fill(model: Any, opt: Any, value: float) -> None:
             state["momentum_buffer"].fill_(value)
 
 
+def check(model: Any, opt: Any, step: int) -> None:
+    """Every parameter and momentum buffer holds ``step``: the loaded checkpoint comes from one single save."""
+    values = {float(v) for p in model.parameters() for v in p.detach().unique()}
+    values |= {float(v) for state in opt.state.values() for v in state["momentum_buffer"].unique()}
+    if values != {float(step)}:
+        raise SystemExit(f"checkpoint of step {step} mixes saves: values {sorted(values)[:5]}")
+
+
 def main() -> None:
-    kernel, model, opt, progress = build(sys.argv[1])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("project")
+    parser.add_argument("--async", dest="asynchronous", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    kernel, model, opt, progress = build(args.project)
+    print(f"pid {kernel.process_index} {os.getpid()}", flush=True)
     if kernel.latest_checkpoint() is not None:
         kernel.load_state()  # go on from the newest complete checkpoint, as a restarted job would
+        check(model, opt, progress.step)
+    print(f"resumed {progress.step}", flush=True)
+    if args.check:  # and training goes on from there
+        kernel.backward(model(torch.ones(1, 1024, device=kernel.device)).sum())
+        opt.step()
+        opt.zero_grad()
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise SystemExit("training after resuming gave non-finite parameters")
+        kernel.end_training()
+        return
     while True:
         progress.step += 1
         fill(model, opt, float(progress.step))
-        kernel.save_state()
+        kernel.save_state(asynchronous=args.asynchronous)
         print(f"saved {progress.step}", flush=True)
 
 

@@ -8,6 +8,7 @@ schedule, so that a resumed run matches an uninterrupted one only if every piece
     --resume --ckpt D                       load_state(D) first
     --project P --save-every M              automatic checkpoints in P; resume from the latest one at start-up
     --kill-at S --marker F                  (elastic test) the last process SIGKILLs itself at step S, once
+    --async-save                            Kernel(async_save=True): every save_state is asynchronous
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--marker")
+    parser.add_argument("--async-save", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(1234)
     random.seed(1234)
     np.random.seed(1234)
     config = ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2) if args.project else None
-    kernel = Kernel(gradient_accumulation_steps=args.accum, project_dir=args.project, project_config=config)
+    kernel = Kernel(gradient_accumulation_steps=args.accum, project_dir=args.project, project_config=config,
+                    async_save=args.async_save)
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(101, 6, generator=gen), torch.randn(101, 1, generator=gen)
     dl = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True, num_workers=args.workers)

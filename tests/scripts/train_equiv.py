@@ -76,7 +76,9 @@ def main() -> None:
     parser.add_argument("--exit_code", type=int, default=None, help="every process exits with this code")
     args = parser.parse_args()
 
-    kernel = Kernel(plugins=args.plugin)
+    # The script keeps the global batch fixed (each process takes global_batch / N), so its schedule counts optimizer
+    # steps: accel's per-optimizer-step rule, not Accelerate's (which steps N times per optimizer step).
+    kernel = Kernel(plugins=args.plugin, scheduler_steps="per_optimizer_step")
     if args.exit_code is not None:
         print(f"process {kernel.process_index} exits with {args.exit_code} on purpose", file=sys.stderr)
         sys.exit(args.exit_code)
@@ -84,7 +86,7 @@ def main() -> None:
         args.fail_once.write_text("failed once")
         print("process 0 fails on purpose (first attempt)", file=sys.stderr)
         sys.exit(1)
-    acc_kernel = Kernel(plugins=args.plugin, gradient_accumulation_steps=2)
+    acc_kernel = Kernel(plugins=args.plugin, gradient_accumulation_steps=2, scheduler_steps="per_optimizer_step")
     env_keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RESTART_COUNT", "TEST_LAUNCHER")
     result = {

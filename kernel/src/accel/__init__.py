@@ -15,12 +15,15 @@ from accel.tracking import Tracker
 
 if TYPE_CHECKING:
     from accel.checkpoint import load_model
+    from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.data import skip_first_batches
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
 
 _LAZY = {
+    "DataLoaderConfiguration": "accel.compat",
+    "GradientAccumulationPlugin": "accel.compat",
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
@@ -32,7 +35,8 @@ _LAZY = {
 }
 
 __all__ = [
-    "AccelError", "CheckpointError", "Component", "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
+    "AccelError", "CheckpointError", "Component", "DataLoaderConfiguration", "GradientAccumulationPlugin",
+    "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
     "PluginError", "PreparedOptimizer", "PreparedScheduler", "ProjectConfiguration", "Question", "Settings",
     "Topology", "Tracker", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model",
     "notebook_launcher", "skip_first_batches",

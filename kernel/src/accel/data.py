@@ -81,15 +81,25 @@ class SeedableRandomSampler(Sampler[int]):
 
 
 class BatchSamplerShard(Sampler[list[int]]):
-    """This process's batches out of a batch sampler (see the module docstring for the rules)."""
+    """This process's batches out of a batch sampler (see the module docstring for the rules).
 
-    def __init__(self, batch_sampler: Any, num_processes: int, process_index: int, even_batches: bool = True):
+    ``split_batches`` (Accelerate's option): instead of dealing whole batches, every batch is split and process
+    ``r`` takes its ``r``-th slice of ``batch_size / N`` indices, so the batch size is the global one. With
+    ``even_batches`` the epoch's last short batch is completed from the first batch; without it, the processes
+    beyond its end get empty batches (as when dealing)."""
+
+    def __init__(self, batch_sampler: Any, num_processes: int, process_index: int, even_batches: bool = True,
+                 split_batches: bool = False):
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index
         self.even_batches = even_batches
+        self.split_batches = split_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        if split_batches and (not isinstance(self.batch_size, int) or self.batch_size % num_processes):
+            raise UsageError(f"split_batches=True needs a batch size that divides by the number of processes "
+                             f"({num_processes}); this dataloader's batch size is {self.batch_size}")
 
     @property
     def total_batches(self) -> int:
@@ -98,17 +108,36 @@ class BatchSamplerShard(Sampler[list[int]]):
     def steps(self) -> int:
         """Batches every process iterates (including padding or empty batches)."""
         n, p = self.total_batches, self.num_processes
+        if self.split_batches:
+            return n
         return n // p if self.drop_last else math.ceil(n / p)
 
     def __len__(self) -> int:
-        if self.even_batches:
+        if self.even_batches or self.split_batches:
             return self.steps()
         return len(range(self.process_index, self.total_batches, self.num_processes))
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.num_processes == 1:  # one process: every batch is its own, nothing to group or pad
             return iter(self.batch_sampler)
-        return self._groups()
+        return self._slices() if self.split_batches else self._groups()
+
+    def _slices(self) -> Iterator[list[int]]:
+        size = self.batch_size
+        assert size is not None
+        part = size // self.num_processes
+        lo, hi = part * self.process_index, part * (self.process_index + 1)
+        first: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not first:
+                first = batch
+            if len(batch) < size and self.even_batches:  # the epoch's last batch: complete it from the first
+                filler = _cycle(first)
+                while len(batch) < size:
+                    batch.append(next(filler))
+            if len(batch) > lo:
+                yield batch[lo:hi]
 
     def _groups(self) -> Iterator[list[int]]:
         p, r = self.num_processes, self.process_index
@@ -725,9 +754,9 @@ class PreparedDataLoader:
                                      "give it a __len__ that matches what it yields")
                 self.end_of_dataloader = True
                 self.kernel.gradient_state.refresh()
-                yield batch if device is None else send_to_device(batch, device)
+                yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
                 return
-            yield batch if device is None else send_to_device(batch, device)
+            yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
         # Fewer batches than the length said: the pass ended without its last batch being known as such.
         self.end_of_dataloader = True
         warnings.warn(f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
@@ -752,7 +781,7 @@ class PreparedDataLoader:
                 break
             self._before = before
             self._position += 1
-            yield current if device is None else send_to_device(current, device)
+            yield current if device is None else send_to_device(current, device, self.kernel.non_blocking)
             current = upcoming
         self._before = None
         self.end_of_dataloader = True
@@ -761,7 +790,7 @@ class PreparedDataLoader:
             span = self.shard.batch_size * self.shard.num_processes
             self.remainder = 0 if self.shard.drop_last else self.shard.seen % span
         self._position += 1
-        yield current if device is None else send_to_device(current, device)
+        yield current if device is None else send_to_device(current, device, self.kernel.non_blocking)
 
 
 def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
@@ -780,26 +809,38 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare() expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     n, r, even = kernel.num_processes, kernel.process_index, kernel.even_batches
+    split = kernel.split_batches and n > 1
     kwargs = _loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):
         bs = dataloader.batch_size or 1
+        if split:  # each group of `bs` samples is one global batch: a process takes bs / n of them
+            if bs % n:
+                raise UsageError(f"split_batches=True needs a batch size that divides by the number of processes "
+                                 f"({n}); this dataloader's batch size is {bs}")
+            bs //= n
         shard = IterableDatasetShard(dataloader.dataset, bs, n, r, dataloader.drop_last, even)
         if not even and n > 1:  # a process that has run out gets empty batches while another still has one
             kwargs["collate_fn"] = PaddingCollate(kwargs["collate_fn"])
-        base = DataLoader(shard, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs)
+        base = DataLoader(shard, batch_size=bs if dataloader.batch_size else None, drop_last=dataloader.drop_last,
+                          **kwargs)
         return PreparedDataLoader(kernel, base, None, -1, device_placement, shard, device_loader=device_loader)
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the dataset yields whole batches
+        if split:
+            raise UsageError("split_batches=True needs a DataLoader with a batch_size (this one has batch_size=None: "
+                             "its dataset yields whole batches, which accel does not split)")
         skipper = SkipBatchSampler(dataloader.sampler)
         base = DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)
         return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper, device_loader)
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, RandomSampler) and sampler.generator is None:
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        seed = kernel._data.data_seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         seed = kernel.collectives.broadcast_object(seed, 0)
         seeded = SeedableRandomSampler(sampler.data_source, seed, sampler._num_samples, sampler.replacement)
         batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
-    shard_sampler = BatchSamplerShard(batch_sampler, n, r, even)
+    shard_sampler = BatchSamplerShard(batch_sampler, n, r, even, split)
     skipper = SkipBatchSampler(shard_sampler)
     dataset = dataloader.dataset
     if dataloader.num_workers > 0:  # each batch is loaded with its own seeds, whichever worker loads it
@@ -810,7 +851,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         size = len(dataloader.dataset)
     except TypeError:
         size = -1
-    span = (shard_sampler.batch_size or 1) * n
+    span = (shard_sampler.batch_size or 1) * (1 if split else n)
     remainder = size % span if (even and not shard_sampler.drop_last and size >= 0) else 0
     return PreparedDataLoader(kernel, base, steps, remainder, device_placement, shard_sampler, skipper, device_loader)
 

@@ -57,8 +57,10 @@ def accel_add_options(options: Options) -> None:
     """Declare the plugin's launch flags, config-file keys, environment variables and Kernel arguments.
 
     When: each time the CLI builds a parser or validates a config file, and when a Kernel resolves its settings.
-    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``.
-    A name declared twice (by two plugins) is an error naming both.
+    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``;
+    ``check=fn`` adds a test of the converted value (``fn(value)`` returns what is wrong, or ``None``).
+    A name declared twice (by two plugins) is an error naming both. A plugin whose implementation raises anything
+    else is marked failed and left out with every option it declared; runs that do not ask for it go on.
     """
 
 
@@ -105,7 +107,9 @@ def accel_activate(settings: Settings) -> Component | None:
     Returns a :class:`~accel.Component` or ``None``. A strategy typically activates when it is selected
     (``settings.is_selected(name)``) or, for the default data-parallel strategy, when ``world_size > 1``. If two
     components claim one exclusive role, the one the user selected wins; with no selection it is an error naming
-    both. Must not touch devices or start processes: that happens in ``accel_setup``.
+    both. Must not touch devices or start processes: that happens in ``accel_setup``. A ``UsageError`` refuses the
+    run (one line); any other exception stops the run only when the plugin was selected, else the plugin is marked
+    failed and left out.
     """
 
 
@@ -374,7 +378,9 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
 
 
 @hookspec
-def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) -> Mapping[str, ItemRecord] | None:
+def accel_save_state(
+    kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+) -> Mapping[str, ItemRecord] | None:
     """Write the checkpoint items this plugin owns (FSDP: sharded model/optimizer with
     torch.distributed.checkpoint; DeepSpeed: the engine's checkpoint) into ``directory``.
 
@@ -393,6 +399,13 @@ def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path) 
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
     unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
     files that ``accel.checkpoint.load_weights_only`` accepts.
+
+    ``asynchronous`` is true for ``save_state(asynchronous=True)`` (or the ``async_save`` option). The hook still
+    runs on the training thread and its files must be complete when it returns (the kernel fsyncs and publishes
+    them with the rest, in the background), so a plugin that writes here simply makes the loop wait for its own
+    write. A plugin whose writing cannot be done that way (collectives of its own, an engine that writes by
+    itself) raises ``UsageError`` in one line when ``asynchronous`` is true: nothing is published and every
+    process raises. No background thread ever calls a hook.
     """
 
 

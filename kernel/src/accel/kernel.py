@@ -12,19 +12,29 @@ import base64
 import contextlib
 import functools
 import gc
+import inspect
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from accel.compat import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    argument_refusal,
+    check_bool,
+    member_message,
+    resolve_data_settings,
+)
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks
 from accel.errors import UsageError
-from accel.options import KERNEL, Settings, did_you_mean, resolve
+from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
 from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
@@ -97,12 +107,31 @@ class _Accumulate:
 class PreparedOptimizer(torch.optim.Optimizer):
     """Wraps a user optimizer: ``step`` and ``zero_grad`` act only on steps that sync gradients, and go through the
     active plugins (grad scaler, DeepSpeed engine, ...). ``step_was_skipped`` tells whether the last step was
-    skipped (inf/NaN gradients)."""
+    skipped (inf/NaN gradients). Every other attribute is the wrapped optimizer's, read and written through (a
+    schedule-free optimizer's ``train()``/``eval()``, ``optimizer.foo = x``)."""
 
     def __init__(self, kernel: Kernel, optimizer: torch.optim.Optimizer):  # noqa: D107 - no super().__init__ on purpose
-        self.optimizer = optimizer
-        self.kernel = kernel
-        self.step_was_skipped = False
+        own = self.__dict__
+        own["optimizer"] = optimizer
+        own["kernel"] = kernel
+        own["step_was_skipped"] = False
+
+    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
+        if name in _PREPARED_OPTIMIZER_OWN:
+            raise AttributeError(name)
+        return getattr(self.__dict__["optimizer"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PREPARED_OPTIMIZER_OWN or hasattr(type(self), name):  # the wrapper's own (step, state, ...)
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__dict__["optimizer"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self.__dict__:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.__dict__["optimizer"], name)
 
     @property
     def state(self) -> Any:  # type: ignore[override]
@@ -157,9 +186,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
             raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
         if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
             self.optimizer.step()
-            self.step_was_skipped = False
+            if self.step_was_skipped:  # (a store through __setattr__ costs a Python call: only when it changes)
+                self.__dict__["step_was_skipped"] = False
         else:
-            self.step_was_skipped = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
+            self.__dict__["step_was_skipped"] = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
 
     def __repr__(self) -> str:
         return f"Prepared{self.optimizer!r}"
@@ -171,27 +201,83 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.__dict__.update(state)
 
 
+_PREPARED_OPTIMIZER_OWN = frozenset({"optimizer", "kernel", "step_was_skipped"})
+
+
+def _forward_to_optimizer(name: str) -> Callable[..., Any]:
+    def forward(self: PreparedOptimizer, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.optimizer, name)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    return forward
+
+
+# torch.optim.Optimizer's other public methods (hook registration, ...) act on the wrapped optimizer: the wrapper
+# never ran Optimizer.__init__, so it has none of the state they would touch on itself.
+for _name, _value in vars(torch.optim.Optimizer).items():
+    if not _name.startswith("_") and inspect.isfunction(_value) and _name not in vars(PreparedOptimizer):
+        setattr(PreparedOptimizer, _name, _forward_to_optimizer(_name))
+
+
 class PreparedScheduler:
-    """Wraps an LR scheduler: it steps once per *optimizer* step (not per micro-batch) and not after a skipped
-    step, so a schedule means the same with 1 or N processes and any accumulation."""
+    """Wraps an LR scheduler so it steps as it does under Accelerate (``scheduler_steps="accelerate"``, the
+    default): a scheduler built for ``len(dataloader) * epochs`` batches *before* ``prepare`` ends on time.
+
+    - It steps only when the optimizer stepped: not on accumulation steps (there it only counts ``_step_count``,
+      as Accelerate's ``adjust_scheduler`` does) and not after a step skipped for inf/NaN gradients.
+    - On a step it steps ``num_processes`` times, since each process saw ``1/num_processes`` of the batches the
+      schedule was built from; once with ``split_batches`` (the batches are split, not dealt). A scheduler with
+      ``total_steps`` (``OneCycleLR``) stops at its end instead of raising.
+    - ``Kernel(step_scheduler_with_optimizer=False)``: every call steps once, as written.
+
+    ``scheduler_steps="per_optimizer_step"`` steps once per optimizer step whatever the number of processes: a
+    schedule counted in optimizer steps (``num_training_steps`` from the prepared dataloader's length). Every other
+    attribute is the wrapped scheduler's, read and written through."""
 
     def __init__(self, kernel: Kernel, scheduler: Any, optimizers: Sequence[PreparedOptimizer]):
-        self.scheduler = scheduler
-        self.kernel = kernel
+        own = self.__dict__
+        own["scheduler"] = scheduler
+        own["kernel"] = kernel
         inner = getattr(scheduler, "optimizer", None)
-        self.optimizers = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
+        own["optimizers"] = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
+        per_optimizer_step = kernel.settings["scheduler_steps"] == "per_optimizer_step"
+        #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
+        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.num_processes
+        own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
+        own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if not self.kernel.gradient_state.sync_gradients:
+        kernel = self.kernel
+        scheduler = self.scheduler
+        if not kernel.step_scheduler_with_optimizer:
+            scheduler.step(*args, **kwargs)
             return
-        if any(o.step_was_skipped for o in self.optimizers):
+        if not kernel.gradient_state.sync_gradients:
+            if self._count_accumulation and hasattr(scheduler, "_step_count"):
+                scheduler._step_count += 1
             return
-        self.scheduler.step(*args, **kwargs)
+        for optimizer in self.optimizers:
+            if optimizer.step_was_skipped:
+                return
+        repeat = self._repeat
+        if repeat == 1 and not self._limited:
+            scheduler.step(*args, **kwargs)
+            return
+        for _ in range(repeat):
+            if self._limited and scheduler._step_count > scheduler.total_steps:
+                break  # OneCycleLR raises past its last step; Accelerate stops it there
+            scheduler.step(*args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "scheduler":
+    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
+        if name in ("scheduler", "kernel", "optimizers"):
             raise AttributeError(name)
-        return getattr(self.scheduler, name)
+        return getattr(self.__dict__["scheduler"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__ or hasattr(type(self), name):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__dict__["scheduler"], name, value)
 
     def state_dict(self) -> dict[str, Any]:
         return self.scheduler.state_dict()
@@ -259,6 +345,13 @@ class Kernel(TrackingMixin):
     ``project_config`` (:class:`accel.ProjectConfiguration`: checkpoint naming and retention), ``kwargs_handlers``
     (Accelerate's handler objects from :mod:`accel.utils`: their fields set the options plugins declare for them),
     and any option a plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
+
+    Accelerate's arguments keep their meaning (:mod:`accel.compat`): ``split_batches``, ``dataloader_config``
+    (:class:`accel.DataLoaderConfiguration`), ``dispatch_batches``/``use_seedable_sampler`` (accepted where they
+    change nothing), ``rng_types`` (``["generator"]`` only), ``device_placement`` (True only),
+    ``step_scheduler_with_optimizer``, ``gradient_accumulation_plugin`` (:class:`accel.GradientAccumulationPlugin`),
+    and the ``scheduler_steps`` option (``"accelerate"``: Accelerate's rule, default; ``"per_optimizer_step"``). An
+    Accelerate argument accel does not have raises one line naming what to use instead.
     """
 
     def __init__(
@@ -271,12 +364,26 @@ class Kernel(TrackingMixin):
         project_dir: str | os.PathLike[str] | None = None,
         dynamo_backend: str | None = None,
         plugins: Sequence[str] | None = None,
-        even_batches: bool = True,
+        even_batches: bool | None = None,
         extra_plugins: Iterable[tuple[str, Any]] = (),
         project_config: ProjectConfiguration | None = None,
+        split_batches: bool | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        dispatch_batches: bool | None = None,
+        use_seedable_sampler: bool | None = None,
+        rng_types: Sequence[Any] | None = None,
+        device_placement: bool = True,
+        step_scheduler_with_optimizer: bool = True,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         kwargs_handlers: Sequence[Any] | None = None,
         **options: Any,
     ) -> None:
+        data, gradient_accumulation_steps = resolve_data_settings(
+            split_batches=split_batches, even_batches=even_batches, dataloader_config=dataloader_config,
+            rng_types=rng_types, device_placement=device_placement, dispatch_batches=dispatch_batches,
+            use_seedable_sampler=use_seedable_sampler, gradient_accumulation_plugin=gradient_accumulation_plugin,
+            gradient_accumulation_steps=gradient_accumulation_steps)
+        check_bool("Kernel(step_scheduler_with_optimizer=...)", step_scheduler_with_optimizer)
         env = dict(os.environ)
         check_project_config(project_config)
         if project_dir is None and project_config is not None:
@@ -285,6 +392,9 @@ class Kernel(TrackingMixin):
         declared = self.plugins.options()
         for name in options:
             if name not in declared:
+                refusal = argument_refusal(name)
+                if refusal:
+                    raise UsageError(refusal)
                 raise TypeError(f"Kernel() got an unexpected argument {name!r}{did_you_mean(name, [o.name for o in declared])}")
         from accel.utils.handlers import route  # Accelerate's kwargs handlers -> the options plugins declare for them
 
@@ -305,9 +415,11 @@ class Kernel(TrackingMixin):
         except ValueError:
             raise UsageError("environment variable ACCEL_CONFIG is not valid JSON; unset it or launch with accel launch") from None
         values, sources = resolve(declared, env=env, launched=launched, kwargs=kwargs)
-        world = int(env.get("WORLD_SIZE") or 1)
+        world = int_env(env, "WORLD_SIZE", 1)
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
-        self.even_batches = even_batches
+        self._data = data
+        self.even_batches = data.even_batches
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self._accumulation_steps = int(self.settings["gradient_accumulation_steps"])
         self.project_configuration = configure_project(project_config, self.settings["project_dir"])
         self._custom_objects: list[Any] = []
@@ -345,6 +457,50 @@ class Kernel(TrackingMixin):
     @property
     def gradient_accumulation_steps(self) -> int:
         return self._accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        """Change the micro-batches per optimizer step between steps, as Accelerate allows (the count of the cycle
+        in progress is kept; the loss is divided by the new value from the next ``backward``)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"gradient_accumulation_steps expects a whole number >= 1, got {value!r}")
+        self._accumulation_steps = value
+
+    # Accelerate's dataloader settings, read back under Accelerate's names (see accel.compat).
+
+    @property
+    def split_batches(self) -> bool:
+        return self._data.split_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        return self._data.non_blocking
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        data = self._data
+        return DataLoaderConfiguration(split_batches=data.split_batches, even_batches=self.even_batches,
+                                       use_seedable_sampler=True, data_seed=data.data_seed,
+                                       non_blocking=data.non_blocking, use_stateful_dataloader=True)
+
+    dispatch_batches = False  # every process reads its own shard
+    use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
+    use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
+    device_placement = True
+    rng_types = ("generator",)
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def log_with(self) -> list[str]:
+        return list(self.settings["log_with"] or [])
+
+    def __getattr__(self, name: str) -> Any:
+        """Accelerate's members that Kernel does not have: one line saying what to use instead."""
+        message = member_message(name) if not name.startswith("_") else None
+        raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def project_dir(self) -> str | None:
@@ -749,15 +905,29 @@ class Kernel(TrackingMixin):
                                  "load_state_dict(); only such objects can be checkpointed")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None,
+                   asynchronous: bool | None = None) -> os.PathLike[str]:
         """Save everything needed to resume exactly: prepared models, optimizers, schedulers and dataloader
         positions, registered objects, plugin items (grad scaler, ...), and every process's random states.
         Call it on every process. Without ``output_dir`` it writes ``project_dir/checkpoints/checkpoint_<i>``
         (see :class:`accel.ProjectConfiguration`). Atomic: the directory appears complete or not at all.
-        Returns the checkpoint's directory."""
+        ``asynchronous=True`` (default: the ``async_save`` option) returns once the state is copied to CPU
+        memory; the write, fsync and publish happen in the background, and the next ``save_state``,
+        ``load_state``, ``latest_checkpoint``, ``wait_for_save`` or ``end_training`` waits for them (and raises
+        their error). Returns the checkpoint's directory."""
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
-        return checkpoint.save_state(self, output_dir)
+        return checkpoint.save_state(self, output_dir, asynchronous)
+
+    def wait_for_save(self) -> None:
+        """Wait until the asynchronous ``save_state`` in flight (if any) is written and published; raise its error
+        (the same on every process). Call it on every process."""
+        self._finish_save()
+
+    def _finish_save(self, at_exit: bool = False, release: bool = False) -> None:
+        checkpoint = sys.modules.get("accel.checkpoint")  # not imported: this run never saved
+        if checkpoint is not None:
+            checkpoint.finish_pending(self, at_exit=at_exit, release=release)
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> os.PathLike[str]:
         """Restore what ``save_state`` saved, after checking that it fits this run (plugins, items, number of
@@ -766,6 +936,7 @@ class Kernel(TrackingMixin):
         stopped. Returns the directory loaded."""
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
+        checkpoint.finish_pending(self)
         return checkpoint.load_state(self, input_dir)
 
     def latest_checkpoint(self) -> os.PathLike[str] | None:
@@ -774,6 +945,7 @@ class Kernel(TrackingMixin):
         project = self.project_configuration.project_dir
         from accel import checkpoint  # imported on first use: a run that never saves does not pay for it
 
+        checkpoint.finish_pending(self)
         found = checkpoint.latest_checkpoint(project) if (project and self.is_main_process) else None
         found = self.collectives.broadcast_object(None if found is None else os.fspath(found), 0)
         return None if found is None else Path(found)
@@ -841,16 +1013,21 @@ class Kernel(TrackingMixin):
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
 
     def end_training(self) -> None:
-        """Finish trackers and release the processes' resources (process group). Safe to call once at the end."""
-        self._end_trackers()
-        if not self._torn_down:
-            self.call_isolated("accel_end_training", kernel=self, trackers=False)
-        self._teardown()
+        """Finish trackers and release the processes' resources (process group). Safe to call once at the end.
+        An asynchronous save in flight is finished first (its error is raised after the teardown)."""
+        try:
+            self._finish_save(release=True)
+        finally:
+            self._end_trackers()
+            if not self._torn_down:
+                self.call_isolated("accel_end_training", kernel=self, trackers=False)
+            self._teardown()
 
     def _teardown(self) -> None:
         if self._torn_down:
             return
         self._torn_down = True
+        self._finish_save(at_exit=True)  # at interpreter exit: an asynchronous save in flight, without collectives
         self._end_trackers()  # a script that never called end_training still gets its logs flushed
         self.call_isolated("accel_teardown", kernel=self)
         if self in _ACTIVE:

@@ -14,8 +14,10 @@ def _rank() -> tuple[int, int, int]:
     kernel = active_kernel()
     if kernel is not None:
         return kernel.process_index, kernel.local_process_index, kernel.num_processes
+    from accel.options import int_env
+
     env = os.environ
-    return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    return int_env(env, "RANK", 0), int_env(env, "LOCAL_RANK", 0), int_env(env, "WORLD_SIZE", 1)
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

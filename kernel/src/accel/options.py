@@ -10,9 +10,10 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from accel.errors import PluginError, UsageError
 
@@ -38,6 +39,7 @@ class Option:
     default: Any = None
     help: str = ""
     choices: tuple[str, ...] | None = None
+    refused: tuple[tuple[str, str], ...] = ()  # (value, why it is refused and what to use instead)
     config_key: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
@@ -46,6 +48,9 @@ class Option:
     cli: bool = True
     plugin: str = KERNEL
     handler: tuple[str, ...] = ()  # kwargs-handler fields that set it: "GradScalerKwargs.init_scale"
+    #: Optional further check of the converted value: returns what is wrong (``"is not an IP address or host
+    #: name"``) or None. Applied wherever the value comes from (flag, file, environment, argument, question).
+    check: Callable[[Any], str | None] | None = field(default=None, compare=False)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -111,10 +116,15 @@ class Option:
                     f"{bad} must be one of {', '.join(self.choices)}, got {raw!r}{did_you_mean(key, folded)}"
                 )
             value = folded[key]
+        for refused, why in self.refused:
+            if str(value).lower() == refused.lower():
+                raise UsageError(f"{bad} {value}: {why}")
         if self.minimum is not None and value < self.minimum:
             raise UsageError(f"{bad} must be at least {self.minimum:g}, got {raw!r}")
         if self.maximum is not None and value > self.maximum:
             raise UsageError(f"{bad} must be at most {self.maximum:g}, got {raw!r}")
+        if self.check is not None and (problem := self.check(value)):
+            raise UsageError(f"{bad} {problem}, got {raw!r}")
         return value
 
 
@@ -133,6 +143,7 @@ class Options:
         default: Any = None,
         help: str = "",
         choices: Iterable[str] | None = None,
+        refused: Mapping[str, str] | None = None,
         config_key: str | tuple[str, ...] | None = None,
         flags: Iterable[str] = (),
         env: Iterable[str] = (),
@@ -140,11 +151,13 @@ class Options:
         maximum: float | None = None,
         cli: bool = True,
         handler: str | Iterable[str] = (),
+        check: Callable[[Any], str | None] | None = None,
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
         ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
         ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
-        :mod:`accel.utils.handlers`)."""
+        :mod:`accel.utils.handlers`); ``refused`` maps values that are
+        recognised but not supported to the one line saying what to use instead."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -157,6 +170,7 @@ class Options:
             default=default,
             help=help,
             choices=tuple(choices) if choices is not None else None,
+            refused=tuple((refused or {}).items()),
             config_key=path,
             flags=tuple(flags),
             env=tuple(env),
@@ -165,7 +179,12 @@ class Options:
             cli=cli,
             plugin=self.current_plugin,
             handler=(handler,) if isinstance(handler, str) else tuple(handler),
+            check=check,
         )
+
+    def remove_plugin(self, plugin: str) -> None:
+        """Forget every option ``plugin`` declared (a plugin that failed while declaring them is left out)."""
+        self._by_name = {name: opt for name, opt in self._by_name.items() if opt.plugin != plugin}
 
     def __iter__(self):
         return iter(self._by_name.values())
@@ -190,7 +209,7 @@ def core_options(options: Options) -> None:
         help="Total number of processes to run, over all machines.")
     add("num_machines", type="int", default=1, minimum=1, help="Number of machines (nodes) taking part.")
     add("machine_rank", type="int", default=0, minimum=0, help="Rank of this machine, 0 .. num_machines-1.")
-    add("main_process_ip", help="Address of the machine of rank 0 (multi-machine runs).")
+    add("main_process_ip", check=check_host, help="Address of the machine of rank 0 (multi-machine runs).")
     add("main_process_port", type="int", minimum=0, maximum=65535,
         help="Port of the main process; 0 or unset picks a free one on a single machine, 29500 on several.")
     add("rdzv_backend", default="static", choices=("static", "c10d", "etcd", "etcd-v2"),
@@ -202,7 +221,7 @@ def core_options(options: Options) -> None:
     add("cpu", type="bool", default=False, config_key="use_cpu", env=("ACCEL_USE_CPU", "ACCELERATE_USE_CPU"),
         help="Train on the CPU even when an accelerator is present.")
     add("multi_gpu", type="bool", default=False, help="Accelerate's flag for several GPUs; accepted as a hint.")
-    add("gpu_ids", help="Comma-separated device ids to use on this machine, or 'all'.")
+    add("gpu_ids", check=check_device_ids, help="Comma-separated device ids to use on this machine, or 'all'.")
     add("mixed_precision", default="no", choices=("no", "fp16", "bf16", "fp8"),
         env=("ACCEL_MIXED_PRECISION", "MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"),
         help="Mixed precision mode: no, fp16, bf16 or fp8 (needs a plugin that provides it, e.g. accel-plugin-amp).")
@@ -216,13 +235,20 @@ def core_options(options: Options) -> None:
     add("plugins", type="list", default=[], flags=("--plugin",),
         help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
+    add("scheduler_steps", default="accelerate", choices=("accelerate", "per_optimizer_step"),
+        env=("ACCEL_SCHEDULER_STEPS",),
+        help="How often a prepared LR scheduler steps: 'accelerate' (Accelerate's rule: num_processes times per "
+             "optimizer step, once with split_batches) or 'per_optimizer_step' (once per optimizer step).")
     add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
+    add("async_save", type="bool", default=False, cli=False, env=("ACCEL_ASYNC_SAVE",),
+        help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).")
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
         help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
     add("distributed_type", default="NO", cli=False,
         choices=("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
                  "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "TPU", "MEGATRON_LM"),
+        refused=known_plugins()["refused"]["distributed_type"],
         help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.")
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
     add("debug", type="bool", default=False, help="Check distributed operations (slower).")
@@ -239,6 +265,37 @@ def core_options(options: Options) -> None:
                         "<log_dir>/<run>/attempt_<n>/<local_rank>/stdout.log and stderr.log.")
     add("role", default="default", help="Name of the worker role (torchrun's --role).")
     add("rdzv_conf", help="Extra rendezvous settings, 'key1=value1,key2=value2' (torchrun's --rdzv_conf).")
+
+
+def check_host(value: str) -> str | None:
+    """None for an IPv4/IPv6 address or a host name (RFC 1123 labels), else what is wrong. Empty means not set."""
+    import ipaddress
+
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        ipaddress.ip_address(text)
+        return None
+    except ValueError:
+        pass
+    label = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+    if len(text) <= 253 and all(label.fullmatch(part) for part in text.rstrip(".").split(".")):
+        return None
+    return "must be an IP address (10.0.0.7) or a host name (node-1.example.com)"
+
+
+def check_device_ids(value: str) -> str | None:
+    """None for ``all`` or a comma-separated list of distinct device numbers (``0,1``), else what is wrong."""
+    text = value.strip()
+    if not text or text.lower() == "all":
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        return "must be 'all' or device numbers separated by commas (0,1,3)"
+    if len(set(map(int, parts))) != len(parts):
+        return "lists a device twice"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,9 +367,19 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"config file {str(p)!r} does not exist; fix the path")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                         "save the file as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"config file {p} cannot be read: {exc.strerror or exc}; fix its permissions or pass "
+                         "another --config_file") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except RecursionError:
+        raise UsageError(f"{p}: nested too deeply to be a config file (Python's recursion limit was reached "
+                         "reading it; accel's keys are at most two levels deep); fix the file") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -409,8 +476,15 @@ def validate_config(
                 else:
                     raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key]
                                   + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")])
+        elif key in sections:  # a section of a loaded plugin given as a single value (`fsdp_config: 5`)
+            example = next(p[1] for p in by_path if len(p) > 1 and p[0] == key)
+            raise UsageError(f"{where}: `{key}` must be a mapping of settings (e.g. `{key}: {{{example}: ...}}`), "
+                             f"got {raw!r}; put its keys under it, one per line, indented")
         elif key in owner:
             ignore(key, raw, owner[key])
+        elif key in known["refused"]["keys"]:
+            if _is_set(raw):
+                raise UsageError(f"{where}: `{key}`: {known['refused']['keys'][key]}")
         elif key in known["ignored_keys"]:
             ignore(key, raw, None)
         else:
@@ -421,6 +495,19 @@ def validate_config(
 
 # ---------------------------------------------------------------------------------------------------------------
 # Resolution
+
+
+def int_env(env: Mapping[str, str], var: str, default: int) -> int:
+    """A whole number from environment variable ``var`` (``default`` when unset or empty), or a UsageError naming
+    the variable and its value (``WORLD_SIZE=two``)."""
+    raw = env.get(var) or ""
+    if not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"environment variable {var} must be a whole number, got {raw!r}; unset it (launchers set "
+                         "it) or set it to a number") from None
 
 
 def env_value(opt: Option, env: Mapping[str, str]) -> tuple[Any, str] | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pluggy
 
@@ -131,8 +131,8 @@ class Plugins:
                 if module is None:
                     module = md.EntryPoint(name, rec.value, GROUP).load()
                     _MODULES[rec.value] = module
-            except Exception as exc:  # any import failure of a third-party plugin is isolated
-                rec.status, rec.reason = "failed", one_line(f"import failed: {type(exc).__name__}: {exc}")
+            except (Exception, SystemExit) as exc:  # any import failure of a third-party plugin is isolated
+                rec.status, rec.reason = "failed", one_line(f"import failed: {describe_exception(exc)}")
                 continue
             cls._register_module(pm, rec, module)
         for name, obj in extra:
@@ -181,8 +181,8 @@ class Plugins:
                 continue
             try:
                 reason = impl.function()
-            except Exception as exc:
-                refuse(f"accel_unavailable_reason failed: {type(exc).__name__}: {exc}")
+            except (Exception, SystemExit) as exc:
+                refuse(f"accel_unavailable_reason failed: {describe_exception(exc)}")
                 return
             if reason:
                 rec.status, rec.reason = "unavailable", one_line(reason)
@@ -206,9 +206,10 @@ class Plugins:
         names = [r.name if r.status == "loaded" else f"{r.name} ({r.status})" for r in self.all_records]
         return ", ".join(names) or "none"
 
-    def call_each(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    def call_each(self, hook: str, isolate: Callable[[str], bool] | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
-        An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type). Unavailable
+        An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type), except for
+        plugins ``isolate`` answers true for: those are marked failed and left out (``self.fail``). Unavailable
         plugins are asked only ``accel_activate`` (they may take part without their backend, e.g. a TPU pod
         launch that runs only gcloud here)."""
         results = []
@@ -221,27 +222,54 @@ class Plugins:
                 results.append((impl.plugin_name, impl.function(*args)))
             except UsageError as exc:
                 raise UsageError(f"{exc}" if impl.plugin_name == KERNEL else f"plugin {impl.plugin_name!r}: {exc}") from None
-            except (PluginError, KeyboardInterrupt):
+            except KeyboardInterrupt:
                 raise
-            except Exception as exc:
-                raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+            except (Exception, SystemExit) as exc:
+                if impl.plugin_name != KERNEL and isolate is not None and isolate(impl.plugin_name):
+                    self.fail(impl.plugin_name, f"{hook} failed: {describe_exception(exc)}")
+                    continue
+                if isinstance(exc, PluginError):
+                    raise
+                raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook}: {describe_exception(exc)}") from exc
         return results
 
+    def fail(self, name: str, reason: str) -> None:
+        """Leave plugin ``name`` out of this process: unregister it, drop its options, record it as failed with
+        ``reason`` (shown by ``accel plugins``, in launch notices, and in the error when it is asked for)."""
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
+        if self._options is not None:
+            self._options.remove_plugin(name)
+        for rec in self.all_records:
+            if rec.name == name and rec.status in ("loaded", "unavailable"):
+                rec.status, rec.reason = "failed", one_line(reason)
+
     def options(self) -> Options:
-        """The kernel's options plus every loaded plugin's."""
+        """The kernel's options plus every loaded plugin's. A plugin whose ``accel_add_options`` raises (other than
+        a PluginError such as declaring a name another plugin declared) is left out (``fail``): it must not block
+        runs that do not use it; asking for it names the error."""
         if self._options is None:
             options = Options()
             core_options(options)
+            failures: list[tuple[str, str]] = []
             for impl in reversed(self.pm.hook.accel_add_options.get_hookimpls()):
                 options.current_plugin = impl.plugin_name
                 try:
                     impl.function(*[{"options": options}[a] for a in impl.argnames])
                 except PluginError:
                     raise
-                except Exception as exc:
-                    raise PluginError(f"plugin {impl.plugin_name!r} failed in accel_add_options: {exc}") from exc
+                except KeyboardInterrupt:
+                    raise
+                except (Exception, SystemExit) as exc:
+                    if impl.plugin_name == KERNEL or impl.plugin_name not in self.records:
+                        raise PluginError(f"plugin {impl.plugin_name!r} failed in accel_add_options: "
+                                          f"{describe_exception(exc)}") from exc
+                    failures.append((impl.plugin_name, f"accel_add_options failed: {describe_exception(exc)}"))
+                    options.remove_plugin(impl.plugin_name)
             options.current_plugin = KERNEL
             self._options = options
+            for name, reason in failures:
+                self.fail(name, reason)
         return self._options
 
     def detect_hardware(self, env: Mapping[str, str] | None = None) -> HardwareInfo:
@@ -272,7 +300,10 @@ class Plugins:
         for name in settings.selected:
             self.require(name, "" if name in explicit else f"distributed_type {settings.get('distributed_type')}")
         found: list[Component] = []
-        for name, comp in self.call_each("accel_activate", settings=settings):
+        # An unselected plugin that raises is left out (it must not block runs that do not ask for it);
+        # a selected one's failure is the run's error. A UsageError (a deliberate refusal) always stops the run.
+        for name, comp in self.call_each("accel_activate", settings=settings,
+                                         isolate=lambda plugin: not settings.is_selected(plugin)):
             if comp is None:
                 continue
             if not isinstance(comp, Component):
@@ -380,6 +411,13 @@ class Plugins:
         return order
 
 
+def describe_exception(exc: BaseException) -> str:
+    """``"ValueError: bad"``; for ``SystemExit`` (which a plugin must never raise) what it did."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def one_line(text: object) -> str:
     """An error message on one line (pluggy's and some libraries' messages span several)."""
     return " ".join(str(text).split())
@@ -393,7 +431,7 @@ def component_hooks(module: Any) -> list[str]:
         try:
             mod_name, _, cls_name = spec.partition(":")
             cls = getattr(__import__(mod_name, fromlist=[cls_name]), cls_name)
-        except Exception:
+        except (Exception, SystemExit):
             continue
         for attr in dir(cls):
             if attr.startswith("accel_") and hasattr(getattr(cls, attr), hookspecs.PROJECT + "_impl"):

@@ -180,7 +180,7 @@ class Questionnaire:
                 self.question(Question("machine_rank", "What is the rank of this machine?", kind="select",
                                        choices=tuple(str(i) for i in range(machines)), default="0"))
                 self.question(Question("main_process_ip", "What is the IP address of the machine that will host the "
-                                       "main process?", kind="text", default=""))
+                                       "main process (or its host name)?", kind="text"))
                 self.question(Question("main_process_port", "What is the port you will use to communicate with the "
                                        "main process?", kind="int", default=29500))
                 same = self.question(Question("same_network", "Are all the machines on the same local network?",
@@ -196,8 +196,10 @@ class Questionnaire:
         elif machine == "NO":
             self.question(Question("cpu", "Do you want to run your training on CPU only (even if a GPU is available)?",
                                    kind="confirm", default=hardware.name == "cpu"))
-        if entry.get("strategies") and not self.answers.get("cpu"):
-            strategies = menu()["strategies"]
+        on_cpu = bool(self.answers.get("cpu"))
+        if entry.get("strategies") and (entry.get("processes") or not on_cpu):
+            # On the CPU: the strategies that run there (every one the menu marks "cpu"), for several processes.
+            strategies = [s for s in menu()["strategies"] if s.get("cpu") or not on_cpu]
             plain = "data parallel (a full copy of the model on each device)" if entry.get("processes") \
                 else "none (one process on one device)"
             choice = self.question(
@@ -270,14 +272,43 @@ def put(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def write_yaml(path: Path, data: Mapping[str, Any]) -> None:
+def write_yaml(path: Path, data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
+    """Write atomically (a temporary file renamed over the target): a failure leaves the old file as it was and
+    is one line naming the place and the fix."""
     import yaml
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(dict(data), sort_keys=True, default_flow_style=False)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp.parent.is_dir():
+            tmp.unlink(missing_ok=True)
+        raise cannot_write(path, exc, env) from None
+
+
+def check_writable(path: Path, env: Mapping[str, str] | None = None) -> None:
+    """Before asking questions: the directory of ``path`` exists or can be made, and a file can be created in it."""
+    probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise cannot_write(path, exc, env) from None
+
+
+def cannot_write(path: Path, exc: OSError, env: Mapping[str, str] | None) -> UsageError:
+    home = (env if env is not None else os.environ).get("ACCEL_HOME")
+    fix = "set ACCEL_HOME to a writable directory" if home and Path(home) in (path.parent, *path.parents) \
+        else "choose a writable place"
+    why = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
+    blocker = next((p for p in path.parents if p.is_file()), None)
+    if blocker is not None:
+        why = f"{blocker} is a file, not a directory"
+    return UsageError(f"cannot write the config file {path}: {why}; {fix}, or pass --config_file PATH")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,8 +343,8 @@ def questionary_asker() -> Asker:
 
 def validator(q: Question) -> Callable[[str], bool | str]:
     def check(text: str) -> bool | str:
-        if not text.strip() and q.default in (None, ""):
-            return "please enter a value"
+        if not text.strip():  # Enter on an offered default (even an empty one: "leave empty to ...") is an answer
+            return "please enter a value" if q.default is None else True
         try:
             if q.kind == "int":
                 int(text)
@@ -362,6 +393,7 @@ def config_command(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     plugins = Plugins.load(env=env)
     path = Path(args.config_file) if args.config_file else default_config_path(env)
+    check_writable(path, env)  # before the questions, not after them
     ask = interactive_asker(questionary_asker(), plugins.options())
     questionnaire = Questionnaire(plugins, ask, env)
     try:
@@ -371,7 +403,7 @@ def config_command(argv: Sequence[str]) -> int:
         return 130
     except EOFError:
         raise UsageError("input ended before every question was answered; nothing was written") from None
-    write_yaml(path, questionnaire.config_data())
+    write_yaml(path, questionnaire.config_data(), env)
     print(f"accel configuration saved at {path}")
     return 0
 
@@ -408,7 +440,7 @@ def default_command(argv: Sequence[str]) -> int:
     data = default_config(plugins, options, env, args.mixed_precision)
     if data["mixed_precision"] != "no" and (why := capability_missing(plugins, f"precision:{data['mixed_precision']}")):
         print(f"accel: note: mixed_precision {data['mixed_precision']} {why}", file=sys.stderr)
-    write_yaml(path, data)
+    write_yaml(path, data, env)
     print(f"accel configuration saved at {path}")
     return 0
 
@@ -467,7 +499,7 @@ def update_command(argv: Sequence[str]) -> int:
         return 0
     for line in changes:
         print(f"  {line}")
-    write_yaml(path, new)
+    write_yaml(path, new, env)
     print(f"accel configuration updated at {path}")
     return 0
 

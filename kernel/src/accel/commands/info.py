@@ -7,12 +7,13 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import re
 import sys
 from typing import Any, Sequence
 
 from accel.commands.launch import Parser
 from accel.errors import PluginError, UsageError
-from accel.options import find_default_config, read_config_file
+from accel.options import find_default_config, known_plugins, read_config_file
 from accel.plugins import PluginRecord, Plugins
 
 
@@ -30,7 +31,9 @@ def _load(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namesp
     for value in args.blocked:
         if not value.startswith("no:") or not value[3:]:
             raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}")
-    return Plugins.load(blocked=[v[3:] for v in args.blocked]), args
+    plugins = Plugins.load(blocked=[v[3:] for v in args.blocked])
+    plugins.options()  # a plugin whose accel_add_options fails is shown as failed
+    return plugins, args
 
 
 def _status(rec: PluginRecord) -> str:
@@ -50,15 +53,30 @@ def plugins_command(argv: Sequence[str]) -> int:
         print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Plugin text is shown as written (`pip install 'accel-plugin-ipex[ipex]'` is not markup), in the terminal's
+    # width (COLUMNS, else 80 when not a terminal). rich shrinks every column alike and cuts hook names; instead the
+    # short columns and the hooks (one whole name per line at worst) keep their width and the status folds.
+    console = Console()
+    records = plugins.all_records
+    cells = [(r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
+             for r in records]
+    names = ("name", "distribution", "version", "hooks", "status")
+    longest = [max(len(names[i]), *(len(c[i]) for c in cells)) for i in range(5)]
+    hooks = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])
+    free = console.width - 16 - longest[0] - longest[2] - hooks  # 16: borders and padding of five columns
+    dist = longest[1] if free - longest[1] >= 30 else max(10, free // 3)
+    status = min(longest[4], free - dist)
+    hooks += free - dist - status  # room to spare: hooks on fewer lines
+    widths: list[int | None] = [longest[0], dist, longest[2], hooks, status] if status >= 10 else [None] * 5
     table = Table(title="accel plugins (entry-point group 'accel')")
-    for column in ("name", "distribution", "version", "hooks", "status"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        status = row["status"] + (f": {row['reason']}" if row["reason"] else "")
-        table.add_row(row["name"], row["distribution"], row["version"], ", ".join(row["hooks"]), status)
-    Console(width=max(120, Console().width)).print(table)
+    for name, width in zip(names, widths, strict=True):
+        table.add_column(name, overflow="fold", width=width)
+    for row_cells in cells:
+        table.add_row(*(escape(cell) for cell in row_cells))
+    console.print(table)
     return 0
 
 
@@ -75,6 +93,26 @@ def _torch_build() -> str:
     else:
         build = f"cuda {'/'.join(cuda)}" if cuda else "cpu or unknown"
     return f"{version} ({build})"
+
+
+def _package_versions(plugins: Plugins) -> list[tuple[str, str]]:
+    """(package, version or "not installed") for what the installed plugins run on (their distributions'
+    requirements, optional ones included, test-only ones left out) and the packages listed under ``env_packages``
+    in known_plugins.json, from metadata only: nothing is imported."""
+    names: dict[str, None] = {}
+    for rec in plugins.all_records:
+        try:
+            requires = md.requires(rec.distribution) or []
+        except md.PackageNotFoundError:  # registered directly, not a distribution
+            continue
+        for req in requires:
+            match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req)
+            if match and not re.search(r"""extra\s*==\s*["'](test|tests|dev|docs)["']""", req):
+                names.setdefault(match.group(0).lower().replace("_", "-"), None)
+    for name in known_plugins().get("env_packages", []):
+        names.setdefault(name, None)
+    skip = {"accel-kernel", "torch"}  # shown on lines of their own
+    return [(name, _version(name)) for name in sorted(names) if name not in skip]
 
 
 def _memory_gib() -> str:
@@ -116,6 +154,12 @@ def env_command(argv: Sequence[str]) -> int:
                       + (f" ({rec.reason})" if rec.reason else "")))
     if not plugins.all_records:
         lines.append(("Plugins", "none installed"))
+    versions = _package_versions(plugins)
+    installed = [f"{name} {version}" for name, version in versions if version != "not installed"]
+    missing = [name for name, version in versions if version == "not installed"]
+    lines.append(("Backend and related packages", ", ".join(installed) or "none"))
+    if missing:
+        lines.append(("Not installed", ", ".join(missing)))
     path = args.config_file or find_default_config()
     lines.append(("Config file", str(path) if path else "none (defaults)"))
     print("Copy-and-paste the text below in your bug report.\n")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+    from accel.project import ProjectConfiguration
     from accel.utils.handlers import (
         AORecipeKwargs,
         AutocastKwargs,
@@ -33,6 +35,10 @@ _LAZY = {
     "should_reduce_batch_size": "accel.utils.memory",
     "release_memory": "accel.utils.memory",
     "LocalSGD": "accel.utils.local_sgd",
+    # Accelerate's configuration dataclasses are importable from accelerate.utils too
+    "DataLoaderConfiguration": "accel.compat",
+    "GradientAccumulationPlugin": "accel.compat",
+    "ProjectConfiguration": "accel.project",
     **{
         name: "accel.utils.handlers"
         for name in (
@@ -52,13 +58,16 @@ _LAZY = {
 __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
+    "DataLoaderConfiguration",
     "FP8RecipeKwargs",
     "GradScalerKwargs",
+    "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LocalSGD",
     "MSAMPRecipeKwargs",
     "ProfileKwargs",
+    "ProjectConfiguration",
     "TERecipeKwargs",
     "find_executable_batch_size",
     "release_memory",

@@ -484,11 +484,16 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return out
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path) -> dict[str, ItemRecord]:
+    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
+                         asynchronous: bool) -> dict[str, ItemRecord]:
         from accel_deepspeed import state
 
         records: dict[str, ItemRecord] = {}
         found = self._items(kernel, items)
+        if found and asynchronous:
+            raise UsageError("save_state(asynchronous=True) is not supported with --plugin deepspeed: the DeepSpeed "
+                             "engine writes its checkpoint itself, with collectives, on the training thread; call "
+                             "save_state() without asynchronous=True (and async_save: false)")
         if found and not kernel.sync_gradients:
             raise UsageError("save_state in the middle of gradient accumulation: DeepSpeed keeps the gradients of the "
                              "unfinished cycle inside its engine, where no checkpoint can hold them; save after a step "

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accel import CheckpointError, ItemRecord, UsageError
-from accel.checkpoint import agree, dcp_load, error_line
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +40,7 @@ def _options(full: bool, broadcast: bool = False) -> Any:
 def _dcp_save(state: dict[str, Any], path: Path) -> None:
     """DCP's save (collective: a failure on any process raises on every process), as one-line CheckpointError."""
     import torch.distributed.checkpoint as dcp
+    from accel.checkpoint import error_line  # imports torch: not at module level (`accel plugins` lists the plugin)
 
     try:
         dcp.save(state, checkpoint_id=path)
@@ -51,6 +51,7 @@ def _dcp_save(state: dict[str, Any], path: Path) -> None:
 
 
 def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full: bool) -> ItemRecord:
+    from accel.checkpoint import agree  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(model, options=_options(full))  # collective
@@ -70,6 +71,7 @@ def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full
 
 
 def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, record: ItemRecord) -> None:
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if record.format == DCP_FORMAT:
@@ -116,6 +118,7 @@ FRESH = "accel_fsdp_fresh"  # saved next to an optimizer's state: it had taken n
 
 def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
                    full: bool) -> ItemRecord:
+    from accel.checkpoint import agree  # imports torch: not at module level (`accel plugins` lists the plugin)
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     # torch fills an empty optimizer state with a zero-learning-rate step to learn its layout; undo that, so that
@@ -142,6 +145,7 @@ def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Opti
 
 def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
                    record: ItemRecord) -> None:
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if record.format == DCP_FORMAT:

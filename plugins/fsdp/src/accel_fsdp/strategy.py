@@ -161,7 +161,12 @@ class FSDPStrategy(ProcessGroupComponent):
         return inner, models[0]
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path) -> dict[str, ItemRecord]:
+    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
+                         asynchronous: bool) -> dict[str, ItemRecord]:
+        if asynchronous and any(self._sharded_model(kernel, obj) is not None for obj in items.values()):
+            raise UsageError("save_state(asynchronous=True) is not supported with --plugin fsdp: its checkpoints are "
+                             "written by torch.distributed.checkpoint, whose collectives must run on the training "
+                             "thread; call save_state() without asynchronous=True (and async_save: false)")
         if not kernel.sync_gradients and self.optimizer_models:
             raise UsageError("save_state in the middle of gradient accumulation is not supported with --plugin fsdp "
                              "(FSDP keeps the partial gradients unsharded, outside the parameters); save on a step "

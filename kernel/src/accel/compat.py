@@ -1,0 +1,257 @@
+"""Accelerate's constructor arguments on accel: the dataclasses scripts pass to ``Kernel(...)`` under Accelerate's
+names, their validation, and the table of every ``Accelerator`` argument and member (``accelerate_names.json``:
+same name, accel name, or refused with a message).
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from accel.errors import UsageError
+
+#: ``scheduler_steps``: how often a prepared scheduler steps (see :class:`accel.kernel.PreparedScheduler`).
+SCHEDULER_RULES = ("accelerate", "per_optimizer_step")
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """Accelerate's ``DataLoaderConfiguration``, for ``Kernel(dataloader_config=...)``.
+
+    - ``split_batches``: each process takes its slice of every batch (the batch size is the global one and must
+      divide by the number of processes); the scheduler then steps once per optimizer step.
+    - ``dispatch_batches``: ``None``/``False`` only; every process reads its own shard (``True`` is refused).
+    - ``even_batches``: complete the last batches with samples from the start (default), or give processes that ran
+      out empty batches.
+    - ``use_seedable_sampler``: accepted; prepared dataloaders always shuffle with a sampler seeded identically on
+      every process.
+    - ``data_seed``: that sampler's seed (default: drawn from torch's generator on process 0).
+    - ``non_blocking``: batches are moved to the device with ``non_blocking=True``.
+    - ``use_stateful_dataloader``: accepted; prepared dataloaders always have ``state_dict``/``load_state_dict``
+      and ``save_state`` records their position.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "split_batches",
+            "even_batches",
+            "use_seedable_sampler",
+            "non_blocking",
+            "use_stateful_dataloader",
+        ):
+            check_bool(f"DataLoaderConfiguration({name}=...)", getattr(self, name))
+        if self.dispatch_batches is not None:
+            check_bool("DataLoaderConfiguration(dispatch_batches=...)", self.dispatch_batches)
+        if self.dispatch_batches:
+            raise UsageError(
+                "dispatch_batches=True is not supported: every process reads its own shard of the "
+                "dataloader; leave dispatch_batches unset (an IterableDataset is sharded too)"
+            )
+        if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
+            raise UsageError(
+                f"DataLoaderConfiguration(data_seed=...) expects a whole number or None, got {self.data_seed!r}"
+            )
+
+
+@dataclass
+class GradientAccumulationPlugin:
+    """Accelerate's ``GradientAccumulationPlugin``, for ``Kernel(gradient_accumulation_plugin=...)``.
+
+    ``num_steps`` is ``gradient_accumulation_steps``; ``adjust_scheduler`` (default True) counts the accumulation
+    steps in the scheduler's ``_step_count`` as Accelerate does (it only changes when ``OneCycleLR`` stops).
+    ``sync_with_dataloader=False`` and ``sync_each_batch=True`` are refused: the kernel always syncs on the last
+    batch of an epoch and skips the all-reduce on accumulation steps."""
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("adjust_scheduler", "sync_with_dataloader", "sync_each_batch"):
+            check_bool(f"GradientAccumulationPlugin({name}=...)", getattr(self, name))
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1
+        ):
+            raise UsageError(
+                f"GradientAccumulationPlugin(num_steps=...) expects a whole number >= 1, got {self.num_steps!r}"
+            )
+        if not self.sync_with_dataloader:
+            raise UsageError(
+                "GradientAccumulationPlugin(sync_with_dataloader=False) is not supported: gradients "
+                "always sync on the last batch of an epoch"
+            )
+        if self.sync_each_batch:
+            raise UsageError(
+                "GradientAccumulationPlugin(sync_each_batch=True) is not supported: use "
+                "gradient_accumulation_steps=1 to synchronise every batch"
+            )
+
+
+def check_bool(label: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a UsageError naming ``label`` (``"no"`` or ``1`` are not booleans here)."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{label} expects True or False, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The dataloader settings a Kernel resolved from its arguments."""
+
+    split_batches: bool = False
+    even_batches: bool = True
+    data_seed: int | None = None
+    non_blocking: bool = False
+    adjust_scheduler: bool = True
+
+
+def resolve_data_settings(
+    *,
+    split_batches: bool | None,
+    even_batches: bool | None,
+    dataloader_config: DataLoaderConfiguration | None,
+    rng_types: Sequence[Any] | None,
+    device_placement: bool,
+    dispatch_batches: bool | None,
+    use_seedable_sampler: bool | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+    gradient_accumulation_steps: int | None,
+) -> tuple[DataSettings, int | None]:
+    """Check Accelerate's dataloader and accumulation arguments of ``Kernel(...)`` and merge them. Returns the
+    settings and the ``gradient_accumulation_steps`` to use (None: from the options). Raises one UsageError line."""
+    check_bool("Kernel(device_placement=...)", device_placement)
+    if not device_placement:
+        raise UsageError(
+            "Kernel(device_placement=False) is not supported: models are placed by the strategy plugin; "
+            "pass prepare(dataloader, device_placement=False) for dataloaders whose batches you move"
+        )
+    if dataloader_config is None:
+        config = DataLoaderConfiguration()
+    elif isinstance(dataloader_config, DataLoaderConfiguration):
+        config = dataloader_config
+    else:
+        raise UsageError(
+            f"Kernel(dataloader_config=...) expects an accel.DataLoaderConfiguration, got "
+            f"{type(dataloader_config).__name__}"
+        )
+    given = {
+        "split_batches": split_batches,
+        "even_batches": even_batches,
+        "dispatch_batches": dispatch_batches,
+        "use_seedable_sampler": use_seedable_sampler,
+    }
+    values = {f.name: getattr(config, f.name) for f in fields(config)}
+    for name, value in given.items():
+        if value is None:
+            continue
+        check_bool(f"Kernel({name}=...)", value)
+        if dataloader_config is not None and value != values[name]:
+            raise UsageError(
+                f"Kernel({name}={value!r}) disagrees with dataloader_config.{name}={values[name]!r}; "
+                "give it in one place"
+            )
+        values[name] = value
+    config = DataLoaderConfiguration(**values)  # validates the direct arguments like the dataclass's own
+    if rng_types is not None:
+        kinds = [
+            str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)
+        ]
+        other = [kind for kind in kinds if kind != "generator"]
+        if other:
+            raise UsageError(
+                f"Kernel(rng_types={kinds!r}) is not supported: accel does not synchronise the "
+                f"{', '.join(other)} random generator(s) at each epoch; prepared dataloaders share the "
+                "sampler's seed on their own (rng_types=['generator']). Seed every process with "
+                "accel.utils.set_seed(seed)"
+            )
+    steps = gradient_accumulation_steps
+    adjust = True
+    if gradient_accumulation_plugin is not None:
+        if not isinstance(gradient_accumulation_plugin, GradientAccumulationPlugin):
+            raise UsageError(
+                f"Kernel(gradient_accumulation_plugin=...) expects an accel.GradientAccumulationPlugin, "
+                f"got {type(gradient_accumulation_plugin).__name__}"
+            )
+        if steps is not None:
+            raise UsageError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+        steps = gradient_accumulation_plugin.num_steps
+        adjust = gradient_accumulation_plugin.adjust_scheduler
+    settings = DataSettings(
+        split_batches=config.split_batches,
+        even_batches=config.even_batches,
+        data_seed=config.data_seed,
+        non_blocking=config.non_blocking,
+        adjust_scheduler=adjust,
+    )
+    return settings, steps
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Accelerate's public names (accelerate_names.json)
+
+
+@functools.cache
+def accelerate_names() -> dict[str, Any]:
+    """The table: ``{"arguments": {name: entry}, "members": {name: entry}}``; an entry has ``status`` (``same``,
+    ``renamed`` with ``accel``, or ``refused`` with ``message``) and an optional ``note``."""
+    with open(Path(__file__).with_name("accelerate_names.json"), encoding="utf-8") as fh:
+        return dict(json.load(fh))
+
+
+def argument_refusal(name: str) -> str | None:
+    """The message for an ``Accelerator`` argument ``Kernel`` refuses, or None."""
+    entry = accelerate_names()["arguments"].get(name)
+    return entry["message"] if entry and entry["status"] == "refused" else None
+
+
+def member_message(name: str) -> str | None:
+    """What to use instead of an ``Accelerator`` member that ``Kernel`` does not have, or None."""
+    entry = accelerate_names()["members"].get(name)
+    if not entry or entry["status"] == "same":
+        return None
+    if entry["status"] == "renamed":
+        note = f" ({entry['note']})" if entry.get("note") else ""
+        return f"Kernel has no attribute {name!r} (Accelerate's name): use kernel.{entry['accel']}{note}"
+    return str(entry["message"])
+
+
+def markdown_table() -> str:
+    """The name-by-name table of docs/migrating-from-accelerate.md (tests check the guide holds exactly this)."""
+    names = accelerate_names()
+    lines = []
+    for part, title, suffix in (
+        ("arguments", "`Accelerator(...)` argument", "="),
+        ("members", "`Accelerator` member", ""),
+    ):
+        lines += [f"| {title} | accel | notes |", "| --- | --- | --- |"]
+        for name in sorted(names[part]):
+            entry = names[part][name]
+            shown = f"`{name}{suffix}`"
+            if entry["status"] == "same":
+                accel, note = "same", entry.get("note", "")
+            elif entry["status"] == "renamed":
+                accel, note = f"`{entry['accel']}`", entry.get("note", "")
+            else:  # the message after its "X is not supported:" part
+                accel, note = "refused", entry["message"].split(": ", 1)[-1]
+            lines.append(f"| {shown} | {accel} | {note.replace('|', '/')} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":  # python -m accel.compat: print the guide's table
+    print(markdown_table(), end="")

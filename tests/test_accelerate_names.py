@@ -1,0 +1,96 @@
+"""Every ``Accelerator`` argument and public member of Accelerate (the checked-in list
+tests/data/accelerate_names.json, written by tests/data/list_accelerate_names.py under Accelerate itself) either
+works on ``Kernel`` under its own name, has an accel name, or is refused with one line saying what to use instead;
+the guide's table is the mapping's (kernel/src/accel/accelerate_names.json)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import operator
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from accel.compat import accelerate_names, markdown_table
+from accel.errors import UsageError
+from accel.kernel import Kernel
+from accel.testing import make_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+LISTED = json.loads((ROOT / "tests" / "data" / "accelerate_names.json").read_text())
+MAPPING = accelerate_names()
+GUIDE = ROOT / "docs" / "migrating-from-accelerate.md"
+BEGIN, END = "<!-- accelerate-names: begin -->", "<!-- accelerate-names: end -->"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = make_kernel()
+    yield k
+    k.end_training()
+
+
+def test_the_list_is_accelerate_1_15s_and_every_name_is_mapped() -> None:
+    assert LISTED["accelerate"] == MAPPING["accelerate"] == "1.15.0"
+    assert len(LISTED["arguments"]) == 21 and len(LISTED["members"]) > 100
+    for part in ("arguments", "members"):
+        unmapped = sorted(set(LISTED[part]) - set(MAPPING[part]))
+        stale = sorted(set(MAPPING[part]) - set(LISTED[part]))
+        assert not unmapped, f"{part} of Accelerate with no entry in accelerate_names.json: {unmapped}"
+        assert not stale, f"entries for {part} Accelerate does not have: {stale}"
+
+
+@pytest.mark.parametrize("part", ["arguments", "members"])
+def test_every_entry_is_same_renamed_or_refused_with_one_line(part: str) -> None:
+    for name, entry in MAPPING[part].items():
+        assert entry["status"] in ("same", "renamed", "refused"), name
+        if entry["status"] == "renamed":
+            assert entry["accel"], name
+        if entry["status"] == "refused":
+            message = entry["message"]
+            assert message and "\n" not in message and len(message) < 300, name
+            assert ":" in message, f"{name}: the message must say what to use instead"
+
+
+@pytest.mark.parametrize("name", LISTED["arguments"])
+def test_each_accelerate_argument_works_or_is_refused_with_its_message(name: str) -> None:
+    entry = MAPPING["arguments"][name]
+    params = set(inspect.signature(Kernel.__init__).parameters)
+    if entry["status"] == "refused":
+        assert name not in params
+        with pytest.raises(UsageError) as info:
+            make_kernel(**{name: object()})
+        assert str(info.value) == entry["message"]
+    else:
+        assert entry["status"] == "same" and name in params, name
+
+
+@pytest.mark.parametrize("name", LISTED["members"])
+def test_each_accelerate_member_works_or_says_what_to_use(kernel: Kernel, name: str) -> None:
+    entry = MAPPING["members"][name]
+    if entry["status"] == "same":
+        assert hasattr(kernel, name), f"the table says Kernel has {name!r}"
+        return
+    with pytest.raises(AttributeError) as info:
+        getattr(kernel, name)
+    if entry["status"] == "renamed":
+        operator.attrgetter(entry["accel"])(kernel)  # the accel name exists
+        assert f"use kernel.{entry['accel']}" in str(info.value)
+    else:
+        assert str(info.value) == entry["message"]
+
+
+def test_an_unknown_attribute_is_still_a_plain_attribute_error(kernel: Kernel) -> None:
+    with pytest.raises(AttributeError, match="'Kernel' object has no attribute 'no_such_member'"):
+        _ = kernel.no_such_member  # type: ignore[attr-defined]
+
+
+def test_the_guides_table_is_the_mappings() -> None:
+    text = GUIDE.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, f"{GUIDE.name} must hold the table between {BEGIN} and {END}"
+    shown = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    assert shown == markdown_table(), (
+        "the name table in docs/migrating-from-accelerate.md is out of date: replace it with the output of "
+        "`python -m accel.compat`"
+    )
