@@ -588,7 +588,7 @@ class PreparedDataLoader:
     def _inexact(self, in_pass: bool) -> str | None:
         """Why a run resumed from a checkpoint taken now may load different batches, or None."""
         if not isinstance(self.base.dataset, IterableDataset):
-            if in_pass and self._position and self.base.num_workers > 0 and self.base.batch_size is None:
+            if in_pass and self._position and self.base.num_workers > 0 and self.base.batch_sampler is None:
                 return ("loads single samples (batch_size=None) in worker processes, which cannot be given seeds per "
                         "batch: random draws in the dataset can differ after resuming (give the DataLoader a "
                         "batch_size to resume exactly)")
