@@ -142,7 +142,7 @@ def write(tmp_path: Path, text: str, name: str = "config.yaml") -> str:
 
 
 def settings_of(stdout: str) -> dict[str, str]:
-    block = stdout.split("settings (value, where it came from):\n", 1)[1].split("\nhooks", 1)[0]
+    block = stdout.split("\nsettings (", 1)[1].split("\n", 1)[1].split("\nhooks", 1)[0]  # settings not at defaults
     return dict(line.strip().split(" = ", 1) for line in block.splitlines())
 
 
@@ -306,7 +306,7 @@ num_processes: 2
 
 
 def test_legacy_accelerate_keys_are_read(env, tmp_path):
-    result = dry_run(env, write(tmp_path, LEGACY))
+    result = dry_run(env, write(tmp_path, LEGACY), "--verbose")  # every setting, defaults included
     values = settings_of(result.stdout)
     assert values["dynamo_backend"] == "'NO' (file)" and values["main_process_ip"] == "None (default)"
     assert "--nproc_per_node=2" in launcher_line(result.stdout)

@@ -324,7 +324,8 @@ def test_cli_plans_torchrun_and_runner(tmp_path: Path, script: str) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("launcher:"))
     assert line.startswith("launcher: deepspeed (torchrun): ") and "--nproc_per_node=2" in line
-    assert line.endswith(f" -- {script} --start 1")  # a script option is never read as torchrun's --start-method
+    # after "--" (a script option is never read as torchrun's --start-method), through the parent-death prelude
+    assert " --no-python -- " in line and line.endswith(f" -u {script} --start 1")
     assert "accel_backward: deepspeed:strategy" in proc.stdout  # the engine answers before the kernel
     hosts = hostfile(tmp_path)
     proc = cli(tmp_path, "--dry-run", "-n", "4", "--num_machines", "2", "--main_process_ip", "10.0.0.1",

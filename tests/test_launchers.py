@@ -113,6 +113,22 @@ def test_bad_arguments_are_one_clear_error_before_anything_starts() -> None:
         accel.notebook_launcher(world, args=("x",), num_processes=0)
 
 
+def touch(path: str) -> None:
+    Path(path).write_text("started")
+
+
+def test_the_launch_checks_run_before_any_process_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a plugin that provides 'distributed': the one line of `accel launch -n 2`, and nothing forked."""
+    monkeypatch.setenv("ACCEL_PLUGINS", "")  # no plugin at all
+    marker = tmp_path / "started"
+    with pytest.raises(UsageError, match=r"^running 2 processes needs a plugin that provides 'distributed', and "
+                                         r"none is active"):
+        accel.notebook_launcher(touch, args=(str(marker),), num_processes=2)
+    with pytest.raises(UsageError, match="needs a plugin that provides 'distributed'"):
+        accel.debug_launcher(touch, args=(str(marker),), num_processes=2)
+    assert not marker.exists()
+
+
 def test_a_failing_process_raises_with_its_error() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

@@ -74,6 +74,7 @@ class LaunchPlan:
     env: dict[str, str]
     python: str
     dry_run: bool = False
+    verbose: bool = False  # a dry run lists every setting, not only those that differ from their defaults
 
 
 @dataclass(frozen=True)

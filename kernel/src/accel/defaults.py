@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from typing import TYPE_CHECKING, Any, Mapping
 
 from accel.contract import HardwareInfo, LaunchPlan, Topology
@@ -31,7 +30,9 @@ def accel_launch(plan: LaunchPlan) -> int:
     if plan.dry_run:
         print("launcher: accel (one process): " + " ".join(cmd))
         return 0
-    return subprocess.call(cmd, env=plan.env)
+    from accel.processes import run_process
+
+    return run_process(cmd, plan.env, "the process")
 
 
 @hookimpl(trylast=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Mapping, MutableMapping
 
@@ -88,10 +90,13 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
         time.sleep(0.05)
 
-def torchrun_args(settings: Settings, command: list[str], no_python: bool = False) -> list[str]:
+def torchrun_args(settings: Settings, command: list[str], no_python: bool = False, with_launcher: bool = False,
+                  python: str = "", log_dir: str | None = None) -> list[str]:
     """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
     interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
-    executable."""
+    executable. With ``with_launcher`` each worker starts through the parent-death prelude of
+    :mod:`accel.processes` (``python`` is the interpreter of the workers), so it dies with the launcher.
+    ``log_dir`` is the log directory when the settings have none."""
     nnodes = settings["num_machines"]
     total = settings["num_processes"]
     if total % nnodes:
@@ -111,6 +116,25 @@ def torchrun_args(settings: Settings, command: list[str], no_python: bool = Fals
     else:
         args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
                  f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
+    if settings.get("rdzv_conf"):
+        args.append(f"--rdzv_conf={settings['rdzv_conf']}")
+    if settings.get("role") not in (None, "", "default"):
+        args.append(f"--role={settings['role']}")
+    log_dir, tee = settings.get("log_dir") or log_dir, settings.get("tee")
+    if log_dir:
+        args.append(f"--log_dir={log_dir}")
+        tee = tee or "3"  # a log directory without --tee: each process's output in its files *and* on the console
+    if tee and tee != "0":
+        args.append(f"--tee={tee}")
+    if settings.get("enable_cpu_affinity"):
+        args.append("--numa-binding=node")
+    if with_launcher:
+        from accel.processes import elastic_signals, with_parent_death
+
+        # accel stops the workers itself on SIGINT/SIGTERM/SIGHUP (torch's agent would forward SIGINT to them)
+        args.append(f"--signals_to_handle={elastic_signals()}")
+        worker = command if no_python else [python or sys.executable, "-u", *command]
+        return [*args, "--no-python", "--", *with_parent_death(worker, python or sys.executable)]
     if no_python:
         args.append("--no-python")
     # "--" ends torchrun's own options: without it a script option such as --start would be read as an
@@ -120,30 +144,98 @@ def torchrun_args(settings: Settings, command: list[str], no_python: bool = Fals
     return [*args, "--", *command]
 
 
+def omp_threads(env: MutableMapping[str, str], settings: Settings) -> None:
+    """``OMP_NUM_THREADS`` for the workers: ``--num_cpu_threads_per_process``, else the caller's, else 1 when
+    several processes share this machine (torchrun's and Accelerate's default; torchrun would otherwise print a
+    four-line banner saying it chose 1)."""
+    threads = settings.get("num_cpu_threads_per_process")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    elif "OMP_NUM_THREADS" not in env and settings["num_processes"] // settings["num_machines"] > 1:
+        env["OMP_NUM_THREADS"] = "1"
+
+
+def rank_log(log_dir: str, local_rank: int) -> str | None:
+    """The newest ``stderr.log`` torchrun wrote for ``local_rank`` under ``log_dir``
+    (``<log_dir>/<run>/attempt_<n>/<local_rank>/stderr.log``), or ``None``."""
+    from pathlib import Path
+
+    found = sorted(Path(log_dir).glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    return str(found[-1]) if found else None
+
+
+def failure_line(exc: Any, settings: Settings, log_dir: str | None) -> tuple[str, int]:
+    """One line for torch's ``ChildFailedError`` (which process failed, how, where its output is) and the exit
+    code to return."""
+    failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+    rank, first = failures[0]
+    code = first.exitcode if first.exitcode and first.exitcode > 0 else (128 - first.exitcode if first.exitcode
+                                                                          else 1)
+    how = (f"was killed by {signal_name(-first.exitcode)}" if first.exitcode and first.exitcode < 0
+           else f"exited with code {first.exitcode}")
+    others = f" ({len(failures) - 1} more failed after it)" if len(failures) > 1 else ""
+    where = rank_log(log_dir, first.local_rank) if log_dir else None
+    output = (f"its output: {where}" if where else
+              "its output is above; --log_dir DIR keeps each process's output in a file")
+    return f"accel: process {rank} of {settings['num_processes']} {how}{others}; {output}", code
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
     """Answer ``accel_launch`` with ``torch.distributed.run`` (torchrun) in this process and wait; return the exit
-    code. ``name`` is the plugin, for the ``--dry-run`` line. Used by the ddp and fsdp plugins."""
-    args = torchrun_args(plan.settings, plan.command, no_python=not plan.python)
+    code. ``name`` is the plugin, for the ``--dry-run`` line. Used by the strategy plugins that run torchrun.
+
+    Workers die with this process (parent-death signal); SIGINT/SIGTERM/SIGHUP stop them with SIGTERM and end
+    the launch with one line and ``128 + signal`` (see :mod:`accel.processes`); a failed worker gives one line
+    naming it and its log file."""
+    from accel import processes
+
+    log_dir = plan.settings.get("log_dir")
+    if not log_dir and plan.settings.get("tee") not in (None, "0") and not plan.dry_run:
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix="accel-logs-")  # where torchrun would put them, but known to us
+    args = torchrun_args(plan.settings, plan.command, no_python=not plan.python, with_launcher=True,
+                         python=plan.python or sys.executable, log_dir=log_dir)
     env = plan.env
     gpu_ids = plan.settings.get("gpu_ids")
     if gpu_ids and str(gpu_ids).lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
-    threads = plan.settings.get("num_cpu_threads_per_process")
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    omp_threads(env, plan.settings)
     if plan.dry_run:
         print(f"launcher: {name} (torchrun): {plan.python or ''} -m torch.distributed.run {shlex.join(args)}".strip())
         return 0
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     os.environ.clear()
     os.environ.update(env)  # the workers inherit this process's environment
-    try:
-        run(parse_args(args))
-    except ChildFailedError as exc:
-        codes = [f.exitcode for f in exc.failures.values() if f.exitcode]
-        return codes[0] if codes and codes[0] > 0 else 1
+    os.environ[processes.LAUNCHER_PID] = str(os.getpid())
+
+    def stop(signum: int) -> None:
+        processes.quiet_torch_elastic()
+        # torch's agent stops the workers with the signal it is given: SIGTERM ends them quietly
+        raise SignalException(f"accel launch got {signal_name(signum)}", sigval=signal.SIGTERM)
+
+    total = plan.settings["num_processes"] // plan.settings["num_machines"]
+    with processes.stop_signals(stop) as request:
+        try:
+            run(parse_args(args))
+        except SignalException as exc:
+            signum = request.signum or int(exc.sigval)
+            print(processes.stopped_line(signum, f"the {total} process(es) of this machine"), file=sys.stderr)
+            return 128 + signum
+        except ChildFailedError as exc:
+            line, code = failure_line(exc, plan.settings, log_dir)
+            print(line, file=sys.stderr)
+            return code
     return 0
 
 

@@ -7,6 +7,12 @@ behind torchrun), which gives every process ``RANK``, ``WORLD_SIZE``, ``LOCAL_RA
 created inside the function through ``ACCEL_CONFIG``, exactly as with ``accel launch``. So inside the function,
 ``Kernel()`` sees the right world with whatever strategy plugin is installed (accel-plugin-ddp for data parallel).
 
+The same pre-flight checks as ``accel launch`` run before any process starts (the installed plugins are asked to
+take part in a run of that many processes, so a missing strategy is one line, not a failure in every child). The
+processes die with the launching process (parent-death signal) and leave the terminal's process group; Ctrl-C or
+SIGTERM stops them quietly and comes back as ``KeyboardInterrupt`` (Ctrl-C) or the signal's usual effect (SIGTERM),
+see :mod:`accel.processes`.
+
 Processes are forked when possible (a function defined in a notebook cannot be imported by a fresh interpreter).
 A forked process cannot use a GPU that its parent already initialised ("Cannot re-initialize CUDA in forked
 subprocess", Accelerate #3925), so before forking we check whether the parent touched the accelerator: if it did,
@@ -15,16 +21,19 @@ an importable function is started with ``spawn`` instead, and a notebook-defined
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
+import signal
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from accel.distributed import free_port
 from accel.errors import UsageError
-from accel.options import Options, core_options
+from accel.options import Options, Settings, core_options
+from accel.processes import die_with_parent, elastic_signals, quiet_torch_elastic, stop_signals, stopped_line
 
 CUDA_FORK_ERROR = "Cannot re-initialize CUDA in forked subprocess"
 
@@ -129,6 +138,41 @@ def handed_settings(mixed_precision: str | None, cpu: bool | None) -> dict[str, 
     return {"ACCEL_CONFIG": json.dumps(handed, sort_keys=True)}
 
 
+def preflight(num_processes: int, num_nodes: int, handed: Mapping[str, str]) -> None:
+    """The checks ``accel launch`` makes before starting anything, for a run of ``num_processes`` processes on each
+    of ``num_nodes`` machines with the settings in ``handed`` (``ACCEL_CONFIG``): settings, plugins and their
+    roles and capabilities (a strategy that provides ``distributed``). Raises ``UsageError`` with one line."""
+    from accel.commands.launch import check
+    from accel.options import resolve
+    from accel.plugins import Plugins
+
+    env = {**os.environ, **handed}
+    plugins = Plugins.load(env=env)
+    launched = json.loads(handed.get("ACCEL_CONFIG") or "{}")
+    # the precision may come from a plugin the function's Kernel registers itself (extra_plugins): its Kernel checks it
+    launched.pop("mixed_precision", None)
+    total = num_processes * num_nodes
+    flags = {"num_processes": total, "num_machines": num_nodes}
+    values, sources = resolve(plugins.options(), flags=flags, launched=launched, env=env)
+    check(values)
+    plugins.activate(Settings(values, sources, world_size=total, phase="launch", env=env))
+
+
+def _worker(function: Callable[..., Any], parent: int, *args: Any) -> Any:
+    """Each launched process: die with the launching process, leave its terminal's process group (Ctrl-C goes to
+    the launching process, which stops everyone), and take the signals' usual meaning back (a forked process
+    inherits torch's and accel's handlers)."""
+    die_with_parent(parent)
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return function(*args)
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -160,7 +204,8 @@ def notebook_launcher(
     - ``start_method``: ``None`` picks ``fork`` (``spawn`` when the accelerator is already initialised in this
       process and the function can be imported); ``"fork"``/``"spawn"``/``"forkserver"`` force one.
 
-    A failure in a process raises torch's ``ChildFailedError`` with that process's traceback.
+    A failure in a process raises torch's ``ChildFailedError`` with that process's traceback. Ctrl-C stops every
+    process and raises ``KeyboardInterrupt``; SIGTERM stops them and then ends this process as SIGTERM would have.
     """
     if num_processes is None:
         from accel.plugins import Plugins
@@ -174,7 +219,9 @@ def notebook_launcher(
     if num_processes == 1 and num_nodes == 1:
         with environment(updates):
             return [function(*args)]
+    preflight(num_processes, num_nodes, updates)
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -190,17 +237,34 @@ def notebook_launcher(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
         rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=conf,
         max_restarts=max_restarts, monitor_interval=monitor_interval, start_method=method,
+        signals_to_handle=elastic_signals(),  # accel handles SIGINT, SIGTERM and SIGHUP (below)
     )
     total = num_processes * num_nodes
     print(f"accel: launching {total} process(es) ({num_processes} on this machine, start method {method})")
-    with environment(updates):
+    def stop(signum: int) -> None:
+        quiet_torch_elastic()
+        raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.SIGTERM)
+
+    entry = functools.update_wrapper(functools.partial(_worker, function, os.getpid()), function,
+                                     assigned=("__module__", "__name__", "__qualname__"), updated=())  # torch names it
+    with environment(updates), stop_signals(stop) as request:
         try:
-            results = elastic_launch(config, entrypoint=function)(*args)
+            results = elastic_launch(config, entrypoint=entry)(*args)
+        except SignalException:
+            signum = request.signum or signal.SIGTERM
         except ChildFailedError as exc:
             if any(CUDA_FORK_ERROR in str(f.message) for f in exc.failures.values()):
                 raise UsageError(fork_message("cuda", function)) from exc
             raise
-    return [results[rank] for rank in sorted(results)]
+        else:
+            return [results[rank] for rank in sorted(results)]
+    # the handlers from before the launch are back: give the signal its usual meaning here
+    line = stopped_line(signum, f"the {num_processes} process(es)")
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt(line) from None
+    print(line, file=sys.stderr)
+    os.kill(os.getpid(), signum)
+    raise SystemExit(128 + signum)  # only reached when this process has a handler of its own for the signal
 
 
 def debug_launcher(function: Callable[..., Any], args: Sequence[Any] = (), num_processes: int = 2) -> list[Any]:

@@ -228,9 +228,10 @@ def core_options(options: Options) -> None:
     add("dynamo_backend", default="no", config_key="dynamo_config.dynamo_backend",
         env=("ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
         help="torch.compile backend, or 'no' (needs a plugin that provides 'compile', e.g. accel-plugin-dynamo).")
-    add("gradient_accumulation_steps", type="int", default=1, minimum=1, cli=False,
+    add("gradient_accumulation_steps", type="int", default=1, minimum=1,
         env=("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
-        help="Micro-batches per optimizer step (Kernel argument).")
+        help="Micro-batches per optimizer step (the Kernel's gradient_accumulation_steps unless the script "
+             "gives its own; strategies with a config of their own fill its 'auto' from it).")
     add("plugins", type="list", default=[], flags=("--plugin",),
         help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
@@ -251,8 +252,19 @@ def core_options(options: Options) -> None:
         help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.")
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
     add("debug", type="bool", default=False, help="Check distributed operations (slower).")
-    add("enable_cpu_affinity", type="bool", default=False, cli=False, help="Accepted for compatibility.")
-    add("num_cpu_threads_per_process", type="int", minimum=1, help="OMP_NUM_THREADS for each process.")
+    add("enable_cpu_affinity", type="bool", default=False,
+        help="Bind each process to the CPUs of its GPU's NUMA node (torchrun --numa-binding=node; needs numactl). "
+             "Without a GPU there is nothing to bind: a notice says so.")
+    add("num_cpu_threads_per_process", type="int", minimum=1,
+        help="OMP_NUM_THREADS for each process (default: yours, else 1 with several processes per machine).")
+    # torchrun's own launch settings, passed through (Accelerate's flags of the same names).
+    add("tee", flags=("-t",),
+        help="Also write these processes' streams to files under --log_dir: 0 none, 1 stdout, 2 stderr, 3 both, "
+             "or per local rank as '0:3,1:2' (torchrun's --tee; 3 when --log_dir is given alone).")
+    add("log_dir", help="Directory for each process's output (torchrun's --log_dir): "
+                        "<log_dir>/<run>/attempt_<n>/<local_rank>/stdout.log and stderr.log.")
+    add("role", default="default", help="Name of the worker role (torchrun's --role).")
+    add("rdzv_conf", help="Extra rendezvous settings, 'key1=value1,key2=value2' (torchrun's --rdzv_conf).")
 
 
 def check_host(value: str) -> str | None:
@@ -331,6 +343,20 @@ def find_default_config(env: Mapping[str, str] | None = None) -> Path | None:
         for name in ("default_config.yaml", "default_config.yml", "default_config.json"):
             if (directory / name).is_file():
                 return directory / name
+    return None
+
+
+def find_accelerate_config(env: Mapping[str, str] | None = None) -> Path | None:
+    """Accelerate's default config file, where ``accelerate config`` writes it: ``$HF_HOME/accelerate``, else
+    ``$XDG_CACHE_HOME/huggingface/accelerate``, else ``~/.cache/huggingface/accelerate``; ``default_config.yaml``
+    (or the older ``default_config.json`` when it is the only one)."""
+    env = os.environ if env is None else env
+    home = Path(env.get("HOME", str(Path.home())))
+    cache = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
+    hf_home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else cache / "huggingface"
+    for name in ("default_config.yaml", "default_config.json"):
+        if (hf_home / "accelerate" / name).is_file():
+            return hf_home / "accelerate" / name
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from typing import Any, Mapping, Sequence
@@ -16,10 +17,14 @@ from typing import Any, Mapping, Sequence
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
 from accel.options import (
+    KERNEL,
     Options,
     Settings,
     did_you_mean,
+    find_accelerate_config,
     find_default_config,
+    install_hint,
+    known_plugins,
     migrate_legacy,
     read_config_file,
     resolve,
@@ -31,19 +36,143 @@ from accel.plugins import Plugins
 ANNOUNCED = ("num_processes", "num_machines", "mixed_precision", "dynamo_backend")
 
 
+#: Words a boolean flag takes as its value (``--fsdp_offload_params true``, Accelerate's spelling).
+BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) instead of usage + error."""
+    """argparse with one-line errors (exit 2) instead of usage + error, Accelerate's ``--flag true/false`` for
+    boolean flags, and a specific message for the Accelerate flags accel refuses."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
-        parsed, extra = self.parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        parsed, extra = self.parse_known_args(self.normalize(argv), namespace)
         if extra:
-            flags = [flag for action in self._actions for flag in action.option_strings]
             word = extra[0].split("=", 1)[0]
+            refused = refused_flag(word)
+            if refused:
+                raise UsageError(f"{word}: {refused}")
+            flags = [flag for action in self._actions for flag in action.option_strings]
             self.error(f"unrecognized argument {extra[0]!r}{did_you_mean(word, flags)}")
         return parsed
+
+    def normalize(self, argv: list[str]) -> list[str]:
+        """Give every boolean flag before the script its value with ``=`` (``--cpu`` -> ``--cpu=true``,
+        ``--cpu false`` -> ``--cpu=false``), so its optional value can never swallow the script's name."""
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            token = argv[i]
+            if token == "--" or not token.startswith("-") or token == "-":
+                return out + argv[i:]  # the script and its arguments
+            flag, eq, _ = token.partition("=")
+            action = self._option_string_actions.get(flag)
+            if action is not None and getattr(action, "boolean", False) and not eq:
+                following = argv[i + 1] if i + 1 < len(argv) else ""
+                if following.lower() in BOOL_WORDS:
+                    token, i = f"{flag}={following}", i + 1
+                else:
+                    token = f"{flag}=true"
+            elif action is not None and action.nargs is None and not eq and i + 1 < len(argv):
+                out.append(token)
+                token, i = argv[i + 1], i + 1  # its value, whatever it looks like
+            out.append(token)
+            i += 1
+        return out
+
+
+class BoolFlag(argparse.Action):
+    """A boolean flag: bare, ``=VALUE`` or ``VALUE`` (true/false, yes/no, on/off, 1/0)."""
+
+    boolean = True
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("metavar", "true|false")
+        super().__init__(option_strings, dest, nargs="?", const="true", **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+
+
+class SelectPlugin(BoolFlag):
+    """Accelerate's ``--use_deepspeed``-style flag: the same as ``--plugin NAME`` (when true)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, plugin: str = "", installed: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.plugin, self.installed = plugin, installed
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if str(values).lower() not in BOOL_WORDS:
+            raise UsageError(f"{option_string} expects true or false, got {values!r}")
+        if str(values).lower() in ("false", "no", "off", "0"):
+            return
+        if not self.installed:
+            raise UsageError(f"{option_string} selects plugin {self.plugin!r}, which is not installed; install it "
+                             f"with `{install_hint(self.plugin)}`")
+        chosen = getattr(namespace, "plugins", None) or []
+        namespace.plugins = chosen if self.plugin in chosen else [*chosen, self.plugin]
+
+
+class Refuse(argparse.Action):
+    """An Accelerate flag accel does not take: one line saying why and what to use."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, message: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", help=argparse.SUPPRESS)
+        self.message = message
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        raise UsageError(f"{option_string}: {self.message}")
+
+
+def refused_flag(flag: str) -> str:
+    """The message for an Accelerate flag accel refuses (exact name or ``prefix*``), or an empty string."""
+    name = flag.lstrip("-").replace("-", "_")
+    for pattern, message in known_plugins()["accelerate_launch_flags"]["refused"].items():
+        if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return str(message)
+    return ""
+
+
+def spellings(name: str) -> list[str]:
+    return [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+
+
+def add_accelerate_flags(parser: argparse.ArgumentParser, plugins: Plugins) -> None:
+    """Accelerate's launch flags that are not accel options: plugin selections, negations, refusals, and the
+    flags of published plugins that are not installed or cannot be loaded here (each says how to get it)."""
+    table = known_plugins()
+    taken = parser._option_string_actions
+
+    def free(name: str) -> list[str]:
+        return [s for s in spellings(name) if s not in taken]
+
+    accelerate = table["accelerate_launch_flags"]
+    for flag, plugin in accelerate["select"].items():
+        if free(flag):
+            parser.add_argument(*free(flag), dest="select_" + flag, action=SelectPlugin, plugin=plugin,
+                                installed=plugin in plugins.records,
+                                help=f"Same as --plugin {plugin} (Accelerate's flag).")
+    for flag, target in accelerate["negate"].items():
+        action = taken.get(f"--{target}")
+        if action is not None and free(flag):
+            parser.add_argument(*free(flag), dest=action.dest, action="store_const", const="false",
+                                help=f"Same as --{target} false.")
+    for flag, message in accelerate["refused"].items():
+        if not flag.endswith("*") and free(flag):
+            parser.add_argument(*free(flag), action=Refuse, message=message)
+    for plugin, info in table["plugins"].items():
+        rec = plugins.records.get(plugin)
+        if rec is not None and rec.status in ("loaded", "unavailable"):
+            continue  # its own options are declared (an unavailable plugin refuses them when they are set)
+        why = (f"which is installed but {rec.status}: {rec.reason}" if rec is not None
+               else f"which is not installed; install it with `pip install {info['distribution']}`")
+        for flag in info.get("launch_flags", []):
+            if free(flag):
+                parser.add_argument(*free(flag), action=Refuse, message=f"an option of plugin {plugin!r}, {why}")
 
 
 def blocked_plugins(argv: Sequence[str]) -> list[str]:
@@ -76,14 +205,14 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Options) -> None:
         if opt.choices:
             help_text += f" {{{', '.join(opt.choices)}}}"
         if opt.type == "bool":
-            group.add_argument(*names, dest=opt.name, action="store_const", const="true", default=None, help=help_text)
+            group.add_argument(*names, dest=opt.name, action=BoolFlag, default=None, help=help_text)
         elif opt.type == "list":
             group.add_argument(*names, dest=opt.name, action="append", default=None, metavar="NAME", help=help_text)
         else:
             group.add_argument(*names, dest=opt.name, default=None, metavar=opt.type.upper(), help=help_text)
 
 
-def build_parser(options: Options, prog: str = "accel launch") -> Parser:
+def build_parser(options: Options, prog: str = "accel launch", plugins: Plugins | None = None) -> Parser:
     parser = Parser(prog=prog, allow_abbrev=False,
                     description="Launch a training script on one or many processes and machines.")
     parser.add_argument("--config_file", "--config-file", default=None, help="YAML config (Accelerate's keys accepted).")
@@ -92,16 +221,32 @@ def build_parser(options: Options, prog: str = "accel launch") -> Parser:
     parser.add_argument("-m", "--module", action="store_true", help="Run the script as a module (python -m).")
     parser.add_argument("--no_python", "--no-python", action="store_true", help="Run the script as an executable.")
     parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                        help="Print the resolved plan (plugins per hook, launcher command, environment) and exit.")
+                        help="Print the resolved plan (settings that differ from their defaults, plugins per hook, "
+                             "launcher command, environment) and exit.")
+    parser.add_argument("--verbose", action="store_true", help="With --dry-run: list every setting.")
     parser.add_argument("-q", "--quiet", action="store_true", help="No notices.")
     add_option_flags(parser, options)
+    if plugins is not None:
+        add_accelerate_flags(parser, plugins)
     parser.add_argument("training_script", nargs="?", help="The script to run (or module with -m).")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments of the script.")
     return parser
 
 
+#: torchrun's --tee: one stream choice for every process, or per local rank ("0:3,1:2").
+TEE = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
+
+
 def check(values: dict[str, Any]) -> None:
     """Checks that need several values at once (single values were checked by their Option)."""
+    if values.get("cpu") and values.get("gpu_ids") and str(values["gpu_ids"]).lower() != "all":
+        raise UsageError(f"--cpu and --gpu_ids {values['gpu_ids']} contradict each other: --cpu trains on the CPU; "
+                         "drop one of them")
+    tee = values.get("tee")
+    if tee is not None and not TEE.fullmatch(str(tee)):
+        raise UsageError(f"--tee expects 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as "
+                         f"'0:3,1:2', got {tee!r}")
+
     if values["machine_rank"] >= values["num_machines"]:
         raise UsageError(f"--machine_rank {values['machine_rank']} is out of range for --num_machines "
                          f"{values['num_machines']} (ranks go from 0 to {values['num_machines'] - 1})")
@@ -122,7 +267,7 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     blocked = blocked_plugins(argv)
     plugins = Plugins.load(env=env, blocked=blocked)
     options = plugins.options()
-    args = build_parser(options).parse_args(argv)
+    args = build_parser(options, plugins=plugins).parse_args(argv)
     for value in args.blocked:
         if not value.startswith("no:") or not value[3:]:
             raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}; select plugins with --plugin NAME")
@@ -134,6 +279,10 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
         if found is not None:
             path = str(found)
             notices.append(f"using the default config file {path} (--config_file FILE picks another)")
+        elif (found := find_accelerate_config(env)) is not None:
+            path = str(found)
+            notices.append(f"using Accelerate's default config file {path}, as accel has none of its own "
+                           "(--config_file FILE picks another; `accel config` writes accel's)")
     config: dict[str, Any] = {}
     if path is not None:
         data, legacy = migrate_legacy(read_config_file(path))
@@ -149,11 +298,16 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
         values["num_processes"] = max(1, plugins.detect_hardware(env).device_count)
         sources["num_processes"] = "hardware"
     check(values)
+    if values["enable_cpu_affinity"] and plugins.detect_hardware(env).name == "cpu":
+        values["enable_cpu_affinity"] = False
+        notices.append("--enable_cpu_affinity binds each process to the CPUs next to its GPU; there is no GPU here, "
+                       "so it does nothing")
     script = args.training_script
     if not (args.module or args.no_python) and not os.path.isfile(script):
         raise UsageError(f"training script {script!r} does not exist")
     settings = Settings(values, sources, world_size=values["num_processes"], phase="launch", env=env)
     plugins.activate(settings)
+    refuse_idle_plugin_flags(options, values, sources, {c.name for c in plugins.components})
     defaults = [n for n in ANNOUNCED if sources[n] in ("default", "hardware")]
     if path is None and defaults:
         listed = ", ".join(f"`--{n}` was set to a value of `{values[n]!r}`" for n in defaults)
@@ -173,16 +327,34 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     else:
         command = (["-m", script] if args.module else [script]) + list(args.training_script_args)
         python = sys.executable
-    plan = LaunchPlan(settings=settings, command=command, env=env, python=python, dry_run=args.dry_run)
+    plan = LaunchPlan(settings=settings, command=command, env=env, python=python, dry_run=args.dry_run,
+                      verbose=args.verbose)
     return plugins, plan, [] if args.quiet else notices
+
+
+def refuse_idle_plugin_flags(options: Options, values: Mapping[str, Any], sources: Mapping[str, str],
+                             active: set[str]) -> None:
+    """A flag of an installed plugin that does not take part in this run would silently change nothing: refuse it
+    (one that sets the default value, such as ``--no_tpu_cluster``, asks for nothing and passes)."""
+    for opt in options:
+        if (opt.plugin != KERNEL and sources.get(opt.name) == "flag" and opt.plugin not in active
+                and values.get(opt.name) != opt.default):
+            raise UsageError(f"--{opt.name} is an option of plugin {opt.plugin!r}, which does not take part in this "
+                             f"run; select it (--plugin {opt.plugin}) or drop the flag")
 
 
 def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:
     print("accel launch plan (dry run: nothing is started)")
     comps = ", ".join(f"{c.name} ({c.role})" for c in plugins.components) or "none (kernel only)"
     print(f"active plugins: {comps}")
-    print("settings (value, where it came from):")
-    for key, value in sorted(plan.settings.values.items()):
+    shown = sorted(plan.settings.values.items())
+    if plan.verbose:
+        print("settings (value, where it came from):")
+    else:
+        shown = [(k, v) for k, v in shown if plan.settings.sources.get(k, "default") != "default"]
+        hidden = len(plan.settings.values) - len(shown)
+        print(f"settings (value, where it came from; {hidden} more at their defaults, --verbose lists them):")
+    for key, value in shown:
         print(f"  {key} = {value!r} ({plan.settings.sources.get(key, '?')})")
     print("hooks (who answers; 'accel' is the kernel's default):")
     for hook, (firstresult, who) in plugins.answer_order().items():

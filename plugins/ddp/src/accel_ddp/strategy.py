@@ -127,14 +127,17 @@ class DDPStrategy(ProcessGroupComponent):
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (an evaluation-only model)
         s = self.settings
+        # broadcast_buffers is passed only when turned off: torch >= 2.13 warns (FutureWarning) whenever it is given,
+        # and True is what DistributedDataParallel does without it
+        buffers = {} if s["ddp_broadcast_buffers"] else {"broadcast_buffers": False}
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type != "cpu" else None,
             find_unused_parameters=s["ddp_find_unused_parameters"],
             bucket_cap_mb=s["ddp_bucket_cap_mb"],
-            broadcast_buffers=s["ddp_broadcast_buffers"],
             gradient_as_bucket_view=s["ddp_gradient_as_bucket_view"],
             static_graph=s["ddp_static_graph"],
+            **buffers,
         )
         register_comm_hook(ddp, s["ddp_comm_hook"], s["ddp_comm_wrapper"], s["ddp_comm_state_option"])
         return ddp

@@ -153,7 +153,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return launch_with_torchrun(plan, "deepspeed")
 
     def _launch_runner(self, plan: LaunchPlan) -> int:
-        import subprocess
+        from accel.processes import run_process
 
         settings = plan.settings
         run = launcher.runner_plan(settings, plan.command, plan.python or sys.executable, plan.env,
@@ -169,7 +169,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             env_file = Path(tmp) / "deepspeed_env"
             env_file.write_text(run.env_file_text(), encoding="utf-8")
             env = dict(run.env, DS_ENV_FILE=os.fspath(env_file))
-            return subprocess.call(run.argv, env=env)
+            return run_process(run.argv, env, "DeepSpeed's runner and its processes")
 
     # ---- process start-up ---------------------------------------------------------------------------------
 

@@ -119,6 +119,11 @@ def reshard_after_forward(settings: Settings) -> bool:
 @hookimpl
 def accel_activate(settings: Settings) -> object | None:
     if not settings.is_selected(NAME):
+        given = sorted(n for n in settings.values if n.startswith("fsdp_")
+                       and settings.sources.get(n) in ("flag", "argument"))
+        if given:
+            raise UsageError(f"FSDP option(s) {', '.join('--' + g for g in given)} given, but FSDP is not selected; "
+                             "add --plugin fsdp (or --use_fsdp, or Kernel(plugins=['fsdp']))")
         return None
     check_settings(settings)
     from accel_fsdp.strategy import FSDPStrategy

@@ -16,12 +16,12 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from accel import LaunchPlan, Settings, UsageError
+from accel.processes import run_process
 
 #: Settings that only concern reaching the pod from here; they are not handed to the workers.
 CLUSTER_KEYS = ("tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo", "tpu_env", "tpu_vm", "commands",
@@ -129,9 +129,9 @@ def run(spec: XLALaunch, launch: LaunchPlan) -> int:
         if shutil.which("gcloud") is None:
             raise UsageError("a TPU pod launch runs `gcloud compute tpus tpu-vm ssh`, and gcloud is not installed "
                              "here (https://cloud.google.com/sdk/docs/install)")
-        return subprocess.call(cmd)
+        return run_process(cmd, os.environ, "gcloud and the pod's processes")
     cmd = local_command(spec, launch)
     if launch.dry_run:
         print(f"launcher: xla (torch_xla.launch, one process per local XLA device): {shlex.join(cmd)}")
         return 0
-    return subprocess.call(cmd, env=launch.env)
+    return run_process(cmd, launch.env, "the XLA processes")  # die with accel launch; signals end it in one line
