@@ -52,6 +52,16 @@ def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
+
+def launch_env(tmp_path: Path) -> dict[str, str]:
+    """The caller's environment for a test's own ``accel launch``: a private ``ACCEL_HOME`` and none of the variables
+    a surrounding launcher would have set (every plugin of this venv stays visible)."""
+    env = dict(os.environ)
+    env["ACCEL_HOME"] = str(tmp_path / "home")
+    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return env
+
 @functools.cache
 def hidden_plugins() -> Path:
     from plugin_shadow import hide_plugins

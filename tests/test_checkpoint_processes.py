@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from accel.checkpoint import MANIFEST, numbered_checkpoints, read_manifest
+from clitools import launch_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "ckpt_train.py"
@@ -26,16 +26,8 @@ ACCEL = Path(sys.executable).parent / "accel"
 pytestmark = pytest.mark.multiprocess
 
 
-def env_for(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["ACCEL_HOME"] = str(tmp_path / "home")
-    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return env
-
-
 def run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -107,7 +99,7 @@ def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path) -> 
     assert_same_training_state(ddp_reference, tmp_path / "b.pt")
     # the same checkpoint in one process: refused, saying what differs
     proc = subprocess.run([sys.executable, str(TRAIN), "--steps", STEPS, "--resume", "--ckpt", "ck"],
-                          env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "holds one state per process for 2 process(es); this run has 1" in proc.stderr
 
@@ -144,7 +136,7 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(tmp_p
     mid_save = 0
     last_loaded = 0
     for trial in range(20):
-        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(project)], env=env_for(tmp_path),
+        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(project)], env=launch_env(tmp_path),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         first = proc.stdout.readline()

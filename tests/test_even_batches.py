@@ -6,26 +6,18 @@ step, and gather_for_metrics returns every sample exactly once per epoch. A hang
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clitools import launch_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "uneven_batches.py"
 ACCEL = Path(sys.executable).parent / "accel"
 SIZE, EPOCHS = 50, 2  # 13 batches of 4: 7 for one process, 6 for the other
 
 pytestmark = pytest.mark.multiprocess
-
-
-def env_for(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["ACCEL_HOME"] = str(tmp_path / "home")
-    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return env
 
 
 @pytest.mark.parametrize("kind,workers", [("map", 0), ("map", 2), ("iterable", 0), ("iterable", 2)])
@@ -49,7 +41,7 @@ def test_uneven_batches_finish_in_step(tmp_path: Path, kind: str, workers: int) 
         "u",
     ]
     try:
-        proc = subprocess.run(cmd, env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(cmd, env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"even_batches=False hung ({kind}, {workers} workers)") from exc
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -11,7 +11,6 @@ The in-process tests at the end show each mechanism on its own, quickly."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,18 +22,11 @@ import torch
 from accel import Kernel
 from accel.errors import UsageError
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from clitools import launch_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "resume_loaders.py"
 ACCEL = Path(sys.executable).parent / "accel"
 STEPS, SAVE_AT = "30", "17"  # 13 batches an epoch with one process, 7 with two: the save is mid-epoch either way
-
-
-def env_for(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["ACCEL_HOME"] = str(tmp_path / "home")
-    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return env
 
 
 def run(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,7 +36,7 @@ def run(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProce
         else [str(ACCEL), "launch", "-q", "-n", str(processes), str(SCRIPT)]
     )
     proc = subprocess.run(
-        [*cmd, *args], env=env_for(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=400
+        [*cmd, *args], env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=400
     )
     if proc.returncode != 0:
         raise AssertionError(
