@@ -37,7 +37,7 @@ def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> 
 @pytest.mark.parametrize("kind", ["tracker", "strategy"])
 def test_templates_render_to_valid_python(kind: str) -> None:
     files = render("my_thing", kind)
-    assert set(files) == {"pyproject.toml", "README.md", "src/accel_my_thing/__init__.py",
+    assert set(files) == {"pyproject.toml", "README.md", "LICENSE", "src/accel_my_thing/__init__.py",
                           f"src/accel_my_thing/{kind}.py", "tests/test_my_thing.py"}
     assert 'my_thing = "accel_my_thing"' in files["pyproject.toml"]
     assert 'name = "accel-plugin-my-thing"' in files["pyproject.toml"]
