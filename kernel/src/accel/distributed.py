@@ -132,7 +132,8 @@ def torchrun_args(settings: Settings, command: list[str], no_python: bool = Fals
         from accel.processes import elastic_signals, with_parent_death
 
         # accel stops the workers itself on SIGINT/SIGTERM/SIGHUP (torch's agent would forward SIGINT to them)
-        args.append(f"--signals_to_handle={elastic_signals()}")
+        if signals := elastic_signals():
+            args.append(f"--signals_to_handle={signals}")
         worker = command if no_python else [python or sys.executable, "-u", *command]
         return [*args, "--no-python", "--", *with_parent_death(worker, python or sys.executable)]
     if no_python:

@@ -17,6 +17,8 @@ No torch import here (the CLI plans launches without it).
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
 import logging
 import os
 import signal
@@ -24,6 +26,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -114,10 +117,21 @@ def quiet_torch_elastic() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)  # each has a level of its own (torch sets them)
 
 
-def elastic_signals() -> str:
-    """torchrun's ``--signals_to_handle``: the signals of its default list that accel does not handle itself."""
+def elastic_signals() -> str | None:
+    """torchrun's ``--signals_to_handle``: the signals of its default list that accel does not handle itself; None
+    where this torch's torchrun has no such option (torch < 2.10: its agent then forwards the signals as before)."""
+    if not _torchrun_takes_signals():
+        return None
     mine = {s.name for s in STOP_SIGNALS}
     return ",".join(s for s in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if s not in mine)
+
+
+@functools.cache
+def _torchrun_takes_signals() -> bool:
+    """Whether torchrun knows ``--signals_to_handle``, read from its source (importing torch here would cost ~1 s)."""
+    spec = importlib.util.find_spec("torch")
+    run = Path(spec.origin).parent / "distributed" / "run.py" if spec and spec.origin else None
+    return run is not None and run.is_file() and "signals_to_handle" in run.read_text(encoding="utf-8")
 
 
 def run_process(argv: Sequence[str], env: Mapping[str, str], what: str = "the process") -> int:
