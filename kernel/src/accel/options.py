@@ -233,7 +233,7 @@ def core_options(options: Options) -> None:
         help="Micro-batches per optimizer step (the Kernel's gradient_accumulation_steps unless the script "
              "gives its own; strategies with a config of their own fill its 'auto' from it).")
     add("plugins", type="list", default=[], flags=("--plugin",),
-        help="Select a plugin explicitly (repeatable); e.g. --plugin fsdp.")
+        help="Select a plugin explicitly by the name `accel plugins` lists (repeatable).")
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
     add("scheduler_steps", default="accelerate", choices=("accelerate", "per_optimizer_step"),
         env=("ACCEL_SCHEDULER_STEPS",),
