@@ -349,9 +349,10 @@ def test_a_failed_process_is_named_with_its_log_file(tmp_path):
     )
     assert result.returncode == 1, result
     last = result.err_lines[-1]
-    match = re.fullmatch(r"accel: process 1 of 2 exited with code 1; its output: (\S+)", last)
-    assert match, result
-    log = Path(match.group(1))
+    # rank 0 may fail too (its end_training meets a closed connection) before torchrun polls: then the line says so
+    match = re.fullmatch(r"accel: process 1 of 2 exited with code 1( \(1 more failed after it\))?; its output: (\S+)", last)
+    assert match, f"last line: {last!r}\n{result}"
+    log = Path(match.group(2))
     assert log.is_relative_to(logs) and log.name == "stderr.log" and log.parent.name == "1"
     assert "ValueError: boom on rank 1" in log.read_text()
     assert "hello from 1" in (log.parent / "stdout.log").read_text()
