@@ -88,20 +88,7 @@ def accel_model_init_context(kernel: Kernel) -> contextlib.AbstractContextManage
 def accel_prepare_training(
     kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]]:
-    hook = kernel.plugins.pm.hook
-    wrapped = [hook.accel_wrap_model(kernel=kernel, model=m) for m in models]
-    opts = [hook.accel_wrap_optimizer(kernel=kernel, optimizer=o) for o in optimizers]
-    return wrapped, opts, list(schedulers)
-
-
-@hookimpl(trylast=True)
-def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module:
-    return model.to(kernel.device)
-
-
-@hookimpl(trylast=True)
-def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    return optimizer
+    return [m.to(kernel.device) for m in models], list(optimizers), list(schedulers)
 
 
 @hookimpl(trylast=True)

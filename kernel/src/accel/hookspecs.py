@@ -7,7 +7,12 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 - *everyone*: every implementation is called, one at a time; an exception in one is reported with the plugin's
   name (for trackers and teardown it is warned about and skipped, so logging never stops training).
 - *wrapper*: any hook may also be implemented with ``@hookimpl(wrapper=True)`` to act around the others
-  (e.g. a precision plugin unscales gradients before the strategy clips them).
+  (e.g. a precision plugin unscales gradients before the strategy clips them). Every hook call goes through
+  pluggy (:mod:`accel.dispatch`), so wrappers run on every hook. Where the kernel calls the implementations of a
+  hook one at a time (the discovery hooks, tracking, ``accel_end_training``, ``accel_teardown`` and the checkpoint
+  state hooks), a wrapper runs around each of those calls and sees that implementation's result (a list of at most
+  one answer); elsewhere around the whole call. ``ACCEL_TRACE_PLUGINS=1`` prints every hook call to stderr
+  (pluggy's tracing).
 
 There are two kinds of implementers:
 
@@ -21,7 +26,21 @@ There are two kinds of implementers:
    installed plugin never changes a run it was not chosen for.
 
 Rules inherited from pluggy: an implementation may accept any subset of a hook's arguments, but must not give them
-default values (arguments with defaults are never passed). Misspelt hook names are an error naming the plugin.
+default values (pluggy does not pass such arguments, so the implementation would always get its default): a plugin
+that does is refused, naming the plugin, the hook and the argument. Misspelt hook names are an error naming the
+plugin. Both are checked when plugins are discovered, for the module and for the component classes it lists in
+``accel_components`` (``accel plugins`` shows such a plugin as failed), and again for each component ``Kernel()``
+registers.
+
+Roles are declared, never negotiated through call order:
+
+- A strategy that realises a precision itself (FSDP's ``MixedPrecisionPolicy``, DeepSpeed's bf16/fp16 engine, XLA's
+  autocast) lists it in its ``provides`` (``"precision:bf16"``). When the run's ``mixed_precision`` is one of those,
+  the kernel leaves the precision component out of the run (it answers no hook: no autocast, no grad scaler, no
+  fp8 layers); otherwise the precision component is in charge of precision.
+- A strategy that shards parameters over processes declares ``"sharding"`` in ``provides``, so components that
+  change parameters in ways a sharding strategy cannot take (IPEX's prepacked weights) can refuse it by that
+  declaration rather than by the strategy's name.
 """
 
 from __future__ import annotations
@@ -241,33 +260,19 @@ def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
 def accel_prepare_training(
     kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """Set up models, optimizers and schedulers *together* (a DeepSpeed engine needs all three; FSDP must swap the
-    optimizer's parameters after sharding).
+    """The strategy's one entry point in ``prepare()``: place and wrap the models (a data-parallel or sharding
+    wrapper), adapt the optimizers to them (ZeRO, parameter swaps after sharding) and keep or replace the
+    schedulers, *together* (a DeepSpeed engine needs all three; FSDP must swap the optimizer's parameters after
+    sharding).
 
-    When: ``prepare()``, once per call, with the objects of that call. ``dataloaders`` are the DataLoaders of the
-    same call, in call order and not yet prepared (they are prepared right after): read them, do not change them
-    (a strategy that must know the per-process batch size, like DeepSpeed's micro-batch size, takes it here).
-    Who: first answer wins; the default calls ``accel_wrap_model`` for each model, then ``accel_wrap_optimizer``
-    for each optimizer, and keeps schedulers. Returns the three lists (models, optimizers, schedulers), same
-    lengths and order.
-    """
-
-
-@hookspec(firstresult=True)
-def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module | None:
-    """Place a model on the device and wrap it for the strategy (a data-parallel or sharding wrapper).
-
-    When: by the default ``accel_prepare_training``, once per model. Who: first answer wins (strategy);
-    default: ``model.to(kernel.device)``. Returns the module the user will call.
-    """
-
-
-@hookspec(firstresult=True)
-def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
-    """Adapt an optimizer to the wrapped models (ZeRO, parameter swaps). Called after every model was wrapped.
-
-    Who: first answer wins; default: the optimizer unchanged. The Kernel then wraps the result so that ``step``
-    and ``zero_grad`` follow gradient accumulation.
+    When: ``prepare()``, once per call, with the objects of that call (possibly empty lists), after
+    ``accel_transform_model``. ``dataloaders`` are the DataLoaders of the same call, in call order and not yet
+    prepared (they are prepared right after): read them, do not change them (a strategy that must know the
+    per-process batch size, like DeepSpeed's micro-batch size, takes it here). Who: first answer wins (strategy);
+    other components act around it with ``@hookimpl(wrapper=True)`` (IPEX optimizes the pairs before, a precision
+    plugin records the optimizers after); default: each model moved to ``kernel.device``, optimizers and
+    schedulers unchanged. Returns the three lists (models, optimizers, schedulers), same lengths and order; the
+    kernel then wraps each optimizer so that ``step`` and ``zero_grad`` follow gradient accumulation.
     """
 
 
@@ -287,9 +292,12 @@ def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
-    When: once, at the end of ``Kernel()``. Who: first answer wins; a strategy that realises the precision natively
-    (FSDP's MixedPrecisionPolicy, DeepSpeed's bf16) answers ``contextlib.nullcontext`` to keep the precision
-    plugin out; the precision plugin answers its autocast; default: ``None`` (no context, models are not wrapped).
+    When: once, at the end of ``Kernel()``. Who: first answer wins. The precision component answers its autocast
+    (and sets up what goes with it, such as a grad scaler). A strategy answers only for a precision it declares in
+    ``provides`` (then the kernel has left the precision component out): its own autocast (XLA), or
+    ``contextlib.nullcontext`` where the precision lives in the wrapped model (FSDP's ``MixedPrecisionPolicy``,
+    DeepSpeed's engine). Default: ``None``. With an answer, each prepared model is wrapped so its forward runs
+    under the context and returns floating-point outputs in fp32; with ``None`` models are not wrapped.
     """
 
 
@@ -297,8 +305,9 @@ def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
 # Training step. Answers must be consistent for a given object. ``accel_backward``, ``accel_optimizer_step``,
 # ``accel_zero_grad``, ``accel_no_sync``, ``accel_clip_grad_norm`` and ``accel_unscale_gradients`` run every step,
 # so the kernel resolves their implementations once (at Kernel() and again at each prepare(), accel/dispatch.py)
-# and calls them directly, in pluggy's order and with pluggy's rules (first answer wins; everyone for unscale). A hook that has a wrapper implementation, or a manager with call monitoring or
-# tracing on at that moment, keeps pluggy's dispatch. Register components through accel_activate, not later.
+# and calls them directly, in pluggy's order and with pluggy's rules (first answer wins; everyone for unscale). A
+# hook that has a wrapper implementation, or any hook while call monitoring or tracing is on at that moment, keeps
+# pluggy's dispatch. Register components through accel_activate, not later.
 
 
 @hookspec(firstresult=True)

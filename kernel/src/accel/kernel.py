@@ -32,7 +32,7 @@ from accel.compat import (
 )
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
-from accel.dispatch import HotHooks
+from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError
 from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
@@ -554,8 +554,10 @@ class Kernel(TrackingMixin):
 
     def __repr__(self) -> str:
         comps = ", ".join(f"{c.name}:{c.role}" for c in self.plugins.components) or "none"
-        return (f"Kernel(process {self.process_index}/{self.num_processes}, device={self.device}, "
-                f"mixed_precision={self.mixed_precision}, plugins=[{comps}])")
+        own = self.__dict__  # also while Kernel() is still asking the plugins (hook tracing prints the kernel)
+        where = f"process {own['topology'].process_index}/{own['topology'].num_processes}" if "topology" in own else "starting"
+        return (f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
+                f"plugins=[{comps}])")
 
     # ---- prepare ------------------------------------------------------------------------------------------
 
@@ -995,20 +997,20 @@ class Kernel(TrackingMixin):
         skipped from then on (a tracker that raises is skipped for every tracking hook; teardown per hook).
         Trackers run on the main process unless they set ``main_process_only = False``. ``trackers=True`` calls
         only tracker components, ``False`` only the others, ``None`` everyone."""
-        for impl in reversed(getattr(self.plugins.pm.hook, hook_name).get_hookimpls()):
-            tracker = getattr(impl.plugin, "role", None) == "tracker"
+        for one in each_implementation(self.plugins.pm, hook_name):
+            tracker = getattr(one.plugin, "role", None) == "tracker"
             if trackers is not None and tracker != trackers:
                 continue
-            key: Any = impl.plugin_name if tracker else (impl.plugin_name, hook_name)
+            key: Any = one.plugin_name if tracker else (one.plugin_name, hook_name)
             if key in self._failed:
                 continue
-            if tracker and getattr(impl.plugin, "main_process_only", True) and not self.is_main_process:
+            if tracker and getattr(one.plugin, "main_process_only", True) and not self.is_main_process:
                 continue
             try:
-                impl.function(*[kwargs[a] for a in impl.argnames])
+                one(**kwargs)
             except Exception as exc:  # logging and teardown must never stop training
                 self._failed.add(key)
-                who = f"tracker {impl.plugin.name!r}" if tracker else f"plugin {impl.plugin_name!r}"
+                who = f"tracker {one.plugin.name!r}" if tracker else f"plugin {one.plugin_name!r}"
                 warnings.warn(f"{who} failed in {hook_name} and is skipped from now on: "
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
 
