@@ -261,7 +261,7 @@ def test_implementation_argument_with_a_default_is_refused_naming_plugin_hook_an
     # a component that is not listed in accel_components is checked when Kernel() registers it
     plugin = module("unlisted", accel_activate=hookimpl(lambda settings: Defaults()))
     plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("unlisted", plugin)])
-    with pytest.raises(PluginError, match=r"plugin 'unlisted': Defaults: accel_log gives argument 'step' a default"):
+    with pytest.raises(PluginError, match=r"plugin 'unlisted': Defaults.accel_log gives argument 'step' a default"):
         plugins.activate(_settings(plugins))
 
 

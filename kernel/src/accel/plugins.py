@@ -157,7 +157,7 @@ class Plugins:
         except Exception as exc:  # pluggy rejects wrong argument names, duplicate names, ...
             refuse(f"invalid hook implementation: {exc}")
             return
-        problem = contract_problem(pm, module, "the module")
+        problem = contract_problem(pm, module, "")
         if problem:
             refuse(problem)
             return
@@ -430,18 +430,19 @@ def hook_names() -> list[str]:
 
 
 def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | None:
-    """What breaks the contract in a registered plugin's (a module's or a component's) implementations, in one line,
-    or ``None``: a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument given a
+    """What breaks the contract in a registered plugin's (a module's, ``what=""``, or a component class's, ``what`` its
+    name) implementations, in one line, or ``None``: a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument given a
     default value (pluggy never passes those: the implementation would silently always get its default)."""
     callers = pm.get_hookcallers(plugin) or []
     unknown = sorted(c.name for c in callers if not c.has_spec())
     if unknown:
         specs = hook_names()
-        return f"{what} implements " + "; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in unknown)
+        lead = f"{what} implements " if what else ""
+        return lead + "; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in unknown)
     for caller in sorted(callers, key=lambda c: c.name):
         for impl in caller.get_hookimpls():
             if impl.plugin is plugin and impl.kwargnames:
-                return (f"{what}: {caller.name} gives argument {impl.kwargnames[0]!r} a default value, and hook "
+                return (f"{what + '.' if what else ''}{caller.name} gives argument {impl.kwargnames[0]!r} a default value, and hook "
                         "arguments with defaults are never passed (it would always get its default); remove "
                         "the default")
     return None
