@@ -8,14 +8,13 @@ import subprocess
 import sys
 import textwrap
 import types
-from typing import Any, Generator
+from collections.abc import Generator
+from typing import Any
 
 import pytest
-import torch
-from torch import nn
-
 from accel import Component, Kernel, Settings, hookimpl
 from accel.tracking import Tracker, requested
+from torch import nn
 
 
 class ListTracker(Tracker):
@@ -73,7 +72,9 @@ def activation(comp: Component) -> Any:
 def kernel_with(*components: Component, **kwargs: Any) -> Kernel:
     extra = []
     for i, comp in enumerate(components):
-        extra.append((f"c{i}" if not isinstance(comp, Tracker) else "listing", plugin(f"c{i}", accel_activate=activation(comp))))
+        extra.append(
+            (f"c{i}" if not isinstance(comp, Tracker) else "listing", plugin(f"c{i}", accel_activate=activation(comp)))
+        )
     return Kernel(cpu=True, extra_plugins=extra, **kwargs)
 
 
@@ -119,8 +120,10 @@ def test_a_wrapper_on_a_discovery_hook_runs_and_sees_each_plugins_answer(monkeyp
     watcher = types.ModuleType("accel_watcher")
     watcher.accel_activate = hookimpl(wrapper=True)(watch_activate)
     watcher.accel_detect_hardware = hookimpl(wrapper=True)(watch_hardware)
-    kernel = Kernel(cpu=True, extra_plugins=[("watcher", watcher),
-                                             ("observed", plugin("observed", accel_activate=lambda: observer))])
+    kernel = Kernel(
+        cpu=True,
+        extra_plugins=[("watcher", watcher), ("observed", plugin("observed", accel_activate=lambda: observer))],
+    )
     assert ("activate", [observer]) in seen  # the answer of the one plugin that answers accel_activate
     assert kernel.components == [observer]
     assert kernel.plugins.detect_hardware().name == "watched"  # a wrapper may change the answer it wraps
@@ -137,8 +140,10 @@ class SaveWatcher(Component):
         return result
 
 
-@pytest.mark.xfail(reason="checkpoint.py still calls accel_save_state's implementations directly; passes once it "
-                          "calls them through accel.dispatch.each_implementation (the checkpoint package's merge)")
+@pytest.mark.xfail(
+    reason="checkpoint.py still calls accel_save_state's implementations directly; passes once it "
+    "calls them through accel.dispatch.each_implementation (the checkpoint package's merge)"
+)
 def test_a_wrapper_on_accel_save_state_runs(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path))
     watcher = SaveWatcher()
@@ -151,7 +156,8 @@ def test_a_wrapper_on_accel_save_state_runs(monkeypatch, tmp_path) -> None:
 
 def test_accel_trace_plugins_prints_every_hook_call(tmp_path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         from accel import Kernel
 
@@ -162,15 +168,30 @@ def test_accel_trace_plugins_prints_every_hook_call(tmp_path) -> None:
         opt.step()
         opt.zero_grad()
         kernel.end_training()
-    """))
+    """)
+    )
     env = {"PATH": "/usr/bin:/bin", "ACCEL_HOME": str(tmp_path), "ACCEL_PLUGINS": "ddp", "OMP_NUM_THREADS": "1"}
     quiet = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    traced = subprocess.run([sys.executable, str(script)], env={**env, "ACCEL_TRACE_PLUGINS": "1"},
-                            capture_output=True, text=True, timeout=300)
+    traced = subprocess.run(
+        [sys.executable, str(script)],
+        env={**env, "ACCEL_TRACE_PLUGINS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert quiet.returncode == traced.returncode == 0, (quiet.stderr, traced.stderr)
     assert "[hook]" not in quiet.stderr
-    for hook in ("accel_add_options", "accel_activate", "accel_setup", "accel_device", "accel_autocast",
-                 "accel_transform_model", "accel_prepare_training", "accel_backward", "accel_optimizer_step",
-                 "accel_zero_grad"):
+    for hook in (
+        "accel_add_options",
+        "accel_activate",
+        "accel_setup",
+        "accel_device",
+        "accel_autocast",
+        "accel_transform_model",
+        "accel_prepare_training",
+        "accel_backward",
+        "accel_optimizer_step",
+        "accel_zero_grad",
+    ):
         assert f"{hook} [hook]" in traced.stderr, (hook, traced.stderr[-3000:])
     assert "finish accel_prepare_training -->" in traced.stderr

@@ -31,7 +31,8 @@ call itself (``HotHooks.plain_backward``/``plain_optimizer``): one Python call f
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pluggy
 
