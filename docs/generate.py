@@ -29,8 +29,11 @@ import dataclasses
 import importlib
 import importlib.metadata as md
 import inspect
+import io
 import re
 import sys
+import textwrap
+import tokenize
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +76,7 @@ def phases() -> list[tuple[int, Phase]]:
     for i, line in enumerate(lines):
         if re.fullmatch(r"# -{20,}", line):
             comment = []
-            for following in lines[i + 1:]:
+            for following in lines[i + 1 :]:
                 if not following.startswith("#"):
                     break
                 comment.append(following[1:].strip())
@@ -94,8 +97,18 @@ def hooks() -> list[Hook]:
             line = inspect.getsourcelines(fn)[1]
             phase = [p for start, p in sections if start < line]
             opts = getattr(fn, marker)
-            found.append((line, Hook(name, fn, bool(opts.get("firstresult")), bool(opts.get("historic")),
-                                     phase[-1].title if phase else "")))
+            found.append(
+                (
+                    line,
+                    Hook(
+                        name,
+                        fn,
+                        bool(opts.get("firstresult")),
+                        bool(opts.get("historic")),
+                        phase[-1].title if phase else "",
+                    ),
+                )
+            )
     return [hook for _, hook in sorted(found, key=lambda pair: pair[0])]
 
 
@@ -126,8 +139,10 @@ def plugin_modules() -> dict[str, Any]:
     points = {ep.name: ep for ep in md.entry_points(group=GROUP)}
     missing = [name for name in known_plugin_names() if name not in points]
     if missing:
-        raise SystemExit(f"docs/generate.py: plugins {missing} of known_plugins.json are not installed in "
-                         f"{sys.prefix}; run `make setup` (it installs every plugins/*/) and `{COMMAND}` again")
+        raise SystemExit(
+            f"docs/generate.py: plugins {missing} of known_plugins.json are not installed in "
+            f"{sys.prefix}; run `make setup` (it installs every plugins/*/) and `{COMMAND}` again"
+        )
     return {name: points[name].load() for name in known_plugin_names()}
 
 
@@ -194,8 +209,11 @@ def answered_by(impls: list[Impl]) -> str:
 
 
 def flags(hook: Hook) -> str:
-    calling = ("first answer wins: `@hookspec(firstresult=True)`" if hook.firstresult
-               else "everyone: `@hookspec` (every implementation is called)")
+    calling = (
+        "first answer wins: `@hookspec(firstresult=True)`"
+        if hook.firstresult
+        else "everyone: `@hookspec` (every implementation is called)"
+    )
     return calling + ("; historic (`historic=True`)" if hook.historic else "")
 
 
@@ -210,13 +228,21 @@ def hooks_block() -> str:
     all_hooks = hooks()
     table = who_answers()
     columns = [KERNEL, *known_plugin_names()]
-    out = ["## The contract's rules (from `hookspecs.py`)", "", inspect.getdoc(spec_module) or "", "",
-           "## Who answers each hook", "",
-           "Computed from the plugins of this repository (`known_plugins.json`, loaded through their entry points) "
-           "and the kernel's own implementations (`default`: registered `trylast`, asked last). `✓`: "
-           "implemented (at module level for the discovery hooks, else by the plugin's component); `wrapper`: "
-           "`@hookimpl(wrapper=True)`.", "",
-           "| hook | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    out = [
+        "## The contract's rules (from `hookspecs.py`)",
+        "",
+        inspect.getdoc(spec_module) or "",
+        "",
+        "## Who answers each hook",
+        "",
+        "Computed from the plugins of this repository (`known_plugins.json`, loaded through their entry points) "
+        "and the kernel's own implementations (`default`: registered `trylast`, asked last). `✓`: "
+        "implemented (at module level for the discovery hooks, else by the plugin's component); `wrapper`: "
+        "`@hookimpl(wrapper=True)`.",
+        "",
+        "| hook | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     for hook in all_hooks:
         impls = table.get(hook.name, [])
         cells = [mark([i for i in impls if i.plugin == column]) for column in columns]
@@ -229,10 +255,18 @@ def hooks_block() -> str:
             text = next((p.text for _, p in phases() if p.title == current), "")
             if text:
                 out += ["", text]
-        out += ["", f"### `{signature(hook.function, annotated=False)}`", "",
-                "```python", signature(hook.function, annotated=True), "```", "",
-                f"**Who answers:** {flags(hook)}. **Implemented by:** {answered_by(table.get(hook.name, []))}.", "",
-                inspect.getdoc(hook.function) or ""]
+        out += [
+            "",
+            f"### `{signature(hook.function, annotated=False)}`",
+            "",
+            "```python",
+            signature(hook.function, annotated=True),
+            "```",
+            "",
+            f"**Who answers:** {flags(hook)}. **Implemented by:** {answered_by(table.get(hook.name, []))}.",
+            "",
+            inspect.getdoc(hook.function) or "",
+        ]
     unknown = sorted(set(table) - {h.name for h in all_hooks})
     if unknown:
         raise SystemExit(f"docs/generate.py: implementations of hooks that hookspecs.py lacks: {unknown}")
@@ -242,32 +276,43 @@ def hooks_block() -> str:
 # ---- plugin API ------------------------------------------------------------------------------------------------
 
 
+def row(*cells: str) -> str:
+    """A Markdown table row; ``|`` and ``<`` inside a cell are escaped (a type ``int | None``, a path ``<dir>``)."""
+    return "| " + " | ".join(c.replace("|", "\\|").replace("<", "&lt;") for c in cells) + " |"
+
+
 def first_paragraph(obj: Any) -> str:
     doc = inspect.getdoc(obj) or ""
     return " ".join(doc.split("\n\n")[0].split())
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """Comments of a class's annotated attributes: ``#:`` lines above it and a ``#`` comment on its line."""
-    source, start = inspect.getsourcelines(cls)
-    comments: dict[str, str] = {}
-    above: list[str] = []
-    for line in source:
-        stripped = line.strip()
-        if stripped.startswith("#:"):
-            above.append(stripped[2:].strip())
-            continue
-        match = re.match(r"\s+(\w+)\s*:[^#]*(?:#\s*(.*))?$", line.rstrip("\n"))
-        if match and not stripped.startswith(("def ", "@", "#")):
-            comments[match.group(1)] = " ".join([*above, match.group(2) or ""]).strip()
-        above = [] if not stripped.startswith("#") else above
+    """Comments of a class's annotated attributes: ``#:`` lines right above it and a ``#`` comment on its line."""
+    lines = textwrap.dedent(inspect.getsource(cls)).splitlines()
+    body = ast.parse("\n".join(lines)).body[0]
+    comments = {}
+    for node in getattr(body, "body", []):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above: list[str] = []
+            i = node.lineno - 2
+            while i >= 0 and lines[i].strip().startswith("#:"):
+                above.insert(0, lines[i].strip()[2:].strip())
+                i -= 1
+            tokens = [
+                tok
+                for tok in tokenize.generate_tokens(io.StringIO(lines[node.lineno - 1] + "\n").readline)
+                if tok.type == tokenize.COMMENT
+            ]
+            trailing = tokens[0].string.lstrip("#").strip() if tokens else ""
+            comments[node.target.id] = " ".join(part for part in (*above, trailing) if part)
     return comments
 
 
 def record_table(cls: type) -> list[str]:
     """The fields of a dataclass (or class attributes of a plain class), their type, default and comment."""
     comments = field_comments(cls)
-    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    fields = dataclasses.is_dataclass(cls) or inspect.get_annotations(cls)
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"] if fields else []
     if dataclasses.is_dataclass(cls):
         for f in dataclasses.fields(cls):
             if f.default is not dataclasses.MISSING:
@@ -276,32 +321,42 @@ def record_table(cls: type) -> list[str]:
                 default = f"`{f.default_factory()!r}`"
             else:
                 default = "required"
-            rows.append(f"| `{f.name}` | `{f.type}` | {default} | {comments.get(f.name, '')} |")
+            rows.append(row(f"`{f.name}`", f"`{f.type}`", default, comments.get(f.name, "")))
     else:
         for name, kind in inspect.get_annotations(cls).items():
-            rows.append(f"| `{name}` | `{kind}` | `{getattr(cls, name)!r}` | {comments.get(name, '')} |")
-    members = [(n, m) for n, m in vars(cls).items() if not n.startswith("_") and (isinstance(m, property) or (
-        inspect.isfunction(m) and not n.startswith("accel_")))]
+            rows.append(row(f"`{name}`", f"`{kind}`", f"`{getattr(cls, name)!r}`", comments.get(name, "")))
+    members = [
+        (n, m)
+        for n, m in vars(cls).items()
+        if not n.startswith("_") and (isinstance(m, property) or (inspect.isfunction(m) and not n.startswith("accel_")))
+    ]
     if members:
-        rows += ["", "| member | what it is |", "|---|---|"]
+        rows += ["", "| member | what it is |", "|---|---|"] if rows else ["| member | what it is |", "|---|---|"]
         for name, member in members:
             call = "" if isinstance(member, property) else "()"
-            rows.append(f"| `{name}{call}` | {first_paragraph(member) or '—'} |")
+            rows.append(row(f"`{name}{call}`", first_paragraph(member) or "—"))
     return rows
 
 
 def record_classes() -> list[type]:
-    from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
+    from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
     from accel.options import Settings
 
-    return [Settings, Component, LaunchPlan, HardwareInfo, Topology, ItemRecord, Question]
+    return [Settings, Component, LaunchPlan, HardwareInfo, Topology, ItemRecord, Question, Collectives]
+
+
+def public_name(obj: Any) -> str:
+    """``accel.Name`` when the package exports it, else its module's dotted name."""
+    import accel
+
+    exported = getattr(accel, obj.__name__, None) is obj
+    return f"accel.{obj.__name__}" if exported else f"{obj.__module__}.{obj.__name__}"
 
 
 def records_block() -> str:
     out: list[str] = []
     for cls in record_classes():
-        out += [f"### `{cls.__module__.replace('.contract', '').replace('.options', '')}.{cls.__name__}`", "",
-                inspect.getdoc(cls) or "", ""]
+        out += [f"### `{public_name(cls)}`", "", inspect.getdoc(cls) or "", ""]
         out += record_table(cls)
         out.append("")
     return "\n".join(out)
@@ -310,11 +365,11 @@ def records_block() -> str:
 #: What each ``type=`` of ``Options.add`` accepts, by source. The generator fails when accel.options.TYPES has a
 #: type this table lacks, so a new type cannot go undocumented.
 TYPE_MEANINGS = {
-    "str": "a string (the default type). YAML's unquoted `no` is read as `\"no\"` when `no` is one of the choices.",
-    "int": "a whole number; a flag or variable `\"8\"` is converted, `true`/`false` are refused.",
+    "str": 'a string (the default type). YAML\'s unquoted `no` is read as `"no"` when `no` is one of the choices.',
+    "int": 'a whole number; a flag or variable `"8"` is converted, `true`/`false` are refused.',
     "float": "a number; ints and numeric strings are converted, booleans refused.",
-    "bool": "`true`/`false`; strings `1 true yes on y` and `0 false no off n` (any case, `\"\"` is false). On the "
-            "command line: `--name` sets it, `--name false` too.",
+    "bool": '`true`/`false`; strings `1 true yes on y` and `0 false no off n` (any case, `""` is false). On the '
+    "command line: `--name` sets it, `--name false` too.",
     "list": "a list; a string is split on commas (`--plugin a,b`), YAML lists are kept.",
     "mapping": "a mapping; a string is read as a JSON object (`--ddp_comm_state_option '{\"a\": 1}'`).",
 }
@@ -325,15 +380,32 @@ def options_block() -> str:
 
     missing = [t for t in TYPES if t not in TYPE_MEANINGS]
     if missing:
-        raise SystemExit(f"docs/generate.py: option types {missing} (accel.options.TYPES) have no entry in "
-                         "TYPE_MEANINGS: describe them there")
+        raise SystemExit(
+            f"docs/generate.py: option types {missing} (accel.options.TYPES) have no entry in "
+            "TYPE_MEANINGS: describe them there"
+        )
     add = Options.add
-    params = [f"{p.name}: {p.annotation} = {p.default!r}" if p.default is not inspect.Parameter.empty
-              else f"{p.name}: {p.annotation}" for p in list(inspect.signature(add).parameters.values())[1:]]
-    out = ["```python", "options.add(", *[f"    {p}," for p in params], ") -> None", "```", "",
-           inspect.getdoc(add) or "", "", "`type=` is one of (`accel.options.TYPES`):", "",
-           "| `type=` | accepts |", "|---|---|"]
-    out += [f"| `\"{t}\"` | {TYPE_MEANINGS[t]} |" for t in TYPES]
+    params = [
+        f"{p.name}: {p.annotation} = {p.default!r}"
+        if p.default is not inspect.Parameter.empty
+        else f"{p.name}: {p.annotation}"
+        for p in list(inspect.signature(add).parameters.values())[1:]
+    ]
+    out = [
+        "```python",
+        "options.add(",
+        *[f"    {p}," for p in params],
+        ") -> None",
+        "```",
+        "",
+        inspect.getdoc(add) or "",
+        "",
+        "`type=` is one of (`accel.options.TYPES`):",
+        "",
+        "| `type=` | accepts |",
+        "|---|---|",
+    ]
+    out += [row(f'`"{t}"`', TYPE_MEANINGS[t]) for t in TYPES]
     out += ["", "Every argument of `add` becomes a field of the declared `accel.options.Option`:", ""]
     out += record_table(Option)
     return "\n".join(out) + "\n"
@@ -345,6 +417,21 @@ def plugin_sources() -> Iterator[tuple[str, ast.Module]]:
             yield name, ast.parse(path.read_text(encoding="utf-8"))
 
 
+def init_attributes(cls: type) -> dict[str, str]:
+    """``self.name = value`` assignments of ``cls.__init__``: name -> the assignment's source (annotation included)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    found: dict[str, str] = {}
+    for node in ast.walk(init):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                found.setdefault(target.attr, ast.unparse(node).split("\n")[0])
+    return found
+
+
 def kernel_members_block() -> str:
     """The ``kernel.X`` the plugins of this repository read or call, with the member's own docstring."""
     from accel.kernel import Kernel
@@ -354,16 +441,21 @@ def kernel_members_block() -> str:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "kernel":
                 used.setdefault(node.attr, set()).add(plugin)
+    assigned = init_attributes(Kernel)
     rows = ["| member | used by | what it is |", "|---|---|---|"]
     for name in sorted(used):
         member = inspect.getattr_static(Kernel, name, None)
+        if member is None and name not in assigned:
+            raise SystemExit(
+                f"docs/generate.py: plugins {sorted(used[name])} use kernel.{name}, which Kernel "
+                "does not define: give it a property with a docstring"
+            )
         if member is None:
-            raise SystemExit(f"docs/generate.py: plugins {sorted(used[name])} use kernel.{name}, which Kernel "
-                             "does not define as a class member: give it one (a property with a docstring)")
-        kind = "property" if isinstance(member, property) else "method" if inspect.isfunction(member) else "attribute"
-        call = "(...)" if kind == "method" else ""
-        doc = first_paragraph(member) if kind != "attribute" else ""
-        rows.append(f"| `kernel.{name}{call}` | {', '.join(sorted(used[name]))} | {doc or '—'} |")
+            call, doc = "", f"set by `Kernel()`: `{assigned[name]}`"
+        else:
+            call = "(...)" if inspect.isfunction(member) else ""
+            doc = first_paragraph(member) if isinstance(member, property) or inspect.isfunction(member) else ""
+        rows.append(row(f"`kernel.{name}{call}`", ", ".join(sorted(used[name])), doc or "—"))
     return "\n".join(rows) + "\n"
 
 
@@ -381,11 +473,51 @@ def kernel_imports_block() -> str:
         doc = first_paragraph(obj) if inspect.isclass(obj) or inspect.isroutine(obj) else ""
         if obj.__class__.__name__ in ("HookimplMarker", "HookspecMarker"):
             doc = "pluggy's marker of a hook implementation of project `accel` (see hooks.md)"
-        rows.append(f"| `{module}.{name}` | {', '.join(sorted(plugins))} | {doc or '—'} |")
+        rows.append(row(f"`{module}.{name}`", ", ".join(sorted(plugins)), doc or "—"))
+    return "\n".join(rows) + "\n"
+
+
+#: The kernel's launch settings an ``accel_launch`` answer must carry out or refuse, with the values that ask the
+#: launcher for nothing (a launcher that cannot honour a setting refuses it unless it has such a value).
+LAUNCH_SETTINGS = {
+    "num_processes": "— (every launcher honours it: processes over all machines)",
+    "num_machines": "`1`",
+    "machine_rank": "`0`",
+    "main_process_ip": "unset",
+    "main_process_port": "unset (the launcher picks a free port)",
+    "rdzv_backend": "`static`",
+    "rdzv_conf": "unset",
+    "max_restarts": "`0`",
+    "monitor_interval": "— (how often the launcher polls; any value may be honoured or ignored)",
+    "gpu_ids": "unset or `all`",
+    "num_cpu_threads_per_process": "unset",
+    "enable_cpu_affinity": "`false` (`accel launch` already turns it off, with a notice, without a GPU)",
+    "tee": "unset or `0`",
+    "log_dir": "unset",
+    "role": "`default`",
+    "main_training_function": "`main` (only launchers that spawn a function rather than run the script use it)",
+}
+
+
+def launch_settings_block() -> str:
+    from accel.options import Options, core_options
+
+    options = Options()
+    core_options(options)
+    rows = [
+        "| setting (`plan.settings[...]`) | type | default | what it asks | asks nothing when |",
+        "|---|---|---|---|---|",
+    ]
+    for name, unset in LAUNCH_SETTINGS.items():
+        if name not in options:
+            raise SystemExit(f"docs/generate.py: LAUNCH_SETTINGS names {name!r}, which is not a kernel option")
+        opt = options[name]
+        rows.append(row(f"`{name}`", opt.type, f"`{opt.default!r}`", opt.help, unset))
     return "\n".join(rows) + "\n"
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
+    "launch-settings": launch_settings_block,
     "hooks": hooks_block,
     "records": records_block,
     "options": options_block,

@@ -23,8 +23,10 @@ def generator():
 def test_generated_docs_are_up_to_date():
     gen = generator()
     stale = gen.stale_pages()
-    assert not stale, (f"{', '.join(str(p.relative_to(ROOT)) for p in stale)} differ from the generator's output: "
-                       f"run `{gen.COMMAND}` (python docs/generate.py) and commit the result")
+    assert not stale, (
+        f"{', '.join(str(p.relative_to(ROOT)) for p in stale)} differ from the generator's output: "
+        f"run `{gen.COMMAND}` (python docs/generate.py) and commit the result"
+    )
 
 
 def test_the_generated_pages_are_the_ones_we_document():
