@@ -6,7 +6,8 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
   The kernel's own answer (registered ``trylast``) comes last, so every such hook has an answer except
   ``accel_autocast``, whose ``None`` means "no context".
 - *everyone*: every implementation is called, one at a time; an exception in one is reported with the plugin's
-  name (for trackers and teardown it is warned about and skipped, so logging never stops training).
+  name (for the tracking hooks, ``accel_end_training`` and ``accel_teardown`` it is warned about and the others
+  still run, so logging never stops training).
 - *wrapper*: any hook may also be implemented with ``@hookimpl(wrapper=True)`` to act around the others
   (e.g. a precision plugin unscales gradients before the strategy clips them).
 
@@ -58,7 +59,8 @@ def accel_add_options(options: Options) -> None:
     """Declare the plugin's launch flags, config-file keys, environment variables and Kernel arguments.
 
     When: each time the CLI builds a parser or validates a config file, and when a Kernel resolves its settings.
-    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``;
+    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``
+    (every argument and ``type`` value: docs/plugin-api.md);
     ``check=fn`` adds a test of the converted value (``fn(value)`` returns what is wrong, or ``None``).
     A name declared twice (by two plugins) is an error naming both. A plugin whose implementation raises anything
     else is marked failed and left out with every option it declared; runs that do not ask for it go on.
@@ -137,7 +139,7 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     ``config_key``; that option checks the answer and places it in the YAML file.
 
     Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example, Accelerate's
-    questions for a sharding strategy, is in the test fixtures (``tests/fixtures``); in short::
+    questions for a sharding strategy, is accel-plugin-deepspeed's (``plugins/deepspeed``); in short::
 
         @hookimpl
         def accel_config_questions(answers):
