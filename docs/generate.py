@@ -165,13 +165,21 @@ def component_classes(module: Any) -> list[type]:
     return classes
 
 
-def who_answers() -> dict[str, list[Impl]]:
-    """Hook name -> its implementations: the kernel's defaults, then each plugin of known_plugins.json."""
-    from accel import defaults
+def kernel_implementers() -> list[tuple[str, Any]]:
+    """What the kernel registers itself in every run (``accel.defaults``, ...): the objects a plugin manager holds
+    when every plugin is left out (an empty ``ACCEL_PLUGINS`` allow-list)."""
+    from accel.plugins import Plugins
 
+    pm = Plugins.load(env={"ACCEL_PLUGINS": ""}).pm
+    return [(getattr(obj, "__name__", type(obj).__name__), obj) for _, obj in pm.list_name_plugin()]
+
+
+def who_answers() -> dict[str, list[Impl]]:
+    """Hook name -> its implementations: the kernel's own, then each plugin of known_plugins.json."""
     table: dict[str, list[Impl]] = {}
-    for hook, opts in implementations(defaults):
-        table.setdefault(hook, []).append(Impl(KERNEL, defaults.__name__, opts))
+    for where, obj in kernel_implementers():
+        for hook, opts in implementations(obj):
+            table.setdefault(hook, []).append(Impl(KERNEL, where, opts))
     for name, module in plugin_modules().items():
         for hook, opts in implementations(module):
             table.setdefault(hook, []).append(Impl(name, "module", opts))
