@@ -14,9 +14,10 @@ check in the suite). Sources:
   comments, with its signature, its ``@hookspec`` flags and its docstring verbatim; and who answers each hook,
   from the plugins of this repository (``accel/known_plugins.json``), loaded through their entry points the
   way a run loads them, and the kernel's own default implementations.
-- ``records``, ``options``, ``kernel-members``, ``kernel-imports`` (docs/plugin-api.md): the fields of the records
-  plugins receive and return (with their comments), ``Options.add``, and the kernel names plugins of this
-  repository actually use (found by reading their source).
+- ``records``, ``options``, ``kernel-members``, ``kernel-imports``, ``launch-settings`` (docs/plugin-api.md): the
+  fields of the records plugins receive and return (with their comments), ``Options.add`` and its types, the
+  kernel names plugins of this repository actually use (found by reading their source), and the kernel's launch
+  settings an ``accel_launch`` answer must honour or refuse.
 
 Needs the repository's venv (``make setup``): the plugins must be installed. Imports no plugin backend.
 """
