@@ -179,7 +179,11 @@ def accel_setup(kernel: Kernel) -> None:
 
 @hookspec(firstresult=True)
 def accel_topology(kernel: Kernel) -> Topology | None:
-    """Where this process sits: process index, count, local index and local count.
+    """Where this process sits: process index, count, local index and local count, and, for a strategy whose
+    processes do not each read their own data (tensor or context parallel groups read the same batches), its
+    data-parallel index and size (``Topology.data_parallel_index``/``data_parallel_size``): prepared dataloaders
+    shard by them, ``gather_for_metrics`` keeps one process's values per data shard, and a prepared scheduler
+    counts data-parallel processes.
 
     When: once, after ``accel_setup``. Who: first answer wins (strategy); default: a single process.
     """
