@@ -5,8 +5,9 @@ Usage: parallel_worker.py OUT [--ref] [--save-at K] [--resume CKPT] [--load CKPT
 
 Writes OUT/result.json (losses, parameter types, gathered evaluation indices, local sizes) and OUT/<model>.safetensors
 (final full parameters, and <model>_at_save.safetensors at the save step). ``--resume`` loads a checkpoint saved by
-``--save-at`` and trains the remaining steps; ``--load`` only loads the models of a checkpoint with
-``accel_parallel.load_sharded`` (any mesh) and writes their full state.
+``--save-at`` and trains the remaining steps; ``--load`` then also builds fresh models, loads a checkpoint's models
+and optimizers into them with ``accel_parallel.load_sharded`` (saved on any mesh) and writes
+OUT/<model>_loaded.safetensors.
 """
 
 from __future__ import annotations
@@ -84,20 +85,6 @@ def main() -> None:
                  "plugins": [c.name for c in kernel.components]}
     prepared = {key: kernel.prepare(models[key], optimizers[key], loaders[key]) for key in models}
     keys = {"mlp": ("model", "optimizer"), "llama": ("model_1", "optimizer_1")}  # the checkpoint's item names
-    if args.load:
-        from accel_parallel import load_sharded
-
-        for key, (model, optimizer, _) in prepared.items():
-            load_sharded(kernel, args.load, model=model, optimizer=optimizer, model_key=keys[key][0],
-                         optimizer_key=keys[key][1])
-            state = full_state(kernel, model)
-            if kernel.is_main_process:
-                out.mkdir(parents=True, exist_ok=True)
-                save_file(state, str(out / f"{key}.safetensors"))
-        if kernel.is_main_process:
-            (out / "result.json").write_text(json.dumps(res))
-        kernel.end_training()
-        return
     start = 0
     if args.resume:
         kernel.load_state(args.resume)
@@ -148,6 +135,19 @@ def main() -> None:
         if kernel.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             save_file(state, str(out / f"{key}.safetensors"))
+    if args.load:  # fresh models (other initial weights), prepared on this run's mesh, loaded from any mesh
+        from accel_parallel import load_sharded
+
+        torch.manual_seed(123)
+        for key, build in (("mlp", MLP), ("llama", llama)):
+            model = build()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            model, optimizer = kernel.prepare(model, optimizer)
+            load_sharded(kernel, args.load, model=model, optimizer=optimizer, model_key=keys[key][0],
+                         optimizer_key=keys[key][1])
+            state = full_state(kernel, model)
+            if kernel.is_main_process:
+                save_file(state, str(out / f"{key}_loaded.safetensors"))
     if kernel.is_main_process:
         (out / "result.json").write_text(json.dumps(res))
     kernel.end_training()

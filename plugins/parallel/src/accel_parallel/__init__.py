@@ -176,10 +176,10 @@ def cp_refusal(settings: Settings, cuda: bool) -> str | None:
     """Why context parallelism cannot run here, or None. torch's ``context_parallel`` rewrites scaled dot-product
     attention into ring attention built on CUDA-only SDPA kernels (flash / memory-efficient / cuDNN)."""
     if settings["cpu"] or not cuda:
-        return ("parallelism_config_cp_size > 1 needs CUDA: torch's context_parallel runs ring attention on CUDA "
-                "SDPA kernels (flash/efficient/cudnn) and has none for the CPU (on CPU torch fails with "
-                "\"No available kernel. Aborting execution.\" or a NotImplementedError from its CP dispatcher); "
-                "set parallelism_config_cp_size 1")
+        return ("parallelism_config_cp_size > 1 needs CUDA: torch's context_parallel shards scaled dot-product "
+                "attention only for its CUDA kernels; on the CPU torch fails with \"NotImplementedError: Operator "
+                "aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
+                "registered.\"; set parallelism_config_cp_size 1 or run on CUDA GPUs")
     return None
 
 
@@ -234,3 +234,20 @@ def load_sharded(kernel: Any, directory: str | os.PathLike[str], *, model: Any, 
     if comp is None:
         raise UsageError("load_sharded needs a Kernel running with --plugin parallel")
     comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
+
+
+def context_parallel(kernel: Any, buffers: list[Any] | None = None, buffer_seq_dims: list[int] | None = None,
+                     no_restore_buffers: set[Any] | None = None) -> Any:
+    """Accelerate's ``maybe_context_parallel``: the context in which the forward and backward of one batch run with
+    their sequence split over the ``cp`` dimension. ``buffers`` (input ids, labels, position ids...) are split in
+    place along ``buffer_seq_dims`` and restored on exit (except ``no_restore_buffers``); scaled dot-product
+    attention inside becomes ring attention. Without context parallelism (cp size 1, or another strategy) it is
+    a no-op context, so one script runs either way."""
+    import contextlib
+
+    from accel_parallel.strategy import ParallelStrategy
+
+    comp = next((c for c in kernel.components if isinstance(c, ParallelStrategy)), None)
+    if comp is None or comp.plan.size("cp") == 1:
+        return contextlib.nullcontext()
+    return comp.context_parallel(buffers or [], buffer_seq_dims or [], no_restore_buffers or set())

@@ -73,6 +73,15 @@ class ParallelStrategy(ProcessGroupComponent):
         if self.plan.size("cp") > 1:  # FSDP shards over dp_shard and cp together (Accelerate's dp_shard_cp)
             self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
 
+    def context_parallel(self, buffers: list[Any], seq_dims: list[int], no_restore: set[Any]) -> Any:
+        """torch's ``context_parallel`` over the ``cp`` dimension, with the configured rotate method."""
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(self.settings["parallelism_config_cp_comm_strategy"])
+        return context_parallel(self.mesh["cp"], buffers=buffers, buffer_seq_dims=seq_dims,
+                                no_restore_buffers=no_restore)
+
     @hookimpl
     def accel_topology(self, kernel: Kernel) -> Topology:
         import torch.distributed as dist
