@@ -112,3 +112,22 @@ def test_kernel_parallelism_config_unknown_field_is_one_line(monkeypatch: pytest
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(UsageError, match="unknown field"):
         Kernel(parallelism_config={"pp_size": 2})
+
+
+def doc_blocks(kind: str) -> list[str]:
+    text = (Path(__file__).parents[1] / "docs" / "parallelism.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split(f"```{kind}\n")[1:]]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_documented_example_runs_with_its_launch_command(tmp_path: Path) -> None:
+    script = doc_blocks("python")[0]
+    assert script.startswith("# train_parallel.py\n")
+    (tmp_path / "train_parallel.py").write_text(script)
+    command = doc_blocks("bash")[0].strip().split()
+    assert command[:2] == ["accel", "launch"]
+    proc = accel(tmp_path, *command[1:2], "-q", *command[2:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "evaluated 64 sequences on 2 data shards" in proc.stdout, proc.stdout
+    assert (tmp_path / "ckpt" / "model" / ".metadata").is_file()
