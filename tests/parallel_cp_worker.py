@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from accel import Kernel
+from torch import nn
 
 B, S, D, H, V, STEPS = 2, 64, 32, 4, 50, 4
 
@@ -63,8 +62,9 @@ def main() -> None:
         losses.append(float(kernel.reduce(loss.detach(), "mean")))
     if kernel.is_main_process:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "result.json").write_text(json.dumps({"losses": losses, "world": kernel.num_processes,
-                                                                "device": str(kernel.device)}))
+        (Path(args.out) / "result.json").write_text(
+            json.dumps({"losses": losses, "world": kernel.num_processes, "device": str(kernel.device)})
+        )
     kernel.end_training()
 
 

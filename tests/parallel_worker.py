@@ -17,11 +17,10 @@ import json
 from pathlib import Path
 
 import torch
+from accel import Kernel
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from accel import Kernel
 
 STEPS = 6
 GLOBAL_BATCH = 8
@@ -46,9 +45,17 @@ class MLP(nn.Module):
 def llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ,
-                         tie_word_embeddings=False, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     return LlamaForCausalLM(config)
 
 
@@ -80,9 +87,16 @@ def main() -> None:
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
     per_process = GLOBAL_BATCH // kernel.data_parallel_size
     mlp_data, llama_data = data()
-    loaders = {"mlp": DataLoader(mlp_data, batch_size=per_process), "llama": DataLoader(llama_data, batch_size=per_process)}
-    res: dict = {"world": kernel.num_processes, "dp": kernel.data_parallel_size, "tp": tp,
-                 "plugins": [c.name for c in kernel.components]}
+    loaders = {
+        "mlp": DataLoader(mlp_data, batch_size=per_process),
+        "llama": DataLoader(llama_data, batch_size=per_process),
+    }
+    res: dict = {
+        "world": kernel.num_processes,
+        "dp": kernel.data_parallel_size,
+        "tp": tp,
+        "plugins": [c.name for c in kernel.components],
+    }
     prepared = {key: kernel.prepare(models[key], optimizers[key], loaders[key]) for key in models}
     keys = {"mlp": ("model", "optimizer"), "llama": ("model_1", "optimizer_1")}  # the checkpoint's item names
     start = 0
@@ -91,12 +105,15 @@ def main() -> None:
         start = args.save_at
     p0 = next(prepared["llama"][0].parameters())
     res["param_type"] = type(p0.data if not hasattr(p0, "_local_tensor") else p0).__name__
-    res["local_numel"] = {k: sum((p.to_local() if hasattr(p, "to_local") else p).numel()
-                                 for p in m.parameters()) for k, (m, _, _) in prepared.items()}
+    res["local_numel"] = {
+        k: sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in m.parameters())
+        for k, (m, _, _) in prepared.items()
+    }
     res["total_numel"] = {k: sum(p.numel() for p in m.parameters()) for k, (m, _, _) in prepared.items()}
     res["optimizer_params_are_model_params"] = all(
         {id(p) for g in o.param_groups for p in g["params"]} == {id(p) for p in m.parameters()}
-        for m, o, _ in prepared.values())
+        for m, o, _ in prepared.values()
+    )
     losses: dict[str, list[float]] = {k: [] for k in prepared}
     norms: dict[str, list[float]] = {k: [] for k in prepared}
     iters = {k: iter(dl) for k, (_, _, dl) in prepared.items()}
@@ -143,8 +160,9 @@ def main() -> None:
             model = build()
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
             model, optimizer = kernel.prepare(model, optimizer)
-            load_sharded(kernel, args.load, model=model, optimizer=optimizer, model_key=keys[key][0],
-                         optimizer_key=keys[key][1])
+            load_sharded(
+                kernel, args.load, model=model, optimizer=optimizer, model_key=keys[key][0], optimizer_key=keys[key][1]
+            )
             state = full_state(kernel, model)
             if kernel.is_main_process:
                 save_file(state, str(out / f"{key}_loaded.safetensors"))

@@ -51,16 +51,23 @@ def launch(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def mesh(n: int, **sizes: int) -> list[str]:
-    return ["-n", str(n), "--plugin", "parallel",
-            *[a for dim, size in sizes.items() for a in (f"--parallelism_config_{dim}_size", str(size))]]
+    return [
+        "-n",
+        str(n),
+        "--plugin",
+        "parallel",
+        *[a for dim, size in sizes.items() for a in (f"--parallelism_config_{dim}_size", str(size))],
+    ]
 
 
 Result = tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]
 
 
 def result(out: Path, suffix: str = "") -> Result:
-    return (json.loads((out / "result.json").read_text()),
-            {k: load_file(str(out / f"{k}{suffix}.safetensors")) for k in MODELS})
+    return (
+        json.loads((out / "result.json").read_text()),
+        {k: load_file(str(out / f"{k}{suffix}.safetensors")) for k in MODELS},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,16 +123,30 @@ def test_dp_shard_2_x_tp_2_matches_one_process(saved: Path, reference: Result) -
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_resume_on_the_same_mesh_is_bitwise(saved: Path, tmp_path: Path) -> None:
-    launch(tmp_path, *mesh(4, dp_shard=2, tp=2), str(WORKER), str(tmp_path / "out"), "--save-at", "3",
-           "--resume", str(saved / "ckpt"))
+    launch(
+        tmp_path,
+        *mesh(4, dp_shard=2, tp=2),
+        str(WORKER),
+        str(tmp_path / "out"),
+        "--save-at",
+        "3",
+        "--resume",
+        str(saved / "ckpt"),
+    )
     assert_bitwise(result(saved)[1], result(tmp_path / "out")[1])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_hsdp_matches_one_process_and_loads_a_2x2_checkpoint(saved: Path, reference: Result, tmp_path: Path) -> None:
-    launch(tmp_path, *mesh(4, dp_replicate=2, dp_shard=2), str(WORKER), str(tmp_path / "out"),
-           "--load", str(saved / "ckpt"))
+    launch(
+        tmp_path,
+        *mesh(4, dp_replicate=2, dp_shard=2),
+        str(WORKER),
+        str(tmp_path / "out"),
+        "--load",
+        str(saved / "ckpt"),
+    )
     res, params = result(tmp_path / "out")
     assert (res["world"], res["dp"], res["tp"]) == (4, 4, 1)
     assert_matches(res, params, reference)
@@ -144,8 +165,9 @@ def test_tp_4_matches_one_process_and_loads_a_2x2_checkpoint(saved: Path, refere
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_one_process_loads_a_2x2_checkpoint_equal_to_the_gathered_state(saved: Path, reference: Result,
-                                                                        tmp_path: Path) -> None:
+def test_one_process_loads_a_2x2_checkpoint_equal_to_the_gathered_state(
+    saved: Path, reference: Result, tmp_path: Path
+) -> None:
     launch(tmp_path, *mesh(1), str(WORKER), str(tmp_path / "out"), "--load", str(saved / "ckpt"))
     res, params = result(tmp_path / "out")
     assert (res["world"], res["plugins"]) == (1, ["parallel"])

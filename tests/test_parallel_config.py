@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from accel import Kernel, UsageError
 from accel_parallel import MeshPlan
 
@@ -45,8 +44,19 @@ def test_mesh_coordinates_groups_and_data_shards() -> None:
 
 
 def test_dry_run_shows_the_mesh_from_accelerates_flags(tmp_path: Path) -> None:
-    proc = accel(tmp_path, "launch", "--dry-run", "-n", "4", "--use_parallelism_config",
-                 "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2", "train.py")
+    proc = accel(
+        tmp_path,
+        "launch",
+        "--dry-run",
+        "-n",
+        "4",
+        "--use_parallelism_config",
+        "--parallelism_config_dp_shard_size",
+        "2",
+        "--parallelism_config_tp_size",
+        "2",
+        "train.py",
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "mesh: dp_replicate=1 x dp_shard=2 x cp=1 x tp=2 (4 processes)" in out
@@ -57,28 +67,39 @@ def test_dry_run_shows_the_mesh_from_accelerates_flags(tmp_path: Path) -> None:
 
 def test_parallelism_config_section_of_an_accelerate_config_file(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 4\n"
-                      "use_cpu: true\nparallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
-                      "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 1\n"
-                      "  parallelism_config_cp_size: 1\n")
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 4\n"
+        "use_cpu: true\nparallelism_config:\n  parallelism_config_dp_replicate_size: 2\n"
+        "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 1\n"
+        "  parallelism_config_cp_size: 1\n"
+    )
     proc = accel(tmp_path, "launch", "--config_file", str(config), "--plugin", "parallel", "--dry-run", "train.py")
     assert proc.returncode == 0, proc.stderr
     assert "parallelism_config_dp_replicate_size = 2 (file" in proc.stdout
     assert "mesh: dp_replicate=2 x dp_shard=2 x cp=1 x tp=1 (4 processes)" in proc.stdout
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["-n", "2", "--plugin", "parallel", "--parallelism_config_tp_size", "4"],
-     "accel launch: parallelism_config sizes dp_replicate=1 x dp_shard=1 x cp=1 x tp=4 = 4, but the run has 2 "
-     "process(es)"),
-    (["-n", "2", "--cpu", "--plugin", "parallel", "--parallelism_config_cp_size", "2"],
-     "does not have a sharding strategy registered"),
-    (["-n", "2", "--plugin", "parallel", "--parallelism_config_sp_size", "2"], "sequence parallelism"),
-    (["-n", "2", "--parallelism_config_tp_size", "2"], "add --plugin parallel"),
-    (["-n", "2", "--use_fsdp", "--parallelism_config_tp_size", "2"], "but fsdp is selected"),
-    (["-n", "2", "--plugin", "parallel", "--parallelism_config_tp_plan", '{"fc1": "diagonal"}'],
-     "unknown tensor-parallel style(s) diagonal"),
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["-n", "2", "--plugin", "parallel", "--parallelism_config_tp_size", "4"],
+            "accel launch: parallelism_config sizes dp_replicate=1 x dp_shard=1 x cp=1 x tp=4 = 4, but the run has 2 "
+            "process(es)",
+        ),
+        (
+            ["-n", "2", "--cpu", "--plugin", "parallel", "--parallelism_config_cp_size", "2"],
+            "does not have a sharding strategy registered",
+        ),
+        (["-n", "2", "--plugin", "parallel", "--parallelism_config_sp_size", "2"], "sequence parallelism"),
+        (["-n", "2", "--parallelism_config_tp_size", "2"], "add --plugin parallel"),
+        (["-n", "2", "--use_fsdp", "--parallelism_config_tp_size", "2"], "but fsdp is selected"),
+        (
+            ["-n", "2", "--plugin", "parallel", "--parallelism_config_tp_plan", '{"fc1": "diagonal"}'],
+            "unknown tensor-parallel style(s) diagonal",
+        ),
+    ],
+)
 def test_bad_parallelism_settings_are_one_line_at_launch(tmp_path: Path, args: list[str], expected: str) -> None:
     assert expected in one_error_line(accel(tmp_path, "launch", *args, "train.py"))
 
@@ -99,9 +120,17 @@ class ParallelismConfig:
     sp_handler: object = None
 
 
-@pytest.mark.parametrize("config", [ParallelismConfig(dp_shard_size=2, tp_size=2), {"dp_shard_size": 2, "tp_size": 2},
-                                    {"parallelism_config_tp_size": 4}])
-def test_kernel_parallelism_config_product_must_match_the_world(config: object, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [
+        ParallelismConfig(dp_shard_size=2, tp_size=2),
+        {"dp_shard_size": 2, "tp_size": 2},
+        {"parallelism_config_tp_size": 4},
+    ],
+)
+def test_kernel_parallelism_config_product_must_match_the_world(
+    config: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for var in ("WORLD_SIZE", "RANK", "ACCEL_CONFIG"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(UsageError, match=r"Kernel\(\): parallelism_config sizes .* = 4, but the run has 1 process"):

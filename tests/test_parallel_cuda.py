@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_parallel import MODELS, launch, mesh, run
 
 HERE = Path(__file__).parent
 
 pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs at least 2 CUDA GPUs"),
-    pytest.mark.slow, pytest.mark.multiprocess,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs at least 2 CUDA GPUs"
+    ),
+    pytest.mark.slow,
+    pytest.mark.multiprocess,
 ]
 
 
@@ -50,4 +51,3 @@ def test_context_parallel_on_cuda_matches_one_process(tmp_path: Path) -> None:
     a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("ref", "cp"))
     assert a["device"].startswith("cuda") and b["device"].startswith("cuda") and b["world"] == 2
     assert b["losses"] == pytest.approx(a["losses"], rel=1e-3)
-

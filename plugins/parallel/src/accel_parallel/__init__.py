@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
 from accel.hardware import nvidia_gpus
@@ -21,17 +22,42 @@ accel_components = ["accel_parallel.strategy:ParallelStrategy"]
 #: The mesh dimensions in Accelerate's order (``ParallelismConfig._get_mesh``): outermost first, tp innermost.
 DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 #: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
-FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "sp_size", "sp_backend",
-          "tp_handler", "cp_handler", "sp_handler", "device_mesh")
+FIELDS = (
+    "dp_replicate_size",
+    "dp_shard_size",
+    "tp_size",
+    "cp_size",
+    "cp_backend",
+    "sp_size",
+    "sp_backend",
+    "tp_handler",
+    "cp_handler",
+    "sp_handler",
+    "device_mesh",
+)
 #: Tensor-parallel styles a plan may name (Hugging Face's names for the same ``torch.distributed.tensor.parallel``
 #: styles are accepted: ``colwise_rep``, ``rowwise_rep``, ``sequence_parallel``).
-TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "colwise_gather_output", "embedding_rowwise",
-             "sequence", "sequence_parallel")
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "rowwise_rep",
+    "colwise_gather_output",
+    "embedding_rowwise",
+    "sequence",
+    "sequence_parallel",
+)
 
 
 def _sp_size_one(value: Any) -> str | None:
-    return None if value == 1 else ("is sequence parallelism (DeepSpeed ALST/Ulysses), which accel-plugin-parallel "
-                                    "does not provide; use parallelism_config_cp_size for long sequences")
+    return (
+        None
+        if value == 1
+        else (
+            "is sequence parallelism (DeepSpeed ALST/Ulysses), which accel-plugin-parallel "
+            "does not provide; use parallelism_config_cp_size for long sequences"
+        )
+    )
 
 
 def _tp_plan(value: Any) -> str | None:
@@ -43,39 +69,87 @@ def _tp_plan(value: Any) -> str | None:
 def accel_add_options(options: Options) -> None:
     def size(dim: str, what: str) -> None:
         name = f"parallelism_config_{dim}_size"
-        options.add(name, type="int", default=1, minimum=1, config_key=f"parallelism_config.{name}",
-                    env=(name.upper(),), help=what)
+        options.add(
+            name,
+            type="int",
+            default=1,
+            minimum=1,
+            config_key=f"parallelism_config.{name}",
+            env=(name.upper(),),
+            help=what,
+        )
 
-    size("dp_replicate", "Mesh dimension dp_replicate: processes holding full replicas of the (dp_shard-sharded) "
-         "model, gradients all-reduced (HSDP with dp_shard > 1).")
-    size("dp_shard", "Mesh dimension dp_shard: processes over which parameters, gradients and optimizer state are "
-         "sharded (FSDP2).")
-    size("tp", "Mesh dimension tp: processes that split each layer's weights (tensor parallel); they read the same "
-         "batch.")
-    size("cp", "Mesh dimension cp: processes that split each sequence (context parallel, CUDA only); they read the "
-         "same batch.")
-    options.add("parallelism_config_cp_backend", default="torch", choices=("torch",),
-                config_key="parallelism_config.parallelism_config_cp_backend", env=("PARALLELISM_CONFIG_CP_BACKEND",),
-                help="Context-parallel backend (torch's context_parallel).")
-    options.add("parallelism_config_cp_comm_strategy", default="allgather", choices=("allgather", "alltoall"),
-                config_key="parallelism_config.parallelism_config_cp_comm_strategy",
-                env=("PARALLELISM_CONFIG_CP_COMM_STRATEGY",),
-                help="How context-parallel attention exchanges keys and values (torch's rotate method).")
-    options.add("parallelism_config_sp_size", type="int", default=1, minimum=1, check=_sp_size_one,
-                config_key="parallelism_config.parallelism_config_sp_size", env=("PARALLELISM_CONFIG_SP_SIZE",),
-                help="Accelerate's DeepSpeed sequence-parallel size; only 1 is accepted.")
-    options.add("parallelism_config_sp_backend", default="deepspeed", choices=("deepspeed",), cli=False,
-                config_key="parallelism_config.parallelism_config_sp_backend",
-                help="Accelerate's sequence-parallel backend (accepted, unused: sp_size is 1).")
-    options.add("parallelism_config_tp_plan", type="mapping", default=None, check=_tp_plan,
-                config_key="parallelism_config.parallelism_config_tp_plan",
-                help="Tensor-parallel plan: JSON object of module-name patterns (fnmatch, e.g. 'layers.*.mlp.up_proj') "
-                     "to styles (colwise, rowwise, colwise_rep, rowwise_rep, embedding_rowwise, sequence). "
-                     "Default: the model's Hugging Face tp_plan (base_model_tp_plan and its head's).")
-    options.add("parallelism_config", type="mapping", default=None, cli=False,
-                config_key="parallelism_config.parallelism_config_object",
-                help="Kernel argument: Accelerate's ParallelismConfig (or a dict of its fields); its sizes win over "
-                     "the parallelism_config_* flags and file keys.")
+    size(
+        "dp_replicate",
+        "Mesh dimension dp_replicate: processes holding full replicas of the (dp_shard-sharded) "
+        "model, gradients all-reduced (HSDP with dp_shard > 1).",
+    )
+    size(
+        "dp_shard",
+        "Mesh dimension dp_shard: processes over which parameters, gradients and optimizer state are sharded (FSDP2).",
+    )
+    size(
+        "tp",
+        "Mesh dimension tp: processes that split each layer's weights (tensor parallel); they read the same batch.",
+    )
+    size(
+        "cp",
+        "Mesh dimension cp: processes that split each sequence (context parallel, CUDA only); they read the "
+        "same batch.",
+    )
+    options.add(
+        "parallelism_config_cp_backend",
+        default="torch",
+        choices=("torch",),
+        config_key="parallelism_config.parallelism_config_cp_backend",
+        env=("PARALLELISM_CONFIG_CP_BACKEND",),
+        help="Context-parallel backend (torch's context_parallel).",
+    )
+    options.add(
+        "parallelism_config_cp_comm_strategy",
+        default="allgather",
+        choices=("allgather", "alltoall"),
+        config_key="parallelism_config.parallelism_config_cp_comm_strategy",
+        env=("PARALLELISM_CONFIG_CP_COMM_STRATEGY",),
+        help="How context-parallel attention exchanges keys and values (torch's rotate method).",
+    )
+    options.add(
+        "parallelism_config_sp_size",
+        type="int",
+        default=1,
+        minimum=1,
+        check=_sp_size_one,
+        config_key="parallelism_config.parallelism_config_sp_size",
+        env=("PARALLELISM_CONFIG_SP_SIZE",),
+        help="Accelerate's DeepSpeed sequence-parallel size; only 1 is accepted.",
+    )
+    options.add(
+        "parallelism_config_sp_backend",
+        default="deepspeed",
+        choices=("deepspeed",),
+        cli=False,
+        config_key="parallelism_config.parallelism_config_sp_backend",
+        help="Accelerate's sequence-parallel backend (accepted, unused: sp_size is 1).",
+    )
+    options.add(
+        "parallelism_config_tp_plan",
+        type="mapping",
+        default=None,
+        check=_tp_plan,
+        config_key="parallelism_config.parallelism_config_tp_plan",
+        help="Tensor-parallel plan: JSON object of module-name patterns (fnmatch, e.g. 'layers.*.mlp.up_proj') "
+        "to styles (colwise, rowwise, colwise_rep, rowwise_rep, embedding_rowwise, sequence). "
+        "Default: the model's Hugging Face tp_plan (base_model_tp_plan and its head's).",
+    )
+    options.add(
+        "parallelism_config",
+        type="mapping",
+        default=None,
+        cli=False,
+        config_key="parallelism_config.parallelism_config_object",
+        help="Kernel argument: Accelerate's ParallelismConfig (or a dict of its fields); its sizes win over "
+        "the parallelism_config_* flags and file keys.",
+    )
 
 
 @hookimpl
@@ -106,7 +180,7 @@ class MeshPlan:
     def coords(self, rank: int) -> dict[str, int]:
         """The coordinate of ``rank`` along each dimension (row-major, as ``init_device_mesh`` lays ranks out)."""
         out: dict[str, int] = {}
-        for dim, s in reversed(list(zip(DIMS, self.sizes))):
+        for dim, s in reversed(list(zip(DIMS, self.sizes, strict=True))):
             out[dim] = rank % s
             rank //= s
         return {d: out[d] for d in DIMS}
@@ -126,15 +200,23 @@ class MeshPlan:
 
     def describe(self) -> list[str]:
         """Lines for ``accel launch --dry-run``: every dimension with its size and groups, and the data shards."""
-        lines = ["mesh: " + " x ".join(f"{d}={s}" for d, s in zip(DIMS, self.sizes)) + f" ({self.world} processes)"]
+        lines = [
+            "mesh: "
+            + " x ".join(f"{d}={s}" for d, s in zip(DIMS, self.sizes, strict=True))
+            + f" ({self.world} processes)"
+        ]
         for dim in DIMS:
             if self.size(dim) > 1:
-                lines.append(f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim)))
+                lines.append(
+                    f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim))
+                )
         shards: dict[int, list[int]] = {}
         for rank in range(self.world):
             shards.setdefault(self.dp_index(rank), []).append(rank)
-        lines.append(f"  data shards ({self.dp_size}): " + " ".join(
-            f"{i}:[" + ",".join(map(str, r)) + "]" for i, r in sorted(shards.items())))
+        lines.append(
+            f"  data shards ({self.dp_size}): "
+            + " ".join(f"{i}:[" + ",".join(map(str, r)) + "]" for i, r in sorted(shards.items()))
+        )
         return lines
 
 
@@ -149,8 +231,9 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     given: Mapping[str, Any] = settings.get("parallelism_config") or {}
     unknown = sorted(k for k in given if k not in FIELDS and k.removeprefix("parallelism_config_") not in FIELDS)
     if unknown:
-        raise UsageError(f"Kernel(parallelism_config=...) has unknown field(s) {', '.join(unknown)}; "
-                         f"known: {', '.join(FIELDS[:6])}")
+        raise UsageError(
+            f"Kernel(parallelism_config=...) has unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS[:6])}"
+        )
     sp = _field(given, "sp_size")
     if sp not in (None, 1):
         raise UsageError(f"parallelism_config sp_size={sp}: {_sp_size_one(sp)}")
@@ -167,19 +250,23 @@ def mesh_plan(settings: Settings) -> MeshPlan:
 
 def check_plan(plan: MeshPlan, world: int, where: str) -> None:
     if plan.world != world:
-        raise UsageError(f"{where}: parallelism_config sizes dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
-                         f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
-                         f"process(es); make the product equal the number of processes (--num_processes {plan.world})")
+        raise UsageError(
+            f"{where}: parallelism_config sizes dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
+            f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
+            f"process(es); make the product equal the number of processes (--num_processes {plan.world})"
+        )
 
 
 def cp_refusal(settings: Settings, cuda: bool) -> str | None:
     """Why context parallelism cannot run here, or None. torch's ``context_parallel`` rewrites scaled dot-product
     attention into ring attention built on CUDA-only SDPA kernels (flash / memory-efficient / cuDNN)."""
     if settings["cpu"] or not cuda:
-        return ("parallelism_config_cp_size > 1 needs CUDA: torch's context_parallel shards scaled dot-product "
-                "attention only for its CUDA kernels; on the CPU torch fails with \"NotImplementedError: Operator "
-                "aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
-                "registered.\"; set parallelism_config_cp_size 1 or run on CUDA GPUs")
+        return (
+            "parallelism_config_cp_size > 1 needs CUDA: torch's context_parallel shards scaled dot-product "
+            'attention only for its CUDA kernels; on the CPU torch fails with "NotImplementedError: Operator '
+            "aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
+            'registered."; set parallelism_config_cp_size 1 or run on CUDA GPUs'
+        )
     return None
 
 
@@ -195,13 +282,16 @@ def accel_activate(settings: Settings) -> object | None:
         if settings.sources.get("parallelism_config", "default") != "default":
             pass  # Kernel(parallelism_config=...) is Accelerate's way to ask for it: take part
         elif given and settings.selected:
-            raise UsageError(f"parallelism_config sizes are set, but {', '.join(settings.selected)} is selected; "
-                             "N-D parallelism needs --plugin parallel (or --use_parallelism_config), which applies "
-                             "FSDP2 itself on the data-parallel dims")
-        elif given and any(settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument")
-                           for d in DIMS):
-            raise UsageError("parallelism_config sizes given, but plugin 'parallel' is not selected; add "
-                             "--plugin parallel (or --use_parallelism_config, or Kernel(plugins=['parallel']))")
+            raise UsageError(
+                f"parallelism_config sizes are set, but {', '.join(settings.selected)} is selected; "
+                "N-D parallelism needs --plugin parallel (or --use_parallelism_config), which applies "
+                "FSDP2 itself on the data-parallel dims"
+            )
+        elif given and any(settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in DIMS):
+            raise UsageError(
+                "parallelism_config sizes given, but plugin 'parallel' is not selected; add "
+                "--plugin parallel (or --use_parallelism_config, or Kernel(plugins=['parallel']))"
+            )
         else:
             return None
     plan = mesh_plan(settings)
@@ -212,15 +302,24 @@ def accel_activate(settings: Settings) -> object | None:
         if why:
             raise UsageError(why)
     if settings.mixed_precision not in ("no", "bf16"):
-        raise UsageError(f"mixed_precision={settings.mixed_precision} is not supported with --plugin parallel; use "
-                         "bf16 (FSDP's MixedPrecisionPolicy) or no")
+        raise UsageError(
+            f"mixed_precision={settings.mixed_precision} is not supported with --plugin parallel; use "
+            "bf16 (FSDP's MixedPrecisionPolicy) or no"
+        )
     from accel_parallel.strategy import ParallelStrategy
 
     return ParallelStrategy(settings, plan)
 
 
-def load_sharded(kernel: Any, directory: str | os.PathLike[str], *, model: Any, optimizer: Any = None,
-                 model_key: str = "model", optimizer_key: str = "optimizer") -> None:
+def load_sharded(
+    kernel: Any,
+    directory: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: Any = None,
+    model_key: str = "model",
+    optimizer_key: str = "optimizer",
+) -> None:
     """Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin
     parallel``, on any mesh (any sizes, any number of processes, one included): torch.distributed.checkpoint
     reshards them. Use it to continue on a different mesh (``load_state`` also restores per-process random states
@@ -236,8 +335,12 @@ def load_sharded(kernel: Any, directory: str | os.PathLike[str], *, model: Any, 
     comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
 
 
-def context_parallel(kernel: Any, buffers: list[Any] | None = None, buffer_seq_dims: list[int] | None = None,
-                     no_restore_buffers: set[Any] | None = None) -> Any:
+def context_parallel(
+    kernel: Any,
+    buffers: list[Any] | None = None,
+    buffer_seq_dims: list[int] | None = None,
+    no_restore_buffers: set[Any] | None = None,
+) -> Any:
     """Accelerate's ``maybe_context_parallel``: the context in which the forward and backward of one batch run with
     their sequence split over the ``cp`` dimension. ``buffers`` (input ids, labels, position ids...) are split in
     place along ``buffer_seq_dims`` and restored on exit (except ``no_restore_buffers``); scaled dot-product

@@ -9,19 +9,26 @@ import contextlib
 import fnmatch
 import os
 import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-from accel.distributed import ProcessGroupComponent, launch_with_torchrun, local_device, restart_store_args, torchrun_env
+from accel.distributed import (
+    ProcessGroupComponent,
+    launch_with_torchrun,
+    local_device,
+    restart_store_args,
+    torchrun_env,
+)
+
 from accel_parallel import DIMS, MeshPlan, cp_refusal
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
-
     from accel.kernel import Kernel
+    from torch import nn
 
 TIMEOUT_S = 1800.0
 DCP_FORMAT = "torch.distributed.checkpoint"
@@ -65,9 +72,12 @@ class ParallelStrategy(ProcessGroupComponent):
         if not dist.is_initialized():
             backend = dist.get_default_backend_for_device(self.device)
             timeout = timedelta(seconds=TIMEOUT_S)
-            dist.init_process_group(backend=backend, timeout=timeout,
-                                    device_id=self.device if self.device.type != "cpu" else None,
-                                    **restart_store_args(os.environ, timeout, "accel-parallel"))
+            dist.init_process_group(
+                backend=backend,
+                timeout=timeout,
+                device_id=self.device if self.device.type != "cpu" else None,
+                **restart_store_args(os.environ, timeout, "accel-parallel"),
+            )
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, self.plan.sizes, mesh_dim_names=DIMS)
         if self.plan.size("cp") > 1:  # FSDP shards over dp_shard and cp together (Accelerate's dp_shard_cp)
@@ -79,16 +89,23 @@ class ParallelStrategy(ProcessGroupComponent):
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
         set_rotate_method(self.settings["parallelism_config_cp_comm_strategy"])
-        return context_parallel(self.mesh["cp"], buffers=buffers, buffer_seq_dims=seq_dims,
-                                no_restore_buffers=no_restore)
+        return context_parallel(
+            self.mesh["cp"], buffers=buffers, buffer_seq_dims=seq_dims, no_restore_buffers=no_restore
+        )
 
     @hookimpl
     def accel_topology(self, kernel: Kernel) -> Topology:
         import torch.distributed as dist
 
         rank = dist.get_rank()
-        return Topology(rank, dist.get_world_size(), self.local_rank, self.local_world,
-                        data_parallel_index=self.plan.dp_index(rank), data_parallel_size=self.plan.dp_size)
+        return Topology(
+            rank,
+            dist.get_world_size(),
+            self.local_rank,
+            self.local_world,
+            data_parallel_index=self.plan.dp_index(rank),
+            data_parallel_size=self.plan.dp_size,
+        )
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Any:
@@ -108,15 +125,18 @@ class ParallelStrategy(ProcessGroupComponent):
         return None
 
     @hookimpl
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
-                               schedulers: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    def accel_prepare_training(
+        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         for model in models:
             if any(model is m for m in self.models):
                 continue  # prepared before
             before = self.swap.record(model)
             model.to(self.device)
             if self.plan.size("tp") > 1:
-                apply_tensor_parallel(model, self.mesh["tp"], tp_plan(model, self.settings["parallelism_config_tp_plan"]))
+                apply_tensor_parallel(
+                    model, self.mesh["tp"], tp_plan(model, self.settings["parallelism_config_tp_plan"])
+                )
             mesh = self.fsdp_mesh()
             if mesh is not None:
                 shard(model, mesh, self.settings.mixed_precision == "bf16")
@@ -138,8 +158,9 @@ class ParallelStrategy(ProcessGroupComponent):
         return contextlib.nullcontext() if any(module is m for m in self.models) else None
 
     @hookimpl
-    def accel_clip_grad_norm(self, kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float,
-                             norm_type: float) -> torch.Tensor:
+    def accel_clip_grad_norm(
+        self, kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
         return clip_grad_norm(parameters, max_norm, norm_type)
 
     # ---- state --------------------------------------------------------------------------------------------
@@ -172,30 +193,41 @@ class ParallelStrategy(ProcessGroupComponent):
         if not models:
             return None
         if len(models) > 1:
-            raise UsageError(f"checkpoint item {key!r}: the optimizer steps parameters of {len(models)} models; "
-                             "with --plugin parallel use one optimizer per model")
+            raise UsageError(
+                f"checkpoint item {key!r}: the optimizer steps parameters of {len(models)} models; "
+                "with --plugin parallel use one optimizer per model"
+            )
         return inner, models[0]
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         asynchronous: bool) -> dict[str, ItemRecord]:
+    def accel_save_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+    ) -> dict[str, ItemRecord]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        mine = {k: v for k, v in items.items() if self._mine(kernel, v) is not None
-                or self._optimizer_model(k, v) is not None}
+        mine = {
+            k: v
+            for k, v in items.items()
+            if self._mine(kernel, v) is not None or self._optimizer_model(k, v) is not None
+        }
         if not mine:
             return {}
         if asynchronous:
-            raise UsageError("save_state(asynchronous=True) is not supported with --plugin parallel: its checkpoints "
-                             "are written by torch.distributed.checkpoint, whose collectives must run on the training "
-                             "thread; call save_state() without asynchronous=True")
+            raise UsageError(
+                "save_state(asynchronous=True) is not supported with --plugin parallel: its checkpoints "
+                "are written by torch.distributed.checkpoint, whose collectives must run on the training "
+                "thread; call save_state() without asynchronous=True"
+            )
         if not kernel.sync_gradients:
-            raise UsageError("save_state in the middle of gradient accumulation is not supported with --plugin "
-                             "parallel; save on a step that synchronises (if kernel.sync_gradients: ...)")
+            raise UsageError(
+                "save_state in the middle of gradient accumulation is not supported with --plugin "
+                "parallel; save on a step that synchronises (if kernel.sync_gradients: ...)"
+            )
         records: dict[str, ItemRecord] = {}
         for key in sorted(mine):  # the same order on every rank: each save is a collective
             obj = mine[key]
             model = self._mine(kernel, obj)
+            state: dict[str, Any]
             if model is not None:
                 state = get_model_state_dict(model)
             else:
@@ -206,13 +238,15 @@ class ParallelStrategy(ProcessGroupComponent):
         return records
 
     @hookimpl
-    def accel_load_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         records: Mapping[str, ItemRecord]) -> Iterable[str]:
+    def accel_load_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    ) -> Iterable[str]:
         mine = sorted(k for k, rec in records.items() if rec.plugin == self.name)
         missing = [k for k in mine if k not in items]
         if missing:
-            raise UsageError(f"the checkpoint holds {missing} (written by accel-plugin-parallel) but this run did "
-                             "not prepare them")
+            raise UsageError(
+                f"the checkpoint holds {missing} (written by accel-plugin-parallel) but this run did not prepare them"
+            )
         self.load_items(kernel, Path(directory), {k: items[k] for k in mine})
         return mine
 
@@ -239,12 +273,14 @@ class ParallelStrategy(ProcessGroupComponent):
                 continue
             pair = self._optimizer_model(key, obj)
             if pair is None:
-                raise UsageError(f"checkpoint item {key!r} was written by accel-plugin-parallel, but in this run "
-                                 f"{key!r} is not a model or optimizer prepared with --plugin parallel")
+                raise UsageError(
+                    f"checkpoint item {key!r} was written by accel-plugin-parallel, but in this run "
+                    f"{key!r} is not a model or optimizer prepared with --plugin parallel"
+                )
             optimizer, model = pair
-            state = get_optimizer_state_dict(model, optimizer)
-            dcp_load(state, path)
-            set_optimizer_state_dict(model, optimizer, state)
+            optim_state: dict[str, Any] = get_optimizer_state_dict(model, optimizer)
+            dcp_load(optim_state, path)
+            set_optimizer_state_dict(model, optimizer, optim_state)
 
 
 def _dcp_save(state: dict[str, Any], path: Path) -> None:
@@ -275,9 +311,11 @@ def tp_plan(model: nn.Module, given: Mapping[str, str] | None) -> dict[str, str]
             prefix = "" if getattr(model, "base_model", model) is model else f"{model.base_model_prefix}."
             plan = {prefix + k: v for k, v in config_plan.items()}
     if not plan:
-        raise UsageError(f"parallelism_config_tp_size > 1, but {type(model).__name__} has no tensor-parallel plan: "
-                         "give one with --parallelism_config_tp_plan '{\"fc1\": \"colwise\", \"fc2\": \"rowwise\"}' "
-                         "(module-name patterns to styles)")
+        raise UsageError(
+            f"parallelism_config_tp_size > 1, but {type(model).__name__} has no tensor-parallel plan: "
+            'give one with --parallelism_config_tp_plan \'{"fc1": "colwise", "fc2": "rowwise"}\' '
+            "(module-name patterns to styles)"
+        )
     return dict(plan)
 
 
@@ -297,8 +335,9 @@ def _style(name: str, style: str) -> Any:
         "sequence_sharded_input": lambda: SequenceParallel(sequence_dim=1, use_local_output=False),
     }
     if style not in styles:
-        raise UsageError(f"tensor-parallel plan entry {name!r}: unknown style {style!r} (known: "
-                         f"{', '.join(sorted(styles))})")
+        raise UsageError(
+            f"tensor-parallel plan entry {name!r}: unknown style {style!r} (known: {', '.join(sorted(styles))})"
+        )
     return styles[style]()
 
 
@@ -314,8 +353,10 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str]) 
     for pattern, style in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
-            raise UsageError(f"tensor-parallel plan entry {pattern!r} matches no module of {type(model).__name__} "
-                             f"(modules: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
+            raise UsageError(
+                f"tensor-parallel plan entry {pattern!r} matches no module of {type(model).__name__} "
+                f"(modules: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})"
+            )
         for hit in hits:
             module = model.get_submodule(hit)
             weight = getattr(module, "weight", None)
@@ -324,8 +365,10 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str]) 
             rowwise = str(style).startswith("rowwise") or style == "embedding_rowwise"
             dim = int(rowwise) if not isinstance(module, torch.nn.Embedding) else int(not rowwise)
             if weight.shape[dim] % size:
-                raise UsageError(f"tensor-parallel {style} on {hit}: its weight dimension {dim} "
-                                 f"({weight.shape[dim]}) does not divide by tp size {size}")
+                raise UsageError(
+                    f"tensor-parallel {style} on {hit}: its weight dimension {dim} "
+                    f"({weight.shape[dim]}) does not divide by tp size {size}"
+                )
         resolved[pattern] = _style(pattern, str(style))
     parallelize_module(model, mesh, resolved)
 
@@ -338,8 +381,9 @@ def shard(model: nn.Module, mesh: Any, bf16: bool) -> None:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
-        else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     layers = set(getattr(model, "_no_split_modules", None) or ())
     for module in [m for m in model.modules() if m is not model and type(m).__name__ in layers][::-1]:
         fully_shard(module, mesh=mesh, mp_policy=mp)
@@ -376,9 +420,11 @@ class ParamSwap:
     def swap(self, optimizer: torch.optim.Optimizer) -> list[Any]:
         groups = optimizer.param_groups
         if any(optimizer.state.get(p) for g in groups for p in g["params"]):
-            raise UsageError("the optimizer already has state (it took a step before prepare); with --plugin "
-                             "parallel, prepare the model and optimizer before training, then load state with "
-                             "load_state")
+            raise UsageError(
+                "the optimizer already has state (it took a step before prepare); with --plugin "
+                "parallel, prepare the model and optimizer before training, then load state with "
+                "load_state"
+            )
         models: list[Any] = []
         for group in groups:
             group["params"] = [self.new_param(p) for p in group["params"]]
