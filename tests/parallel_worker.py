@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--load", default="")
     args = ap.parse_args()
     out = Path(args.out)
-    kernel = Kernel()
+    kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step: no_sync on the first
     torch.manual_seed(0)
     models = {"mlp": MLP(), "llama": llama()}
     tp = kernel.num_processes // kernel.data_parallel_size
@@ -118,19 +118,21 @@ def main() -> None:
     norms: dict[str, list[float]] = {k: [] for k in prepared}
     iters = {k: iter(dl) for k, (_, _, dl) in prepared.items()}
     for step in range(start, STEPS):
-        for key, (model, optimizer, _) in prepared.items():
-            batch = next(iters[key])
-            if key == "mlp":
-                x, y = batch
-                loss = nn.functional.cross_entropy(model(x), y)
-            else:
-                (ids,) = batch
-                loss = model(input_ids=ids, labels=ids).loss
-            kernel.backward(loss)
-            norms[key].append(float(kernel.clip_grad_norm_(model.parameters(), 1e9)))
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[key].append(float(kernel.reduce(loss.detach(), "mean")))
+        with kernel.accumulate(*(m for m, _, _ in prepared.values())):  # one accumulation step for both
+            for key, (model, optimizer, _) in prepared.items():
+                batch = next(iters[key])
+                if key == "mlp":
+                    x, y = batch
+                    loss = nn.functional.cross_entropy(model(x), y)
+                else:
+                    (ids,) = batch
+                    loss = model(input_ids=ids, labels=ids).loss
+                kernel.backward(loss)
+                if kernel.sync_gradients:
+                    norms[key].append(float(kernel.clip_grad_norm_(model.parameters(), 1e9)))
+                optimizer.step()
+                optimizer.zero_grad()
+                losses[key].append(float(kernel.reduce(loss.detach(), "mean")))
         if args.save_at and step + 1 == args.save_at and not args.resume:
             kernel.save_state(str(out / "ckpt"))
             for key, (model, _, _) in prepared.items():
