@@ -14,10 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from accel_bigmodel.empty import init_empty_weights, init_on_device
-    from accel_bigmodel.loading import (CheckpointMismatch, dispatch_model, load_checkpoint_and_dispatch,
-                                        load_checkpoint_in_model)
-    from accel_bigmodel.modeling import (DeviceMapError, compute_module_sizes, get_balanced_memory, get_max_memory,
-                                         infer_auto_device_map)
+    from accel_bigmodel.loading import (
+        CheckpointMismatch,
+        dispatch_model,
+        load_checkpoint_and_dispatch,
+        load_checkpoint_in_model,
+    )
+    from accel_bigmodel.modeling import (
+        DeviceMapError,
+        compute_module_sizes,
+        get_balanced_memory,
+        get_max_memory,
+        infer_auto_device_map,
+    )
 
 _LAZY = {
     "init_empty_weights": "accel_bigmodel.empty",
@@ -33,7 +42,19 @@ _LAZY = {
     "CheckpointMismatch": "accel_bigmodel.loading",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "CheckpointMismatch",
+    "DeviceMapError",
+    "compute_module_sizes",
+    "dispatch_model",
+    "get_balanced_memory",
+    "get_max_memory",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+]
 
 
 def __getattr__(name: str) -> Any:

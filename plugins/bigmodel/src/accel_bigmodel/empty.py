@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,11 +44,11 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
         if tensor is not None:
             module._buffers[name] = tensor.to(device)
 
-    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign,assignment]
     if include_buffers:
-        nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+        nn.Module.register_buffer = register_buffer  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        nn.Module.register_parameter = original_parameter  # type: ignore[method-assign]
-        nn.Module.register_buffer = original_buffer  # type: ignore[method-assign]
+        nn.Module.register_parameter = original_parameter  # type: ignore[method-assign,assignment]
+        nn.Module.register_buffer = original_buffer  # type: ignore[method-assign,assignment]

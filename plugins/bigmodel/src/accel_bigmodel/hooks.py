@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -59,13 +59,17 @@ class OffloadStore:
 
     def write_index(self, folder: str | os.PathLike[str]) -> None:
         """``index.json`` in the offload folder: where each disk tensor is read from (for inspection)."""
-        index = {name: {"safetensors_file": t.file, "weight_name": t.key, "dtype": str(t.dtype).replace("torch.", "")}
-                 for name, t in self.disk.items()}
+        index = {
+            name: {"safetensors_file": t.file, "weight_name": t.key, "dtype": str(t.dtype).replace("torch.", "")}
+            for name, t in self.disk.items()
+        }
         with open(os.path.join(folder, "index.json"), "w") as fh:
             json.dump(index, fh, indent=1)
 
 
-def set_tensor(module: nn.Module, local: str, tensor: torch.Tensor, is_param: bool, requires_grad: bool = False) -> None:
+def set_tensor(
+    module: nn.Module, local: str, tensor: torch.Tensor, is_param: bool, requires_grad: bool = False
+) -> None:
     """Put ``tensor`` in ``module`` under ``local`` (its own name, no dots), as a parameter or a buffer."""
     if is_param:
         grad = tensor.is_floating_point() or tensor.is_complex()
@@ -83,8 +87,10 @@ class OffloadHook:
         self.store = store
         self.device = device
         self.params = {local for local in self.names if local in module._parameters}
-        self.empty = {local: (module._parameters[local] if local in self.params else module._buffers[local])
-                      for local in self.names}
+        self.empty = {
+            local: (module._parameters[local] if local in self.params else module._buffers[local])
+            for local in self.names
+        }
         self.depth = 0  # a module may call itself (or be shared): load once, release at the outermost exit
 
     def pre(self, module: nn.Module, args: Any) -> None:
@@ -118,7 +124,7 @@ def send_to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, Mapping):
         moved = {k: send_to_device(v, device) for k, v in obj.items()}
         try:
-            return type(obj)(moved)
+            return type(obj)(moved)  # type: ignore[call-arg]
         except TypeError:
             return moved
     return obj
@@ -155,8 +161,10 @@ def attach_io_same_device(model: nn.Module) -> list[Any]:
         device = seen.pop() if seen else None
         return send_to_device(output, device) if device is not None else output
 
-    return [model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
-            model.register_forward_hook(post, with_kwargs=True, always_call=True)]
+    return [
+        model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True),
+        model.register_forward_hook(post, with_kwargs=True, always_call=True),
+    ]
 
 
 def remove_hooks(model: nn.Module) -> None:

@@ -5,11 +5,13 @@ Checkpoints: one ``.safetensors`` file, or shards with a ``*.safetensors.index.j
 ``Kernel.save_model`` writes too); a directory holding either. Tied weights stored once (``save_pretrained`` drops
 them, ``save_model`` records them as ``accel.aliases``) are filled from their twin.
 
-Memory: tensors are read one at a time through safetensors' memory map, which is closed every ``CHUNK_BYTES`` so
-the file's pages do not pile up in the process's resident memory; the tensors kept resident are copies, never
-views of the map (overwriting the checkpoint later cannot change or crash the model). Disk-offloaded tensors are
-read from the checkpoint's own file at each forward when their dtype is unchanged, else from a converted copy
-written to ``offload_folder``.
+Memory: tensors are read one at a time through safetensors' memory map. CPU tensors whose dtype is unchanged are
+views of the map, as ``safetensors.torch.load_file`` gives them (their pages are read at first use and count in the
+process's resident memory from then on); so do not overwrite the checkpoint's files in place while the model is in
+use (writing new files and renaming them, as ``Kernel.save_model`` does, is safe). Where tensors are converted
+(``dtype``) or moved to an accelerator, the map is closed every ``CHUNK_BYTES`` so the pages read do not pile up.
+Disk-offloaded tensors are read from the checkpoint's own file at each forward when their dtype is unchanged, else
+from a converted copy written to ``offload_folder``.
 """
 
 from __future__ import annotations
@@ -18,28 +20,53 @@ import json
 import os
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
+from accel.errors import CheckpointError
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from accel.errors import CheckpointError
-from accel_bigmodel.hooks import (DiskTensor, OffloadHook, OffloadStore, attach_io_same_device, inputs_to,
-                                  remove_hooks, set_tensor)
-from accel_bigmodel.modeling import (DISK, Device, DeviceMapError, _dtype, check_device_map, compute_module_sizes,
-                                     device_of, get_balanced_memory, get_max_memory, human, infer_auto_device_map,
-                                     normalize_device, target_dtype, torch_device)
+from accel_bigmodel.hooks import (
+    DiskTensor,
+    OffloadHook,
+    OffloadStore,
+    attach_io_same_device,
+    inputs_to,
+    remove_hooks,
+    set_tensor,
+)
+from accel_bigmodel.modeling import (
+    DISK,
+    Device,
+    DeviceMapError,
+    _dtype,
+    check_device_map,
+    compute_module_sizes,
+    device_of,
+    get_balanced_memory,
+    get_max_memory,
+    human,
+    infer_auto_device_map,
+    normalize_device,
+    target_dtype,
+    torch_device,
+)
 
 WEIGHTS = "model.safetensors"
 CHUNK_BYTES = 32 * 2**20  # reopen the memory map after reading this much (bounds the map's resident pages)
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-class CheckpointMismatch(CheckpointError, ValueError):
+class CheckpointLoadError(CheckpointError, ValueError):
+    """A checkpoint that cannot be loaded as asked (one line: what is wrong and what to do)."""
+
+
+class CheckpointMismatch(CheckpointLoadError):
     """The checkpoint's tensor names or shapes do not match the model's."""
 
 
@@ -59,26 +86,35 @@ def _find(path: Path) -> tuple[list[Path], Path | None]:
         if path.name.endswith(".json"):
             return [], path
         if path.suffix != ".safetensors":
-            raise CheckpointError(f"{path} is not a safetensors checkpoint: accel loads .safetensors files only "
-                                  "(save with safe_serialization=True, or convert with safetensors.torch.save_file)")
+            raise CheckpointLoadError(
+                f"{path} is not a safetensors checkpoint: accel loads .safetensors files only "
+                "(save with safe_serialization=True, or convert with safetensors.torch.save_file)"
+            )
         return [path], None
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist: pass a .safetensors file, an index .json or a "
-                              "directory holding them")
+        raise CheckpointLoadError(
+            f"checkpoint {path} does not exist: pass a .safetensors file, an index .json or a directory holding them"
+        )
     if (path / WEIGHTS).is_file():
         return [path / WEIGHTS], None
     indexes = sorted(path.glob("*.safetensors.index.json"))
     if len(indexes) == 1:
         return [], indexes[0]
     if len(indexes) > 1:
-        raise CheckpointError(f"{path} holds {len(indexes)} index files ({', '.join(p.name for p in indexes)}): "
-                              "pass the one to load")
+        raise CheckpointLoadError(
+            f"{path} holds {len(indexes)} index files ({', '.join(p.name for p in indexes)}): pass the one to load"
+        )
     singles = sorted(path.glob("*.safetensors"))
     if len(singles) == 1:
         return singles, None
-    raise CheckpointError(f"no {WEIGHTS} or *.safetensors.index.json in {path}" + (
-        " (a PyTorch .bin checkpoint: accel loads safetensors only; save with safe_serialization=True)"
-        if any(path.glob("*.bin")) else ""))
+    raise CheckpointLoadError(
+        f"no {WEIGHTS} or *.safetensors.index.json in {path}"
+        + (
+            " (a PyTorch .bin checkpoint: accel loads safetensors only; save with safe_serialization=True)"
+            if any(path.glob("*.bin"))
+            else ""
+        )
+    )
 
 
 class CheckpointIndex:
@@ -94,18 +130,20 @@ class CheckpointIndex:
                 index = json.loads(index_path.read_text())
                 weight_map = index["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"cannot read the index {index_path}: {exc}") from None
+                raise CheckpointLoadError(f"cannot read the index {index_path}: {exc}") from None
             aliases = dict((index.get("metadata") or {}).get("accel.aliases") or {})
             for name, shard in weight_map.items():
                 if Path(shard).name != shard:
-                    raise CheckpointError(f"{index_path} names a shard outside its directory: {shard!r}")
+                    raise CheckpointLoadError(f"{index_path} names a shard outside its directory: {shard!r}")
                 found = wanted.setdefault(index_path.parent / shard, set())
                 assert found is not None
                 found.add(name)
         self.entries: dict[str, Entry] = {}
         for file, names in wanted.items():
             if not file.is_file():
-                raise CheckpointError(f"{index_path} lists the shard {file.name}, which is missing from {file.parent}")
+                raise CheckpointLoadError(
+                    f"{index_path} lists the shard {file.name}, which is missing from {file.parent}"
+                )
             with safe_open(os.fspath(file), framework="pt") as fh:
                 if index_path is None:
                     aliases.update(json.loads((fh.metadata() or {}).get("accel.aliases", "{}")))
@@ -172,18 +210,29 @@ def match(model: nn.Module, index: CheckpointIndex, strict: bool) -> dict[str, S
         if missing:
             parts.append(f"{len(missing)} model tensor(s) missing from it, first: {', '.join(missing[:5])}")
         if unexpected:
-            parts.append(f"{len(unexpected)} checkpoint tensor(s) the model does not have, first: "
-                         f"{', '.join(unexpected[:5])}")
-        raise CheckpointMismatch(f"{where} does not match the model: {'; '.join(parts)}; check that it was saved from "
-                                 "this model class and config (a renamed or prefixed module?)")
+            parts.append(
+                f"{len(unexpected)} checkpoint tensor(s) the model does not have, first: {', '.join(unexpected[:5])}"
+            )
+        raise CheckpointMismatch(
+            f"{where} does not match the model: {'; '.join(parts)}; check that it was saved from "
+            "this model class and config (a renamed or prefixed module?)"
+        )
     if unexpected:
-        warnings.warn(f"{where}: {len(unexpected)} tensor(s) the model does not have were not loaded, first: "
-                      f"{', '.join(unexpected[:5])}", stacklevel=3)
-    shapes = [f"{n} {tuple(s.entry.shape)} vs model {tuple(s.original.shape)}" for n, s in slots.items()
-              if s.entry is not None and tuple(s.entry.shape) != tuple(s.original.shape)]
+        warnings.warn(
+            f"{where}: {len(unexpected)} tensor(s) the model does not have were not loaded, first: "
+            f"{', '.join(unexpected[:5])}",
+            stacklevel=3,
+        )
+    shapes = [
+        f"{n} {tuple(s.entry.shape)} vs model {tuple(s.original.shape)}"
+        for n, s in slots.items()
+        if s.entry is not None and tuple(s.entry.shape) != tuple(s.original.shape)
+    ]
     if shapes:
-        raise CheckpointMismatch(f"{where} does not match the model: {len(shapes)} tensor(s) have another shape, "
-                                 f"first: {'; '.join(shapes[:3])}; check the model's config")
+        raise CheckpointMismatch(
+            f"{where} does not match the model: {len(shapes)} tensor(s) have another shape, "
+            f"first: {'; '.join(shapes[:3])}; check the model's config"
+        )
     return slots
 
 
@@ -201,8 +250,9 @@ def execution_device(device_map: Mapping[str, int | str]) -> torch.device:
 OFFLOAD = "offload"  # kept in CPU memory, loaded onto the execution device for each forward
 
 
-def placement(name: str, is_param: bool, device_map: Mapping[str, int | str], main: torch.device,
-              offload_buffers: bool) -> torch.device | str:
+def placement(
+    name: str, is_param: bool, device_map: Mapping[str, int | str], main: torch.device, offload_buffers: bool
+) -> torch.device | str:
     """DISK, OFFLOAD, or the device a tensor lives on. Buffers are offloaded only with ``offload_buffers``
     (otherwise they live on the execution device)."""
     device = device_of(name, device_map)
@@ -230,8 +280,14 @@ def _chunks(items: list[Slot]) -> Iterable[list[Slot]]:
         yield chunk
 
 
-def _load(model: nn.Module, slots: Mapping[str, Slot], device_map: Mapping[str, int | str], dtype: torch.dtype | None,
-          offload_folder: str | os.PathLike[str] | None, offload_buffers: bool) -> OffloadStore:
+def _load(
+    model: nn.Module,
+    slots: Mapping[str, Slot],
+    device_map: Mapping[str, int | str],
+    dtype: torch.dtype | None,
+    offload_folder: str | os.PathLike[str] | None,
+    offload_buffers: bool,
+) -> OffloadStore:
     """Load every slot that has an entry: resident ones on their device, disk ones recorded in the returned store
     (and set to meta)."""
     main = execution_device(device_map)
@@ -243,8 +299,9 @@ def _load(model: nn.Module, slots: Mapping[str, Slot], device_map: Mapping[str, 
             continue
         dtype_to = target_dtype(slot.original, dtype)
         if placement(name, slot.is_param, device_map, main, offload_buffers) == DISK:
-            set_tensor(slot.module, slot.local, torch.empty(slot.original.shape, dtype=dtype_to, device="meta"),
-                       slot.is_param)
+            set_tensor(
+                slot.module, slot.local, torch.empty(slot.original.shape, dtype=dtype_to, device="meta"), slot.is_param
+            )
             if str(dtype_to) == str(_ST_DTYPES.get(slot.entry.dtype)):
                 store.disk[name] = DiskTensor(slot.entry.file, slot.entry.key, dtype_to)
             else:
@@ -254,6 +311,12 @@ def _load(model: nn.Module, slots: Mapping[str, Slot], device_map: Mapping[str, 
     loaded: dict[tuple[int, str], Any] = {}  # (original tensor, device) -> loaded parameter/buffer (tied weights)
     for file, items in resident.items():
         for chunk in _chunks(items):
+            # a chunk with a conversion is copied whole, so no view keeps its map (and the pages read) alive
+            copy = any(
+                str(target_dtype(s.original, dtype)) != str(_ST_DTYPES.get(s.entry.dtype))
+                for s in chunk
+                if s.entry is not None
+            )
             with safe_open(file, framework="pt", device="cpu") as fh:
                 for slot in chunk:
                     assert slot.entry is not None
@@ -267,7 +330,10 @@ def _load(model: nn.Module, slots: Mapping[str, Slot], device_map: Mapping[str, 
                         continue
                     tensor = fh.get_tensor(slot.entry.key)
                     dtype_to = target_dtype(slot.original, dtype)
-                    tensor = tensor.to(dtype_to) if tensor.dtype != dtype_to else tensor.clone()
+                    if tensor.dtype != dtype_to:
+                        tensor = tensor.to(dtype_to)
+                    elif copy and where.type == "cpu":
+                        tensor = tensor.clone()
                     set_tensor(slot.module, slot.local, tensor.to(where), slot.is_param, slot.original.requires_grad)
                     holder = slot.module._parameters if slot.is_param else slot.module._buffers
                     loaded[key] = holder[slot.local]
@@ -287,9 +353,20 @@ def _load(model: nn.Module, slots: Mapping[str, Slot], device_map: Mapping[str, 
     return store
 
 
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 
 
 def _still_meta(model: nn.Module, store: OffloadStore) -> None:
@@ -305,8 +382,9 @@ def _still_meta(model: nn.Module, store: OffloadStore) -> None:
 # ---- dispatch --------------------------------------------------------------------------------------------------------
 
 
-def _dispatch(model: nn.Module, device_map: Mapping[str, int | str], store: OffloadStore,
-              offload_buffers: bool) -> nn.Module:
+def _dispatch(
+    model: nn.Module, device_map: Mapping[str, int | str], store: OffloadStore, offload_buffers: bool
+) -> nn.Module:
     """Attach the hooks: offloaded tensors loaded just in time on the main device; inputs moved to each entry's
     device when more than one device computes."""
     main = execution_device(device_map)
@@ -342,8 +420,13 @@ def _dispatch(model: nn.Module, device_map: Mapping[str, int | str], store: Offl
     return model
 
 
-def dispatch_model(model: nn.Module, device_map: Mapping[str, Device], main_device: Device | None = None,
-                   offload_dir: str | os.PathLike[str] | None = None, offload_buffers: bool = False) -> nn.Module:
+def dispatch_model(
+    model: nn.Module,
+    device_map: Mapping[str, Device],
+    main_device: Device | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    offload_buffers: bool = False,
+) -> nn.Module:
     """Dispatch a model whose weights are loaded (or on meta for ``"disk"`` entries, with ``offload_dir`` holding
     the ``index.json`` that :func:`load_checkpoint_in_model` wrote): resident tensors are moved to their device,
     ``"cpu"`` entries are offloaded to CPU memory when an accelerator computes, ``"disk"`` entries are written to
@@ -363,10 +446,14 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Device], main_devi
         if where == DISK:
             if tensor.is_meta:
                 if name not in index:
-                    raise DeviceMapError(f"{name} is on meta and not in {offload_dir}/index.json: load it with "
-                                         "load_checkpoint_in_model(..., offload_folder=...) first")
+                    raise DeviceMapError(
+                        f"{name} is on meta and not in {offload_dir}/index.json: load it with "
+                        "load_checkpoint_in_model(..., offload_folder=...) first"
+                    )
                 info = index[name]
-                store.disk[name] = DiskTensor(info["safetensors_file"], info["weight_name"], getattr(torch, info["dtype"]))
+                store.disk[name] = DiskTensor(
+                    info["safetensors_file"], info["weight_name"], getattr(torch, info["dtype"])
+                )
                 continue
             if offload_dir is None:
                 raise DeviceMapError(f"device_map puts {name} on disk: pass offload_dir=DIR (a folder for its weights)")
@@ -374,8 +461,9 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Device], main_devi
             target = os.path.join(offload_dir, f"{name}.safetensors")
             save_file({name: tensor.detach().cpu().contiguous()}, target)
             store.disk[name] = DiskTensor(target, name, tensor.dtype)
-            set_tensor(slot.module, slot.local, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"),
-                       slot.is_param)
+            set_tensor(
+                slot.module, slot.local, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"), slot.is_param
+            )
         elif not tensor.is_meta:
             where = torch.device("cpu") if where == OFFLOAD else where
             if tensor.device != where:
@@ -388,13 +476,17 @@ def dispatch_model(model: nn.Module, device_map: Mapping[str, Device], main_devi
 # ---- the entry points ------------------------------------------------------------------------------------------------
 
 
-def _resolve_map(model: nn.Module, device_map: str | Mapping[str, Device] | None,
-                 max_memory: Mapping[Device, int | str] | None, no_split: list[str] | None,
-                 dtype: torch.dtype | None) -> tuple["OrderedDict[str, int | str]", bool]:
+def _resolve_map(
+    model: nn.Module,
+    device_map: str | Mapping[str, Device] | None,
+    max_memory: Mapping[Device, int | str] | None,
+    no_split: list[str] | None,
+    dtype: torch.dtype | None,
+) -> tuple[OrderedDict[str, int | str], bool]:
     if isinstance(device_map, str):
         if device_map not in AUTO_MAPS:
             raise DeviceMapError(f"device_map={device_map!r} is not one of {', '.join(AUTO_MAPS)} or a dict")
-        budgets = max_memory
+        budgets: Mapping[Any, int | str] | None = max_memory
         if device_map != "sequential":
             budgets = get_balanced_memory(model, max_memory, no_split, dtype, low_zero=device_map == "balanced_low_0")
         return infer_auto_device_map(model, budgets, no_split, dtype), True
@@ -406,9 +498,14 @@ def _resolve_map(model: nn.Module, device_map: str | Mapping[str, Device] | None
     return dmap, False
 
 
-def _check_offload_folder(model: nn.Module, device_map: Mapping[str, int | str], offload_folder: Any,
-                          inferred: bool, max_memory: Mapping[Device, int | str] | None,
-                          dtype: torch.dtype | None) -> None:
+def _check_offload_folder(
+    model: nn.Module,
+    device_map: Mapping[str, int | str],
+    offload_folder: Any,
+    inferred: bool,
+    max_memory: Mapping[Device, int | str] | None,
+    dtype: torch.dtype | None,
+) -> None:
     on_disk = [n for n, d in device_map.items() if d == DISK]
     if not on_disk:
         return

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from typing import Iterable, Mapping, Union
+from collections.abc import Iterable, Mapping
+from typing import Union
 
 import torch
+from accel.errors import UsageError
 from torch import nn
 
-from accel.errors import UsageError
-
-Device = Union[int, str, torch.device]
+Device = Union[int, str, torch.device]  # noqa: UP007 (a runtime alias: the | form needs Python 3.10 types)
 DISK = "disk"
 
 
@@ -28,8 +28,18 @@ class DeviceMapError(UsageError, ValueError):
 
 # ---- sizes -----------------------------------------------------------------------------------------------------------
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def convert_file_size_to_int(size: int | str) -> int:
@@ -136,7 +146,9 @@ def normalize_device(device: Device) -> int | str:
         return device
     if isinstance(device, int):
         return device
-    raise DeviceMapError(f"cannot read the device {device!r}: use an accelerator index, 'cpu', 'disk' or a device string")
+    raise DeviceMapError(
+        f"cannot read the device {device!r}: use an accelerator index, 'cpu', 'disk' or a device string"
+    )
 
 
 def torch_device(device: int | str) -> torch.device:
@@ -149,7 +161,7 @@ def torch_device(device: int | str) -> torch.device:
     return torch.device(device)
 
 
-def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> "OrderedDict[int | str, int]":
+def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> OrderedDict[int | str, int]:
     """Bytes per device, accelerators first, then ``"cpu"``, then ``"disk"`` when given. Without ``max_memory``:
     each accelerator's free memory and the CPU's available memory."""
     budgets: dict[int | str, int] = {}
@@ -162,8 +174,11 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> "Ord
     else:
         for device, size in max_memory.items():
             budgets[normalize_device(device)] = convert_file_size_to_int(size)
-    order = ([d for d in budgets if isinstance(d, int)] + [d for d in budgets if isinstance(d, str) and d not in
-             ("cpu", DISK)] + [d for d in ("cpu", DISK) if d in budgets])
+    order = (
+        [d for d in budgets if isinstance(d, int)]
+        + [d for d in budgets if isinstance(d, str) and d not in ("cpu", DISK)]
+        + [d for d in ("cpu", DISK) if d in budgets]
+    )
     return OrderedDict((d, budgets[d]) for d in sorted(order, key=lambda d: (not isinstance(d, int), order.index(d))))
 
 
@@ -172,17 +187,20 @@ def _no_split(module: nn.Module, no_split_module_classes: Iterable[str]) -> bool
 
 
 def _children(name: str, module: nn.Module) -> list[tuple[str, nn.Module | torch.Tensor]]:
-    """A module's own tensors then its child modules, with full names."""
+    """A module's own parameters, its child modules, then its own buffers (Accelerate's order), with full names."""
     prefix = f"{name}." if name else ""
     out: list[tuple[str, nn.Module | torch.Tensor]] = [
-        (prefix + n, t) for n, t in named_tensors(module, recurse=False)
+        (prefix + n, t) for n, t in module.named_parameters(recurse=False)
     ]
     out += [(prefix + n, m) for n, m in module.named_children()]
+    out += [(prefix + n, t) for n, t in module.named_buffers(recurse=False)]
     return out
 
 
 def get_max_layer_size(
-    modules: list[tuple[str, nn.Module | torch.Tensor]], sizes: Mapping[str, int], no_split_module_classes: Iterable[str]
+    modules: list[tuple[str, nn.Module | torch.Tensor]],
+    sizes: Mapping[str, int],
+    no_split_module_classes: Iterable[str],
 ) -> tuple[int, list[str]]:
     """The largest unit that is loaded at once when offloaded: a leaf module, a tensor or a no-split module."""
     no_split = list(no_split_module_classes)
@@ -190,8 +208,11 @@ def get_max_layer_size(
     todo = list(modules)
     while todo:
         name, module = todo.pop(0)
-        if isinstance(module, nn.Module) and next(module.children(), None) is not None and not _no_split(module,
-                                                                                                          no_split):
+        if (
+            isinstance(module, nn.Module)
+            and next(module.children(), None) is not None
+            and not _no_split(module, no_split)
+        ):
             todo = _children(name, module) + todo
             continue
         size = sizes.get(name, 0)
@@ -209,7 +230,7 @@ def get_balanced_memory(
     dtype: str | torch.dtype | None = None,
     special_dtypes: Mapping[str, str | torch.dtype] | None = None,
     low_zero: bool = False,
-) -> "OrderedDict[int | str, int]":
+) -> OrderedDict[int | str, int]:
     """Budgets that spread the model evenly over the accelerators (with one accelerator or none: ``max_memory``).
     ``low_zero`` leaves accelerator 0 as empty as it can (for generation's extra memory there)."""
     budgets = get_max_memory(max_memory)
@@ -237,7 +258,7 @@ def infer_auto_device_map(
     verbose: bool = False,
     clean_result: bool = True,
     offload_buffers: bool = False,
-) -> "OrderedDict[str, int | str]":
+) -> OrderedDict[str, int | str]:
     """A device map filling accelerators in order, then the CPU, then ``"disk"``, never over ``max_memory``.
 
     Modules are placed whole when they fit; a module that does not fit is split into its own tensors and children,
@@ -277,7 +298,7 @@ def _fill(
     no_split: list[str],
     reserve: int,
     verbose: bool,
-) -> "OrderedDict[str, int | str]":
+) -> OrderedDict[str, int | str]:
     device_map: OrderedDict[str, int | str] = OrderedDict()
     todo = list(top)
     current, used = 0, 0
@@ -292,8 +313,11 @@ def _fill(
             if verbose:
                 print(f"{name} ({human(size)}) -> {device}")
             continue
-        if isinstance(module, nn.Module) and next(module.children(), None) is not None and not _no_split(module,
-                                                                                                          no_split):
+        if (
+            isinstance(module, nn.Module)
+            and next(module.children(), None) is not None
+            and not _no_split(module, no_split)
+        ):
             todo = _children(name, module) + todo
             continue
         current, used = current + 1, 0
@@ -301,7 +325,7 @@ def _fill(
     return device_map
 
 
-def clean_device_map(device_map: Mapping[str, int | str], module_name: str = "") -> "OrderedDict[str, int | str]":
+def clean_device_map(device_map: Mapping[str, int | str], module_name: str = "") -> OrderedDict[str, int | str]:
     """Merge the entries under a module into one when they share a device (``a.0``, ``a.1`` on cpu -> ``a``)."""
     out: OrderedDict[str, int | str] = OrderedDict(device_map)
     prefix = f"{module_name}." if module_name else ""
@@ -326,15 +350,21 @@ def clean_device_map(device_map: Mapping[str, int | str], module_name: str = "")
 # ---- checks of a given device map ------------------------------------------------------------------------------------
 
 
-def device_of(name: str, device_map: Mapping[str, int | str]) -> int | str | None:
-    """The device a tensor or module name falls under (longest matching entry), or None."""
+def entry_of(name: str, device_map: Mapping[str, int | str]) -> str | None:
+    """The device map entry a tensor or module name falls under (the longest matching one), or None."""
     key = name
     while True:
         if key in device_map:
-            return device_map[key]
+            return key
         if not key:
             return None
         key = key.rsplit(".", 1)[0] if "." in key else ""
+
+
+def device_of(name: str, device_map: Mapping[str, int | str]) -> int | str | None:
+    """The device a tensor or module name falls under (longest matching entry), or None."""
+    entry = entry_of(name, device_map)
+    return None if entry is None else device_map[entry]
 
 
 def check_device_map(
@@ -354,19 +384,24 @@ def check_device_map(
     if max_memory is None:
         return
     budgets = get_max_memory(max_memory)
-    sizes = compute_module_sizes(model, dtype=dtype)
     used: dict[int | str, int] = {}
+    per_entry: dict[str, int] = {}
     crossed: dict[int | str, str] = {}
-    for name, device in device_map.items():
+    for name, tensor in named_tensors(model):
+        entry = entry_of(name, device_map)
+        assert entry is not None
+        device = device_map[entry]
+        nbytes = tensor.numel() * _element_size(target_dtype(tensor, dtype))
+        per_entry[entry] = per_entry.get(entry, 0) + nbytes
         if device == DISK or device not in budgets:
             continue
-        used[device] = used.get(device, 0) + sizes.get(name, 0)
+        used[device] = used.get(device, 0) + nbytes
         if used[device] > budgets[device] and device not in crossed:
-            crossed[device] = name
-    for device, name in crossed.items():
+            crossed[device] = entry
+    for device, entry in crossed.items():
         raise DeviceMapError(
             f"device_map puts {human(used[device])} on {device!r} but max_memory[{device!r}] is "
-            f"{human(budgets[device])}: {human(used[device] - budgets[device])} over, from module {name!r} "
-            f"({human(sizes.get(name, 0))}) on; move it (or the modules after it) to 'cpu'/'disk', or use "
+            f"{human(budgets[device])}: {human(used[device] - budgets[device])} over, from module {entry!r} "
+            f"({human(per_entry[entry])}) on; move it (or the modules after it) to 'cpu'/'disk', or use "
             "device_map='auto'"
         )
