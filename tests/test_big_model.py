@@ -13,7 +13,14 @@ from pathlib import Path
 import accel
 import pytest
 import torch
-from accel.utils import infer_auto_device_map, init_empty_weights, init_on_device, load_checkpoint_and_dispatch
+from accel.utils import (
+    dispatch_model,
+    infer_auto_device_map,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+    load_checkpoint_in_model,
+)
 from big_model_defs import TinyLM
 from safetensors.torch import save_file
 from torch import nn
@@ -167,6 +174,24 @@ print(json.dumps([[dict(infer_auto_device_map(model, max_memory={{"cpu": b}}, no
         for ns in ([], ["Block"])
     ]
     assert ours == theirs
+
+
+def test_load_checkpoint_in_model_then_dispatch_model_and_dispatch_of_a_loaded_model(tmp_path: Path) -> None:
+    model, ckpt = _reference(tmp_path)
+    want = model(IDS)
+    dmap = {"embed": "cpu", "blocks.0": "cpu", "blocks": "disk", "head": "disk", "": "cpu"}
+    with init_empty_weights():
+        empty = TinyLM()
+    load_checkpoint_in_model(empty, ckpt, device_map=dmap, offload_folder=tmp_path / "off")
+    assert empty.blocks[3].up.weight.is_meta and not empty.blocks[0].up.weight.is_meta
+    dispatched = dispatch_model(empty, dmap, offload_dir=tmp_path / "off")
+    assert torch.equal(dispatched(IDS), want)
+
+    torch.manual_seed(0)
+    loaded = TinyLM().eval()  # a model already in memory, offloaded to disk by dispatch_model itself
+    dispatched = dispatch_model(loaded, dmap, offload_dir=tmp_path / "off2")
+    assert loaded.blocks[3].up.weight.is_meta and (tmp_path / "off2" / "blocks.3.up.weight.safetensors").is_file()
+    assert torch.equal(dispatched(IDS), want)
 
 
 # ---- checkpoints written by others -----------------------------------------------------------------------------------

@@ -383,11 +383,15 @@ def _still_meta(model: nn.Module, store: OffloadStore) -> None:
 
 
 def _dispatch(
-    model: nn.Module, device_map: Mapping[str, int | str], store: OffloadStore, offload_buffers: bool
+    model: nn.Module,
+    device_map: Mapping[str, int | str],
+    store: OffloadStore,
+    offload_buffers: bool,
+    main: torch.device | None = None,
 ) -> nn.Module:
     """Attach the hooks: offloaded tensors loaded just in time on the main device; inputs moved to each entry's
     device when more than one device computes."""
-    main = execution_device(device_map)
+    main = main or execution_device(device_map)
     remove_hooks(model)
     handles: list[Any] = []
     for module_name, module in model.named_modules():
@@ -430,11 +434,11 @@ def dispatch_model(
     """Dispatch a model whose weights are loaded (or on meta for ``"disk"`` entries, with ``offload_dir`` holding
     the ``index.json`` that :func:`load_checkpoint_in_model` wrote): resident tensors are moved to their device,
     ``"cpu"`` entries are offloaded to CPU memory when an accelerator computes, ``"disk"`` entries are written to
-    ``offload_dir`` (or found there) and read at each forward."""
-    del main_device  # the first accelerator of the map, else the CPU (see docs/design.md)
+    ``offload_dir`` (or found there) and read at each forward. Offloaded modules run on ``main_device`` (default:
+    the first accelerator of the map, else the CPU)."""
     dmap = OrderedDict((name, normalize_device(d)) for name, d in device_map.items())
     check_device_map(model, dmap, None, None)
-    main = execution_device(dmap)
+    main = execution_device(dmap) if main_device is None else torch_device(normalize_device(main_device))
     store = OffloadStore()
     index: dict[str, Any] = {}
     if offload_dir is not None and os.path.isfile(os.path.join(offload_dir, "index.json")):
@@ -470,7 +474,7 @@ def dispatch_model(
                 set_tensor(slot.module, slot.local, tensor.detach().to(where), slot.is_param, tensor.requires_grad)
     if offload_dir is not None and store.disk:
         store.write_index(offload_dir)
-    return _dispatch(model, dmap, store, offload_buffers)
+    return _dispatch(model, dmap, store, offload_buffers, main)
 
 
 # ---- the entry points ------------------------------------------------------------------------------------------------
