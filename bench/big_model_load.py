@@ -95,11 +95,10 @@ def report(header: str, written: dict, args: argparse.Namespace, results: dict[t
             runs = results[(setup, api)]
             load = med([r["load_seconds"] for r in runs])
             fwd = med([r["forward_seconds"] for r in runs])
+            both = med([r["load_seconds"] + r["forward_seconds"] for r in runs])
             peak = med([(r["peak"] - r["baseline"]) / 1e6 for r in runs])
             placed = ", ".join(f"{k}: {v}" for k, v in sorted(runs[0]["placed"].items()))
-            rows.append(
-                f"| {titles[setup]} | {api} | {load:.2f} | {fwd:.2f} | {load + fwd:.2f} | {peak:.0f} | {placed} |"
-            )
+            rows.append(f"| {titles[setup]} | {api} | {load:.2f} | {fwd:.2f} | {both:.2f} | {peak:.0f} | {placed} |")
     return "\n".join(
         [
             "## Big-model loading: `load_checkpoint_and_dispatch`, accel vs Accelerate",
@@ -111,7 +110,7 @@ def report(header: str, written: dict, args: argparse.Namespace, results: dict[t
             f"the page cache (written just before). Each run is a fresh process (tests/scripts/big_model_probe.py): "
             f"`init_empty_weights`, `load_checkpoint_and_dispatch(..., no_split_module_classes=['Block'])`, one forward "
             f"of a (2, 8, {written['width']}) batch, equal bit for bit to the fully loaded model's output in every run. "
-            f"Medians of {args.repeats} alternating runs; peak RSS is `ru_maxrss` minus the same process's after its "
+            f"Medians of {args.repeats} alternating runs (load + forward: median of the per-run sums); peak RSS is `ru_maxrss` minus the same process's after its "
             f"imports.",
             "",
             "| set-up | library | load (s) | first forward (s) | load + forward (s) | peak RSS over baseline (MB) | "
