@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accel.errors import CheckpointError
+from accel import CheckpointError
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn

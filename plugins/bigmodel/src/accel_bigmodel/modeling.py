@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Union
 
 import torch
-from accel.errors import UsageError
+from accel import UsageError
 from torch import nn
 
 Device = Union[int, str, torch.device]  # noqa: UP007 (a runtime alias: the | form needs Python 3.10 types)
