@@ -547,9 +547,7 @@ def load_checkpoint_in_model(
     dmap, _ = _resolve_map(model, device_map, None, None, dtype_)
     _check_offload_folder(model, dmap, offload_folder, False, None, dtype_)
     store = _load(model, slots, dmap, dtype_, offload_folder, offload_buffers)
-    _still_meta(model, store)
-    if offload_folder is not None and store.disk:
-        store.write_index(offload_folder)
+    _still_meta(model, store)  # _load wrote offload_folder/index.json for dispatch_model
 
 
 def load_checkpoint_and_dispatch(
