@@ -311,9 +311,12 @@ def _load(
     loaded: dict[tuple[int, str], Any] = {}  # (original tensor, device) -> loaded parameter/buffer (tied weights)
     for file, items in resident.items():
         for chunk in _chunks(items):
-            # a chunk with a conversion is copied whole, so no view keeps its map (and the pages read) alive
+            # a chunk with a conversion or an accelerator copy is copied whole, so no CPU view keeps its map (and
+            # the pages read for the others) alive
             copy = any(
                 str(target_dtype(s.original, dtype)) != str(_ST_DTYPES.get(s.entry.dtype))
+                or placement(s.name, s.is_param, device_map, main, offload_buffers)
+                not in (OFFLOAD, torch.device("cpu"))
                 for s in chunk
                 if s.entry is not None
             )
