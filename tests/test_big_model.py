@@ -194,6 +194,28 @@ def test_load_checkpoint_in_model_then_dispatch_model_and_dispatch_of_a_loaded_m
     assert torch.equal(dispatched(IDS), want)
 
 
+def test_offloaded_weights_are_released_when_a_forward_raises_and_extra_tensors_warn(tmp_path: Path) -> None:
+    model, ckpt = _reference(tmp_path)
+    state = {k: v for k, v in model.state_dict().items() if k != "head.weight"}
+    save_file({**state, "extra.weight": torch.zeros(2)}, os.fspath(tmp_path / "extra.safetensors"))
+    with init_empty_weights():
+        empty = TinyLM()
+    with pytest.warns(
+        UserWarning, match="1 tensor\\(s\\) the model does not have were not loaded, first: extra.weight"
+    ):
+        loaded = load_checkpoint_and_dispatch(
+            empty, tmp_path / "extra.safetensors", device_map={"": "disk"}, offload_folder=tmp_path / "off"
+        )
+    with pytest.raises(IndexError):
+        loaded(torch.tensor([[99]]))  # out of the embedding's range: raises inside the offloaded embedding
+    assert all(p.is_meta for p in loaded.parameters()), "the hook put the meta tensors back"
+    assert torch.equal(loaded(IDS), model(IDS))
+    with init_empty_weights():
+        empty = TinyLM()
+    with pytest.raises(ValueError, match="1 checkpoint tensor\\(s\\) the model does not have, first: extra.weight"):
+        load_checkpoint_and_dispatch(empty, tmp_path / "extra.safetensors", device_map={"": "cpu"}, strict=True)
+
+
 # ---- checkpoints written by others -----------------------------------------------------------------------------------
 
 
