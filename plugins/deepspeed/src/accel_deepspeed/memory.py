@@ -1,0 +1,65 @@
+"""``accel estimate-memory`` rows for DeepSpeed ZeRO (no torch or deepspeed import).
+
+DeepSpeed's own accounting (``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_...``), per process, with
+P trainable and F frozen parameter elements, N processes, h bytes per training-dtype element (2 for bf16/fp16,
+4 for fp32) and k fp32 optimizer states per element (Adam 2, SGD with momentum 1, SGD 0):
+
+- the weights are held in the training dtype: h(P+F), or h(P+F)/N partitioned by stage 3;
+- gradients in the training dtype: hP (stage 0/1, whole) or hP/N (stage 2/3, partitioned), plus the fp32 gradient
+  partition of the master weights, 4P/N (4P for stage 0);
+- the optimizer keeps fp32 master weights (4 bytes, a copy even in fp32 from stage 1) and its states: (4 + 4k)P/N
+  (stage 0: (4 + 4k)P; in fp32, stage 0 steps the weights themselves: 4P + 4P + 4kP like DDP);
+- stage 3 gathers the largest layer's weights and gradients: 2hL;
+- ``offload_optimizer_device cpu`` moves the master weights, fp32 gradients and states to host memory (the reduced
+  gradients are copied straight there: no 16-bit gradient partition stays on the device),
+  ``offload_param_device cpu`` (stage 3) the partitioned weights too.
+
+With bf16/Adam, stage 2 is DeepSpeed's 2P + 18P/N and stage 3 is 4L + 18P/N.
+"""
+
+from __future__ import annotations
+
+from accel.memory import ELEMENT_BYTES, MemoryQuery, MemoryRow, ModelSummary, unsupported
+
+STRATEGY = "DeepSpeed"
+#: (stage, offload optimizer, offload params)
+OPTION_SETS = ((0, False, False), (1, False, False), (2, False, False), (2, True, False), (3, False, False),
+               (3, True, False), (3, True, True))
+
+
+def _label(stage: int, offload_optimizer: bool, offload_params: bool) -> str:
+    label = f"ZeRO-{stage}"
+    if offload_optimizer:
+        label += " + offload optimizer" + (", params" if offload_params else "")
+    return label
+
+
+def row(model: ModelSummary, query: MemoryQuery, dtype: str, stage: int, offload_optimizer: bool,
+        offload_params: bool) -> MemoryRow:
+    n = query.num_processes
+    label = _label(stage, offload_optimizer, offload_params)
+    if dtype == "fp8":
+        return unsupported(STRATEGY, label, dtype, n, "mixed_precision fp8 is not supported by the DeepSpeed plugin")
+    h = ELEMENT_BYTES[dtype]
+    p, total = model.trainable_numel, model.numel
+    if stage == 0 and dtype == "fp32":  # the engine steps the torch optimizer on the weights themselves
+        return MemoryRow(STRATEGY, label, dtype, n, 4 * total, 4 * p, 4 * query.optimizer_states * p)
+    parts = n if stage >= 1 else 1
+    params = h * total // (n if stage == 3 else 1)
+    half_grads = h * p // (n if stage >= 2 else 1)
+    fp32_grads = 4 * p // parts
+    optim = (4 + 4 * query.optimizer_states) * p // parts
+    gathered = 2 * h * model.largest_layer_numel if stage == 3 else 0
+    cpu = 0
+    if offload_optimizer:  # the reduced gradients go straight into the fp32 partition in host memory
+        cpu += fp32_grads + optim
+        half_grads = fp32_grads = optim = 0
+    if offload_params:
+        cpu += params
+        params = 0
+    return MemoryRow(STRATEGY, label, dtype, n, params, half_grads + fp32_grads, optim, cpu=cpu, gathered=gathered,
+                     note="optimizer includes the fp32 master weights")
+
+
+def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    return [row(model, query, dtype, *options) for dtype in query.dtypes for options in OPTION_SETS]
