@@ -1,13 +1,13 @@
 """Worker of tests/test_estimate_memory.py (`accel launch -n 2 --plugin deepspeed estimate_measure.py OUT CASES`).
 
 One process group, then for each case a Kernel of that strategy trains estimate_model.net with AdamW: one full
-step (the optimizer state exists from then on), then forward and backward of a second step, where the model
-states are all alive at once. There it measures, on this process, the bytes of every tensor storage reachable from
-Python that did not exist before the model was built (found with gc, each storage once), and splits them into
+step (the optimizer state exists from then on), then a second one, at the start of whose torch optimizer step (a
+step pre-hook) the model states are all alive at once. There it measures, on this process, the bytes of every tensor storage reachable from
+Python that did not exist before the model was built (found with gc, plus the gradients, which have no Python object until read; each storage once), and splits them into
 parameters (the prepared model's parameters: local shards, DeepSpeed partitions), optimizer state (the torch
 optimizer's state and the parameters it steps when they are not the model's: master weights) and the rest
 (gradients, buckets). The first case also reports the process's resident-memory high-water mark (VmHWM) minus
-its resident memory before the model was built. Results go to OUT/<case>.<rank>.json.
+its resident memory before the model was built, after a warm-up step of the same strategy on a tiny model. Results go to OUT/<case>.<rank>.json.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ CASES = {
     "fsdp": dict(plugins=["fsdp"]),
     "zero2": dict(plugins=["deepspeed"], zero_stage=2),
     "zero3": dict(plugins=["deepspeed"], zero_stage=3),
+    "zero2_bf16": dict(plugins=["deepspeed"], zero_stage=2, mixed_precision="bf16"),
+    "zero3_bf16": dict(plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16"),
 }
 
 
@@ -62,7 +65,9 @@ def storages(tensors: Any) -> dict[int, int]:
 
 def live_storages() -> dict[int, int]:
     gc.collect()
-    return storages(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    with warnings.catch_warnings():  # isinstance on every object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        return storages(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 def torch_optimizer(opt: Any) -> torch.optim.Optimizer:
@@ -71,41 +76,67 @@ def torch_optimizer(opt: Any) -> torch.optim.Optimizer:
     return opt
 
 
+def warm_up(name: str) -> None:
+    """One step of the same strategy on a tiny model: what a first step imports and pages in (torch._dynamo for the
+    optimizer, BLAS kernels, the strategy's modules) is resident from then on and not part of the model's memory."""
+    kernel = Kernel(**CASES[name])
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1024))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.randn(8, 1024), torch.randn(8, 1024))
+    model, optimizer, loader = kernel.prepare(model, optimizer, DataLoader(data, batch_size=4))
+    for x, y in loader:
+        kernel.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    kernel.end_training()
+    del model, optimizer, loader, kernel
+    gc.collect()
+
+
 def measure(name: str, first: bool) -> dict[str, Any]:
+    if first:
+        warm_up(name)
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(16, 1024, generator=gen), torch.randn(16, 1024, generator=gen))
     before = live_storages()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
     rss_before = vm("VmRSS")
     kernel = Kernel(**CASES[name])
     model = net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = kernel.prepare(model, optimizer, DataLoader(data, batch_size=4))
+    inner = torch_optimizer(optimizer)
+    seen: dict[str, Any] = {}
+
+    def take_measure(*_: Any) -> None:
+        """At the start of the second step's torch optimizer step: every model state is alive (the gradients,
+        DeepSpeed's fp32 gradient partitions included) and the optimizer state exists since the first step."""
+        if not seen and inner.state:
+            # gradients made in C++ have no Python object (gc cannot see them) until .grad is read
+            grads = [p.grad for p in model.parameters()] + [p.grad for g in inner.param_groups for p in g["params"]]
+            everything = {k: v for k, v in {**live_storages(), **storages(grads)}.items() if k not in before}
+            param_bytes = storages([getattr(p, "ds_tensor", p) for p in model.parameters()])
+            state = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+            masters = [p for g in inner.param_groups for p in g["params"]]
+            optim_bytes = {k: v for k, v in storages(state + masters).items() if k not in param_bytes}
+            seen.update(parameters=sum(param_bytes.values()), optimizer=sum(optim_bytes.values()),
+                        everything=sum(everything.values()),
+                        largest=sorted(everything.values(), reverse=True)[:6])
+
+    hook = inner.register_step_pre_hook(take_measure)
     batches = iter(loader)
-    for step in range(2):
+    for _ in range(2):
         x, y = next(batches)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        kernel.backward(loss)
-        if step == 1:
-            break
+        kernel.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
-    del x, y, loss
-    everything = {k: v for k, v in live_storages().items() if k not in before}
-    params = [getattr(p, "ds_tensor", p) for p in model.parameters()]
-    param_bytes = storages(params)
-    inner = torch_optimizer(optimizer)
-    state = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
-    masters = [p for g in inner.param_groups for p in g["params"]]
-    optim_bytes = {k: v for k, v in storages(state + masters).items() if k not in param_bytes}
-    result = {"parameters": sum(param_bytes.values()), "optimizer": sum(optim_bytes.values()),
-              "everything": sum(everything.values()), "world": dist.get_world_size()}
+    hook.remove()
+    result = {**seen, "world": dist.get_world_size()}
     result["rest"] = result["everything"] - result["parameters"] - result["optimizer"]
     if first:
         result["rss_peak_delta"] = vm("VmHWM") - rss_before
-    optimizer.step()
-    optimizer.zero_grad()
     kernel.end_training()
-    del model, optimizer, loader, batches, kernel, inner, state, masters, params
+    del model, optimizer, loader, batches, kernel, inner, x, y
     gc.collect()
     return result
 

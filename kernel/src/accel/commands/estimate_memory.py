@@ -202,6 +202,16 @@ def estimate(model: ModelSummary, query: MemoryQuery, plugins: Plugins) -> list[
     return sorted_rows([row for _name, answer in answers for row in answer or ()], query.dtypes)
 
 
+def short_bytes(value: int) -> str:
+    """``1.86G``, ``32.0M``, ``160M``, ``512``: three significant digits, binary units, for table cells."""
+    for unit, size in UNITS:
+        if value >= size:
+            scaled = value / size
+            digits = 2 if scaled < 10 else 1 if scaled < 100 else 0
+            return f"{scaled:.{digits}f}{unit[0]}"
+    return str(value)
+
+
 def _count(n: int) -> str:
     for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if n >= size:
@@ -223,17 +233,15 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
                   "gradients + optimizer state, activations not included.", highlight=False)
     for dtype in query.dtypes:
         shown = [r for r in rows if r.supported and r.dtype == dtype]
-        largest = max([1] + [max(r.total, r.cpu, r.gathered) for r in shown])
-        unit, size = next((u, v) for u, v in UNITS if largest >= v or u == "KiB")
         title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
-        table = Table(title=f"{title}, {unit} per process")
+        table = Table(title=f"{title}; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)")
         table.add_column("strategy", overflow="fold", min_width=12)
         for column in ("params", "grads", "optimizer", "total", "CPU", "gathered"):
             table.add_column(column, justify="right", no_wrap=True)
         for row in shown:
             label = row.strategy if row.options == "-" else f"{row.strategy}: {row.options}"
             values = (row.parameters, row.gradients, row.optimizer, row.total, row.cpu, row.gathered)
-            table.add_row(escape(label), *(f"{v / size:.2f}" if v or i < 4 else "-" for i, v in enumerate(values)))
+            table.add_row(escape(label), *(short_bytes(v) if v or i < 4 else "-" for i, v in enumerate(values)))
         console.print(table)
     refused: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
