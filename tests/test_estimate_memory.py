@@ -65,11 +65,14 @@ def installed(dist: str) -> bool:
 
 
 def test_help_does_not_import_torch(tmp_path: Path) -> None:
-    code = ("import sys\nfrom accel.commands.cli import main\n"
-            "try:\n    main(['estimate-memory', '--help'])\nexcept SystemExit as exc:\n    assert exc.code == 0\n"
-            "print('TORCH', 'torch' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], env=clean_env(tmp_path, hide=False), capture_output=True,
-                            text=True, timeout=120)
+    code = (
+        "import sys\nfrom accel.commands.cli import main\n"
+        "try:\n    main(['estimate-memory', '--help'])\nexcept SystemExit as exc:\n    assert exc.code == 0\n"
+        "print('TORCH', 'torch' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(tmp_path, hide=False), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "--num_processes" in result.stdout and "--dtypes" in result.stdout and "TORCH False" in result.stdout
 
@@ -82,8 +85,12 @@ def test_json_rows_follow_the_precision_rule(tmp_path: Path) -> None:
     assert {r["dtype"] for r in rows} == {"fp32", "bf16", "fp8"}
     for dtype in ("fp32", "bf16", "fp8"):  # autocast: fp32 weights, gradients and (1 momentum) state, all dtypes
         single = find(rows, "single process", "-", dtype)
-        assert (single["parameters"], single["gradients"], single["optimizer"], single["total"]) == \
-            (4 * P, 4 * P, 4 * P, 12 * P)
+        assert (single["parameters"], single["gradients"], single["optimizer"], single["total"]) == (
+            4 * P,
+            4 * P,
+            4 * P,
+            12 * P,
+        )
         ddp = find(rows, "DDP", "default", dtype)
         assert (ddp["parameters"], ddp["gradients"], ddp["optimizer"]) == (4 * P, 8 * P, 4 * P)
         assert find(rows, "DDP", "gradient_as_bucket_view", dtype)["total"] == 12 * P
@@ -101,8 +108,10 @@ def test_json_rows_follow_the_precision_rule(tmp_path: Path) -> None:
         assert not find(rows, "DeepSpeed", "ZeRO-2", "fp8")["supported"]
 
 
-@pytest.mark.skipif(not installed("deepspeed") or not installed("accel-plugin-deepspeed"),
-                    reason="needs deepspeed and accel-plugin-deepspeed")
+@pytest.mark.skipif(
+    not installed("deepspeed") or not installed("accel-plugin-deepspeed"),
+    reason="needs deepspeed and accel-plugin-deepspeed",
+)
 def test_deepspeed_rows_equal_deepspeeds_own_estimator(tmp_path: Path) -> None:
     """DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (bf16/fp16 + Adam, per device, its default buffer
     factor set to 1) give the same device bytes as our rows for the same model and process count, except for what
@@ -112,18 +121,27 @@ def test_deepspeed_rows_equal_deepspeeds_own_estimator(tmp_path: Path) -> None:
 
     rows = estimate_json(tmp_path, "-n", "4", "--dtypes", "bf16")["rows"]
     device = {r["options"]: r["total"] + r["gathered"] for r in rows if r["strategy"] == "DeepSpeed"}
-    _, expected = estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=4, cpu_offload=False,
-                                                        additional_buffer_factor=1)
+    _, expected = estimate_zero2_model_states_mem_needs(
+        P, num_gpus_per_node=4, cpu_offload=False, additional_buffer_factor=1
+    )
     assert device["ZeRO-2"] == expected
-    _, expected = estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=4, cpu_offload=True,
-                                                        additional_buffer_factor=1)
+    _, expected = estimate_zero2_model_states_mem_needs(
+        P, num_gpus_per_node=4, cpu_offload=True, additional_buffer_factor=1
+    )
     assert device["ZeRO-2 + offload optimizer"] == expected
-    for options, offload, offload_params in (("ZeRO-3", False, False),
-                                             ("ZeRO-3 + offload optimizer", True, False),
-                                             ("ZeRO-3 + offload optimizer, params", True, True)):
-        _, expected, _ = estimate_zero3_model_states_mem_needs(P, LARGEST, num_gpus_per_node=4, cpu_offload=offload,
-                                                               cpu_offload_params=offload_params,
-                                                               additional_buffer_factor=1)
+    for options, offload, offload_params in (
+        ("ZeRO-3", False, False),
+        ("ZeRO-3 + offload optimizer", True, False),
+        ("ZeRO-3 + offload optimizer, params", True, True),
+    ):
+        _, expected, _ = estimate_zero3_model_states_mem_needs(
+            P,
+            LARGEST,
+            num_gpus_per_node=4,
+            cpu_offload=offload,
+            cpu_offload_params=offload_params,
+            additional_buffer_factor=1,
+        )
         # ours also counts the reduce bucket ZeRO-3 allocates whole (5e8 bf16 elements) and, without optimizer
         # offload, the 16-bit gradient partition, which the measured test finds alive at the optimizer step
         extra = 2 * 500_000_000 + (0 if offload else 2 * P // 4)
@@ -131,11 +149,16 @@ def test_deepspeed_rows_equal_deepspeeds_own_estimator(tmp_path: Path) -> None:
 
 
 def test_table_shows_every_installed_strategy(tmp_path: Path) -> None:
-    result = run(["estimate-memory", MODEL, "-n", "2", "--dtypes", "bf16"], {**estimate_env(tmp_path), "COLUMNS": "220"})
+    result = run(
+        ["estimate-memory", MODEL, "-n", "2", "--dtypes", "bf16"], {**estimate_env(tmp_path), "COLUMNS": "220"}
+    )
     assert result.returncode == 0, result
     out = result.stdout
     assert out.startswith(f"`{MODEL}`: 8.39M parameters (8.39M trainable), 32.02 MiB in fp32; largest layer `2`: 4.20M")
-    assert "Memory per process for 2 process(es) with adamw" in out and "mixed precision bf16; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)" in out
+    assert (
+        "Memory per process for 2 process(es) with adamw" in out
+        and "mixed precision bf16; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)" in out
+    )
     cells = {}
     for line in out.splitlines():
         parts = [c.strip() for c in line.split("│")]
@@ -158,53 +181,115 @@ def test_table_shows_every_installed_strategy(tmp_path: Path) -> None:
 def test_hugging_face_config_file_and_directory(tmp_path: Path) -> None:
     """A transformers config.json (no hub access): a 2-layer Llama with tied embeddings, counted once."""
     pytest.importorskip("transformers")
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "vocab_size": 1000, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
     folder = tmp_path / "tiny-llama"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     embed, attn, mlp, norms = 1000 * 64, 64 * 64 * 2 + 64 * 32 * 2, 3 * 64 * 128, 2 * 64
     expected = embed + 2 * (attn + mlp + norms) + 64
     env = clean_env(tmp_path, hide=False, HF_HUB_OFFLINE="1")
-    for target in (folder, folder / "config.json"):
-        result = run(["estimate-memory", str(target), "--json", "-n", "2"], env, cwd=tmp_path)
-        assert result.returncode == 0, result
-        data = json.loads(result.stdout)
+    code = (
+        "import sys\nfrom accel.commands.cli import main\n"  # one interpreter: transformers is imported once
+        "for target in sys.argv[1:]:\n    assert main(['estimate-memory', target, '--json', '-n', '2']) == 0\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(folder), str(folder / "config.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    decoder, text, outputs = json.JSONDecoder(), result.stdout.strip(), []
+    while text:
+        data, end = decoder.raw_decode(text)
+        outputs.append(data)
+        text = text[end:].strip()
+    assert len(outputs) == 2
+    for data in outputs:
         assert data["parameters"] == expected and data["largest_layer_parameters"] == embed
         assert find(data["rows"], "single process", "-", "fp32")["total"] == 16 * expected
 
 
-@pytest.mark.parametrize("case,message", [
-    ("no_module:net", "accel: error: MODEL 'no_module:net': no module named 'no_module' (run from the directory "
-                      "that holds it, or set PYTHONPATH)"),
-    ("broken_model:net", "accel: error: MODEL 'broken_model:net': importing 'broken_model' failed: ZeroDivisionError: "
-                         "division by zero (at broken_model.py:2)"),
-    ("estimate_model:nope", "accel: error: MODEL 'estimate_model:nope': 'estimate_model' has no attribute 'nope'"),
-    ("failing_model:net", "accel: error: MODEL 'failing_model:net': calling net() on the meta device failed: "
-                          "ValueError: width must be positive (at failing_model.py:5)"),
-    ("bad.json", "accel: error: MODEL 'bad.json': bad.json is not valid JSON: Expecting value: line 1 column 16 "
-                 "(char 15)"),
-    ("nomodel.json", "accel: error: MODEL 'nomodel.json': nomodel.json has no \"model_type\"; is it a Hugging Face "
-                     "model config.json?"),
-    ("empty_dir", "accel: error: MODEL 'empty_dir': directory has no config.json (give a Hugging Face config.json "
-                  "file or its directory)"),
-    ("gpt2", "accel: error: MODEL 'gpt2' is neither an import path (pkg.module:factory) nor an existing config.json "
-             "file or directory"),
-    ("estimate_model:net --dtypes int4", "accel: error: --dtypes: unknown dtype 'int4'; choose from fp32, bf16, "
-                                         "fp16, fp8 (training memory; int8/int4 are inference formats)"),
-])
-def test_bad_input_is_one_line(tmp_path: Path, case: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        (
+            "no_module:net",
+            "accel: error: MODEL 'no_module:net': no module named 'no_module' (run from the directory "
+            "that holds it, or set PYTHONPATH)",
+        ),
+        (
+            "broken_model:net",
+            "accel: error: MODEL 'broken_model:net': importing 'broken_model' failed: ZeroDivisionError: "
+            "division by zero (at broken_model.py:2)",
+        ),
+        ("estimate_model:nope", "accel: error: MODEL 'estimate_model:nope': 'estimate_model' has no attribute 'nope'"),
+        (
+            "failing_model:net",
+            "accel: error: MODEL 'failing_model:net': calling net() on the meta device failed: "
+            "ValueError: width must be positive (at failing_model.py:5)",
+        ),
+        (
+            "bad.json",
+            "accel: error: MODEL 'bad.json': bad.json is not valid JSON: Expecting value: line 1 column 16 (char 15)",
+        ),
+        (
+            "nomodel.json",
+            "accel: error: MODEL 'nomodel.json': nomodel.json has no \"model_type\"; is it a Hugging Face "
+            "model config.json?",
+        ),
+        (
+            "empty_dir",
+            "accel: error: MODEL 'empty_dir': directory has no config.json (give a Hugging Face config.json "
+            "file or its directory)",
+        ),
+        (
+            "gpt2",
+            "accel: error: MODEL 'gpt2' is neither an import path (pkg.module:factory) nor an existing config.json "
+            "file or directory",
+        ),
+        (
+            "estimate_model:net --dtypes int4",
+            "accel: error: --dtypes: unknown dtype 'int4'; choose from fp32, bf16, "
+            "fp16, fp8 (training memory; int8/int4 are inference formats)",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(
+    tmp_path: Path, case: str, message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real command (`accel`'s main), in this process: one line on stderr, exit 2, nothing on stdout."""
+    from accel.commands.cli import main
+
     (tmp_path / "broken_model.py").write_text("import torch\nRATIO = 1 / 0\n")
-    (tmp_path / "failing_model.py").write_text("from torch import nn\n\n\ndef net(width=-1):\n"
-                                               "    raise ValueError('width must be positive')\n")
+    (tmp_path / "failing_model.py").write_text(
+        "from torch import nn\n\n\ndef net(width=-1):\n    raise ValueError('width must be positive')\n"
+    )
     (tmp_path / "bad.json").write_text('{"model_type": }')
     (tmp_path / "nomodel.json").write_text('{"hidden_size": 8}')
     (tmp_path / "empty_dir").mkdir()
-    env = clean_env(tmp_path, hide=False, PYTHONPATH=str(SCRIPTS))
-    result = run(["estimate-memory", *case.split()], env, cwd=tmp_path)
-    assert result.returncode == 2 and result.err_lines == [message], result
-    assert result.stdout == ""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    try:
+        assert main(["estimate-memory", *case.split()]) == 2
+    finally:  # the user's modules imported here go away afterwards
+        for name in ("broken_model", "failing_model", "estimate_model"):
+            sys.modules.pop(name, None)
+    captured = capsys.readouterr()
+    assert [line for line in captured.err.splitlines() if line.strip()] == [message] and captured.out == ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,28 +299,51 @@ def test_bad_input_is_one_line(tmp_path: Path, case: str, message: str) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)  # a clean workspace compiles DeepSpeed's op first (the DeepSpeed tests usually did)
-@pytest.mark.skipif(not installed("accel-plugin-fsdp") or not installed("accel-plugin-deepspeed")
-                    or not installed("deepspeed"), reason="needs the fsdp and deepspeed plugins and deepspeed")
+@pytest.mark.skipif(
+    not installed("accel-plugin-fsdp") or not installed("accel-plugin-deepspeed") or not installed("deepspeed"),
+    reason="needs the fsdp and deepspeed plugins and deepspeed",
+)
 def test_estimate_matches_memory_measured_in_real_runs(tmp_path: Path) -> None:
     estimate = estimate_json(tmp_path, "-n", "2", "--dtypes", "fp32,bf16")["rows"]
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
     env.update(ACCEL_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=EXTENSIONS)
-    expected = {"ddp": find(estimate, "DDP", "default", "fp32"),
-                "ddp_bucket_view": find(estimate, "DDP", "gradient_as_bucket_view", "fp32"),
-                "fsdp": find(estimate, "FSDP", "FULL_SHARD", "fp32"),
-                "zero2": find(estimate, "DeepSpeed", "ZeRO-2", "fp32"),
-                "zero3": find(estimate, "DeepSpeed", "ZeRO-3", "fp32"),
-                "zero2_bf16": find(estimate, "DeepSpeed", "ZeRO-2", "bf16"),
-                "zero3_bf16": find(estimate, "DeepSpeed", "ZeRO-3", "bf16")}
+    expected = {
+        "ddp": find(estimate, "DDP", "default", "fp32"),
+        "ddp_bucket_view": find(estimate, "DDP", "gradient_as_bucket_view", "fp32"),
+        "fsdp": find(estimate, "FSDP", "FULL_SHARD", "fp32"),
+        "zero2": find(estimate, "DeepSpeed", "ZeRO-2", "fp32"),
+        "zero3": find(estimate, "DeepSpeed", "ZeRO-3", "fp32"),
+        "zero2_bf16": find(estimate, "DeepSpeed", "ZeRO-2", "bf16"),
+        "zero3_bf16": find(estimate, "DeepSpeed", "ZeRO-3", "bf16"),
+    }
     # What the measurement cannot see at the optimizer step: DDP's buckets live in its C++ reducer (only the peak
     # RSS shows them); DeepSpeed's ZeRO-2 bf16 gradient partition is converted to the fp32 one and freed just before
     # (its estimator, and ours, count both: they coexist during the conversion).
     unseen = {"ddp": 4 * P, "zero2_bf16": 2 * P // 2}
-    proc = subprocess.run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed",
-                           str(SCRIPTS / "estimate_measure.py"), str(out), ",".join(expected)],
-                          env=env, capture_output=True, text=True, timeout=850, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            ACCEL,
+            "launch",
+            "-q",
+            "-n",
+            "2",
+            "--plugin",
+            "deepspeed",
+            str(SCRIPTS / "estimate_measure.py"),
+            str(out),
+            ",".join(expected),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for case, want in expected.items():
         for rank in (0, 1):

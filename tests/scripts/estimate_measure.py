@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, TensorDataset
-
 from accel import Kernel
+from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 from estimate_model import net  # noqa: E402
@@ -119,9 +118,12 @@ def measure(name: str, first: bool) -> dict[str, Any]:
             state = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
             masters = [p for g in inner.param_groups for p in g["params"]]
             optim_bytes = {k: v for k, v in storages(state + masters).items() if k not in param_bytes}
-            seen.update(parameters=sum(param_bytes.values()), optimizer=sum(optim_bytes.values()),
-                        everything=sum(everything.values()),
-                        largest=sorted(everything.values(), reverse=True)[:6])
+            seen.update(
+                parameters=sum(param_bytes.values()),
+                optimizer=sum(optim_bytes.values()),
+                everything=sum(everything.values()),
+                largest=sorted(everything.values(), reverse=True)[:6],
+            )
 
     hook = inner.register_step_pre_hook(take_measure)
     batches = iter(loader)
@@ -136,7 +138,6 @@ def measure(name: str, first: bool) -> dict[str, Any]:
     if first:
         result["rss_peak_delta"] = vm("VmHWM") - rss_before
     kernel.end_training()
-    del model, optimizer, loader, batches, kernel, inner, x, y
     gc.collect()
     return result
 

@@ -18,8 +18,9 @@ The precision rule (the meaning of each ``--dtypes`` value is accel's ``mixed_pr
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 #: The ``--dtypes`` values, accel's ``mixed_precision`` names for them, and the bytes of one element.
 DTYPES = ("fp32", "bf16", "fp16", "fp8")
@@ -163,6 +164,19 @@ def sorted_rows(rows: Iterable[MemoryRow], dtypes: Sequence[str]) -> list[Memory
     return sorted(rows, key=lambda r: order.get(r.dtype, len(order)))
 
 
-__all__ = ["DTYPES", "ELEMENT_BYTES", "MIXED_PRECISION", "OPTIMIZER_STATES", "MemoryQuery", "MemoryRow",
-           "ModelSummary", "ParameterInfo", "Replicated", "format_bytes", "replicated", "single_process_rows",
-           "sorted_rows", "unsupported"]
+__all__ = [
+    "DTYPES",
+    "ELEMENT_BYTES",
+    "MIXED_PRECISION",
+    "OPTIMIZER_STATES",
+    "MemoryQuery",
+    "MemoryRow",
+    "ModelSummary",
+    "ParameterInfo",
+    "Replicated",
+    "format_bytes",
+    "replicated",
+    "single_process_rows",
+    "sorted_rows",
+    "unsupported",
+]

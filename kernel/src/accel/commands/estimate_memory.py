@@ -13,13 +13,22 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel.commands.launch import Parser
 from accel.errors import UsageError
-from accel.memory import DTYPES, OPTIMIZER_STATES, MemoryQuery, MemoryRow, ModelSummary, ParameterInfo, \
-    format_bytes, sorted_rows
+from accel.memory import (
+    DTYPES,
+    OPTIMIZER_STATES,
+    MemoryQuery,
+    MemoryRow,
+    ModelSummary,
+    ParameterInfo,
+    format_bytes,
+    sorted_rows,
+)
 from accel.options import KERNEL
 from accel.plugins import Plugins, describe_exception, one_line
 
@@ -33,23 +42,49 @@ UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
 def parser() -> Parser:
-    p = Parser(prog="accel estimate-memory",
-               description="Estimate the memory each process needs to train MODEL (parameters, gradients, optimizer "
-                           "state; activations not included) under every installed strategy and its options. The "
-                           "model is built on the meta device: nothing is allocated or downloaded.")
-    p.add_argument("model", metavar="MODEL",
-                   help="pkg.module:factory or pkg.module:ClassName (called with no arguments), or a Hugging Face "
-                        "config.json file or the directory holding it")
-    p.add_argument("-n", "--num_processes", "--num-processes", type=int, default=DEFAULT_PROCESSES,
-                   help=f"processes that share the training [default: {DEFAULT_PROCESSES}]")
-    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], metavar="DTYPE",
-                   help="mixed_precision values to estimate: fp32 (no mixed precision), bf16, fp16, fp8 "
-                        "(space- or comma-separated) [default: fp32 bf16]")
-    p.add_argument("--optimizer", default="adamw", choices=sorted(OPTIMIZER_STATES),
-                   help="adam/adamw keep 2 fp32 states per parameter, sgd_momentum 1, sgd none [default: adamw]")
+    p = Parser(
+        prog="accel estimate-memory",
+        description="Estimate the memory each process needs to train MODEL (parameters, gradients, optimizer "
+        "state; activations not included) under every installed strategy and its options. The "
+        "model is built on the meta device: nothing is allocated or downloaded.",
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="pkg.module:factory or pkg.module:ClassName (called with no arguments), or a Hugging Face "
+        "config.json file or the directory holding it",
+    )
+    p.add_argument(
+        "-n",
+        "--num_processes",
+        "--num-processes",
+        type=int,
+        default=DEFAULT_PROCESSES,
+        help=f"processes that share the training [default: {DEFAULT_PROCESSES}]",
+    )
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["fp32", "bf16"],
+        metavar="DTYPE",
+        help="mixed_precision values to estimate: fp32 (no mixed precision), bf16, fp16, fp8 "
+        "(space- or comma-separated) [default: fp32 bf16]",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=sorted(OPTIMIZER_STATES),
+        help="adam/adamw keep 2 fp32 states per parameter, sgd_momentum 1, sgd none [default: adamw]",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
-                   help="Leave a plugin out: -p no:NAME (repeatable).")
+    p.add_argument(
+        "-p",
+        dest="blocked",
+        action="append",
+        default=[],
+        metavar="no:NAME",
+        help="Leave a plugin out: -p no:NAME (repeatable).",
+    )
     return p
 
 
@@ -58,8 +93,10 @@ def dtypes_from(values: Sequence[str]) -> tuple[str, ...]:
     for value in (v for item in values for v in item.split(",") if v):
         dtype = DTYPE_ALIASES.get(value.lower(), value.lower())
         if dtype not in DTYPES:
-            raise UsageError(f"--dtypes: unknown dtype {value!r}; choose from {', '.join(DTYPES)} (training memory; "
-                             "int8/int4 are inference formats)")
+            raise UsageError(
+                f"--dtypes: unknown dtype {value!r}; choose from {', '.join(DTYPES)} (training memory; "
+                "int8/int4 are inference formats)"
+            )
         if dtype not in out:
             out.append(dtype)
     return tuple(out)
@@ -76,8 +113,10 @@ def _import(module_name: str, model: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise UsageError(f"MODEL {model!r}: no module named {exc.name!r} (run from the directory that holds it, "
-                             "or set PYTHONPATH)") from None
+            raise UsageError(
+                f"MODEL {model!r}: no module named {exc.name!r} (run from the directory that holds it, "
+                "or set PYTHONPATH)"
+            ) from None
         raise UsageError(f"MODEL {model!r}: importing {module_name!r} failed: {_where(exc)}") from None
     except (Exception, SystemExit) as exc:
         raise UsageError(f"MODEL {model!r}: importing {module_name!r} failed: {_where(exc)}") from None
@@ -87,8 +126,11 @@ def _where(exc: BaseException) -> str:
     """``ValueError: bad (at models.py:12)``: the exception and the last frame of the user's code it came from."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename
-              and os.sep + "accel" + os.sep + "commands" not in f.filename]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "importlib" not in f.filename and os.sep + "accel" + os.sep + "commands" not in f.filename
+    ]
     at = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return one_line(describe_exception(exc)) + at
 
@@ -122,14 +164,15 @@ def read_config(model: str) -> dict[str, Any]:
     path = Path(model)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
-        raise UsageError(f"MODEL {model!r}: directory has no config.json (give a Hugging Face config.json file "
-                         "or its directory)")
+        raise UsageError(
+            f"MODEL {model!r}: directory has no config.json (give a Hugging Face config.json file or its directory)"
+        )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"MODEL {model!r}: {file} is not valid JSON: {one_line(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
-        raise UsageError(f"MODEL {model!r}: {file} has no \"model_type\"; is it a Hugging Face model config.json?")
+        raise UsageError(f'MODEL {model!r}: {file} has no "model_type"; is it a Hugging Face model config.json?')
     return data
 
 
@@ -139,8 +182,9 @@ def from_hf_config(model: str) -> torch.nn.Module:
     try:
         import transformers
     except ImportError:
-        raise UsageError(f"MODEL {model!r}: reading a Hugging Face config needs transformers: "
-                         "pip install transformers") from None
+        raise UsageError(
+            f"MODEL {model!r}: reading a Hugging Face config needs transformers: pip install transformers"
+        ) from None
     import torch
 
     kwargs = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version")}
@@ -159,19 +203,30 @@ def from_hf_config(model: str) -> torch.nn.Module:
         except ValueError as exc:  # an Auto class that does not know this config type: try the next one
             error = exc
         except (Exception, SystemExit) as exc:
-            raise UsageError(f"MODEL {model!r}: building {cls.__name__} on the meta device failed: "
-                             f"{_where(exc)}") from None
-    raise UsageError(f"MODEL {model!r}: transformers has no model for this config: {_where(error)}"
-                     if error else f"MODEL {model!r}: transformers has no model for this config")
+            raise UsageError(
+                f"MODEL {model!r}: building {cls.__name__} on the meta device failed: {_where(exc)}"
+            ) from None
+    raise UsageError(
+        f"MODEL {model!r}: transformers has no model for this config: {_where(error)}"
+        if error
+        else f"MODEL {model!r}: transformers has no model for this config"
+    )
 
 
 def build(model: str) -> torch.nn.Module:
     if os.path.exists(model) or model.endswith(".json"):
-        return from_hf_config(model)
+        import logging
+
+        logging.disable(logging.WARNING)  # optional backends transformers probes log their own absence
+        try:
+            return from_hf_config(model)
+        finally:
+            logging.disable(logging.NOTSET)
     if ":" in model:
         return from_import_path(model)
-    raise UsageError(f"MODEL {model!r} is neither an import path (pkg.module:factory) nor an existing config.json "
-                     "file or directory")
+    raise UsageError(
+        f"MODEL {model!r} is neither an import path (pkg.module:factory) nor an existing config.json file or directory"
+    )
 
 
 def summarize(name: str, model: torch.nn.Module) -> ModelSummary:
@@ -186,8 +241,10 @@ def summarize(name: str, model: torch.nn.Module) -> ModelSummary:
         numel = sum(p.numel() for p in own)
         if numel > largest_numel:
             largest, largest_numel = mod_name or "(root)", numel
-    params = tuple(ParameterInfo(n, tuple(p.shape), p.requires_grad, owners.get(id(p), type(model).__name__))
-                   for n, p in model.named_parameters())
+    params = tuple(
+        ParameterInfo(n, tuple(p.shape), p.requires_grad, owners.get(id(p), type(model).__name__))
+        for n, p in model.named_parameters()
+    )
     return ModelSummary(name, params, largest, largest_numel)
 
 
@@ -226,11 +283,17 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
     from rich.table import Table
 
     console = Console()
-    console.print(f"`{escape(model.name)}`: {_count(model.numel)} parameters ({_count(model.trainable_numel)} "
-                  f"trainable), {format_bytes(4 * model.numel)} in fp32; largest layer `{escape(model.largest_layer)}`: "
-                  f"{_count(model.largest_layer_numel)}", highlight=False)
-    console.print(f"Memory per process for {query.num_processes} process(es) with {query.optimizer}: parameters + "
-                  "gradients + optimizer state, activations not included.", highlight=False)
+    console.print(
+        f"`{escape(model.name)}`: {_count(model.numel)} parameters ({_count(model.trainable_numel)} "
+        f"trainable), {format_bytes(4 * model.numel)} in fp32; largest layer `{escape(model.largest_layer)}`: "
+        f"{_count(model.largest_layer_numel)}",
+        highlight=False,
+    )
+    console.print(
+        f"Memory per process for {query.num_processes} process(es) with {query.optimizer}: parameters + "
+        "gradients + optimizer state, activations not included.",
+        highlight=False,
+    )
     for dtype in query.dtypes:
         shown = [r for r in rows if r.supported and r.dtype == dtype]
         title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
@@ -250,10 +313,13 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
     for (strategy, options, note), dtypes in refused.items():
         what = strategy if options == "-" else f"{strategy} {options}"
         console.print(f"not supported: {escape(what)} ({','.join(dtypes)}): {escape(note)}", highlight=False)
-    console.print("CPU: moved to host memory by offloading. gathered: the largest layer a sharding strategy gathers at "
-                  "once in forward/backward (on top of the total). Precision: bf16/fp16/fp8 train under autocast with fp32 weights (the master weights), fp32 "
-                  "gradients and optimizer state, except where a strategy trains 16-bit weights (16-bit weights and "
-                  "gradients + fp32 master weights, counted under optimizer).", highlight=False)
+    console.print(
+        "CPU: moved to host memory by offloading. gathered: the largest layer a sharding strategy gathers at "
+        "once in forward/backward (on top of the total). Precision: bf16/fp16/fp8 train under autocast with fp32 weights (the master weights), fp32 "
+        "gradients and optimizer state, except where a strategy trains 16-bit weights (16-bit weights and "
+        "gradients + fp32 master weights, counted under optimizer).",
+        highlight=False,
+    )
 
 
 def estimate_memory_command(argv: Sequence[str]) -> int:
@@ -269,10 +335,21 @@ def estimate_memory_command(argv: Sequence[str]) -> int:
     query = MemoryQuery(args.num_processes, dtypes, args.optimizer)
     rows = estimate(summary, query, plugins)
     if args.json:
-        print(json.dumps({"model": summary.name, "parameters": summary.numel, "trainable": summary.trainable_numel,
-                          "largest_layer": summary.largest_layer, "largest_layer_parameters": summary.largest_layer_numel,
-                          "num_processes": query.num_processes, "optimizer": query.optimizer,
-                          "rows": [r.as_dict() for r in rows]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": summary.name,
+                    "parameters": summary.numel,
+                    "trainable": summary.trainable_numel,
+                    "largest_layer": summary.largest_layer,
+                    "largest_layer_parameters": summary.largest_layer_numel,
+                    "num_processes": query.num_processes,
+                    "optimizer": query.optimizer,
+                    "rows": [r.as_dict() for r in rows],
+                },
+                indent=2,
+            )
+        )
     else:
         print_table(summary, query, rows)
     return 0

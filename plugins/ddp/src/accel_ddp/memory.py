@@ -15,8 +15,26 @@ def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
     for dtype in query.dtypes:
         states = replicated(model, query)
         buckets = 4 * model.trainable_numel
-        out.append(MemoryRow("DDP", "default", dtype, query.num_processes,
-                             states.parameters, states.gradients + buckets, states.optimizer))
-        out.append(MemoryRow("DDP", "gradient_as_bucket_view", dtype, query.num_processes,
-                             states.parameters, states.gradients, states.optimizer))
+        out.append(
+            MemoryRow(
+                "DDP",
+                "default",
+                dtype,
+                query.num_processes,
+                states.parameters,
+                states.gradients + buckets,
+                states.optimizer,
+            )
+        )
+        out.append(
+            MemoryRow(
+                "DDP",
+                "gradient_as_bucket_view",
+                dtype,
+                query.num_processes,
+                states.parameters,
+                states.gradients,
+                states.optimizer,
+            )
+        )
     return out

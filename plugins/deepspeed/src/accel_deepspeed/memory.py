@@ -30,8 +30,15 @@ STRATEGY = "DeepSpeed"
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-3 allocates this bucket whole, in the training dtype.
 REDUCE_BUCKET_SIZE = 500_000_000
 #: (stage, offload optimizer, offload params)
-OPTION_SETS = ((0, False, False), (1, False, False), (2, False, False), (2, True, False), (3, False, False),
-               (3, True, False), (3, True, True))
+OPTION_SETS = (
+    (0, False, False),
+    (1, False, False),
+    (2, False, False),
+    (2, True, False),
+    (3, False, False),
+    (3, True, False),
+    (3, True, True),
+)
 
 
 def _label(stage: int, offload_optimizer: bool, offload_params: bool) -> str:
@@ -41,8 +48,9 @@ def _label(stage: int, offload_optimizer: bool, offload_params: bool) -> str:
     return label
 
 
-def row(model: ModelSummary, query: MemoryQuery, dtype: str, stage: int, offload_optimizer: bool,
-        offload_params: bool) -> MemoryRow:
+def row(
+    model: ModelSummary, query: MemoryQuery, dtype: str, stage: int, offload_optimizer: bool, offload_params: bool
+) -> MemoryRow:
     n = query.num_processes
     label = _label(stage, offload_optimizer, offload_params)
     if dtype == "fp8":
@@ -69,8 +77,18 @@ def row(model: ModelSummary, query: MemoryQuery, dtype: str, stage: int, offload
     note = "optimizer includes the fp32 master weights"
     if bucket:
         note += f"; gradients include the {REDUCE_BUCKET_SIZE:.0e}-element reduce bucket (reduce_bucket_size)"
-    return MemoryRow(STRATEGY, label, dtype, n, params, half_grads + fp32_grads + bucket, optim, cpu=cpu,
-                     gathered=gathered, note=note)
+    return MemoryRow(
+        STRATEGY,
+        label,
+        dtype,
+        n,
+        params,
+        half_grads + fp32_grads + bucket,
+        optim,
+        cpu=cpu,
+        gathered=gathered,
+        note=note,
+    )
 
 
 def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
