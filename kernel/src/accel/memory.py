@@ -25,6 +25,7 @@ from typing import Any
 #: The ``--dtypes`` values, accel's ``mixed_precision`` names for them, and the bytes of one element.
 DTYPES = ("fp32", "bf16", "fp16", "fp8")
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+#: Bytes of one element of each ``--dtypes`` value.
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 #: Optimizer choices and the fp32 state elements each keeps per trainable parameter element.
@@ -47,8 +48,9 @@ class ParameterInfo:
 
 @dataclass(frozen=True)
 class ModelSummary:
-    """What the model holds, measured on the meta device: its parameters (each shared tensor once), the element
-    count of its largest top-level layer (the unit a sharding strategy gathers at once) and its buffers."""
+    """What the model holds, measured on the meta device: its parameters (each shared tensor once) and its largest
+    layer, DeepSpeed's measure of it: the module with the most parameters of its own (roughly what a sharding
+    strategy gathers at once)."""
 
     name: str
     parameters: tuple[ParameterInfo, ...]
@@ -138,6 +140,7 @@ def replicated(model: ModelSummary, query: MemoryQuery) -> Replicated:
 
 
 def unsupported(strategy: str, options: str, dtype: str, processes: int, why: str) -> MemoryRow:
+    """The row of a combination the plugin refuses in a run, with the reason (shown as "not supported")."""
     return MemoryRow(strategy, options, dtype, processes, 0, 0, 0, note=why, supported=False)
 
 
