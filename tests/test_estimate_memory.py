@@ -2,13 +2,14 @@
 rows checked against DeepSpeed's own estimator, and the numbers checked against memory measured in real runs.
 
 The measured test trains tests/scripts/estimate_model.py (8.4 M parameters) with AdamW on 2 processes (gloo) under
-DDP (twice: default and gradient_as_bucket_view), FSDP, and DeepSpeed ZeRO-2 and ZeRO-3 in fp32 and bf16, all in
-one `accel launch`, and compares the bytes each process holds at the start of the second optimizer step (tensor
-storages, each once: parameters, optimizer state with master weights, and the rest: gradients and buckets) with the
-estimate for 2 processes. Tolerances: parameters and optimizer state within 1% (they are exact up to padding); the
-rest within 5% of the estimated gradients plus 2 MiB (the batch, the loss); for DDP, the peak resident memory growth
-of the process (after a warm-up step on a tiny model) is within [0.9, 1.35] x the estimated total plus 24 MiB (the
-optimizer step's and BLAS's temporaries, the broadcast at wrap time; measured 1.21x).
+DDP (fp32), FSDP (bf16), DeepSpeed ZeRO-2 (fp32 and bf16) and ZeRO-3 (bf16), all in one `accel launch`, and
+compares the bytes each process holds at the start of the second optimizer step (tensor storages, each once:
+parameters, optimizer state with master weights, and the rest: gradients and buckets) with the estimate for 2
+processes; the rest right after that step's backward must not exceed the estimate either. Tolerances: parameters
+and optimizer state within 1% (they are exact up to padding); the rest within 5% of the estimated gradients plus
+2 MiB (the batch, the loss); for DDP, the peak resident memory growth of the process (after a warm-up step on a tiny
+model) within [0.9, 1.35] x the estimated total plus 24 MiB (the optimizer step's and BLAS's temporaries, the
+broadcast at wrap time; measured 1.21x). docs/benchmarks.md has the numbers of more cases.
 """
 
 from __future__ import annotations
@@ -314,16 +315,15 @@ def test_estimate_matches_memory_measured_in_real_runs(tmp_path: Path) -> None:
     env.update(ACCEL_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", TORCH_EXTENSIONS_DIR=EXTENSIONS)
     expected = {
         "ddp": find(estimate, "DDP", "default", "fp32"),
-        "ddp_bucket_view": find(estimate, "DDP", "gradient_as_bucket_view", "fp32"),
-        "fsdp": find(estimate, "FSDP", "FULL_SHARD", "fp32"),
+        "fsdp_bf16": find(estimate, "FSDP", "FULL_SHARD", "bf16"),
         "zero2": find(estimate, "DeepSpeed", "ZeRO-2", "fp32"),
-        "zero3": find(estimate, "DeepSpeed", "ZeRO-3", "fp32"),
         "zero2_bf16": find(estimate, "DeepSpeed", "ZeRO-2", "bf16"),
         "zero3_bf16": find(estimate, "DeepSpeed", "ZeRO-3", "bf16"),
     }
-    # What the measurement cannot see at the optimizer step: DDP's buckets live in its C++ reducer (only the peak
-    # RSS shows them); DeepSpeed's ZeRO-2 bf16 gradient partition is converted to the fp32 one and freed just before
-    # (its estimator, and ours, count both: they coexist during the conversion).
+    # What the measurement at the optimizer step cannot see: DDP's buckets live in its C++ reducer (only the peak
+    # RSS shows them); ZeRO-2 bf16's 16-bit gradient partition is converted to the fp32 one and freed just before
+    # (DeepSpeed's estimator and accel count both: they coexist during the conversion). Right after backward it
+    # is there: that snapshot is checked against it.
     unseen = {"ddp": 4 * P, "zero2_bf16": 2 * P // 2}
     proc = subprocess.run(
         [
@@ -352,6 +352,13 @@ def test_estimate_matches_memory_measured_in_real_runs(tmp_path: Path) -> None:
             assert got["optimizer"] == pytest.approx(want["optimizer"], rel=0.01), (case, rank, got, want)
             grads = want["gradients"] - unseen.get(case, 0)
             assert abs(got["rest"] - grads) <= 0.05 * grads + 2 * MiB, (case, rank, got, want)
+            # after backward (before the step): no more than the estimate, except ZeRO-2, which then also holds a
+            # gradient bucket it frees before the step (measured: a quarter of the elements; DeepSpeed's estimator
+            # does not count it either)
+            if not case.startswith("zero2"):
+                assert got["rest_after_backward"] <= 1.05 * want["gradients"] + 2 * MiB, (case, rank, got, want)
+            if case == "zero2_bf16":  # the 16-bit partition is there
+                assert got["rest_after_backward"] >= unseen[case], (case, rank, got, want)
     for rank in (0, 1):
         rss = json.loads((out / f"ddp.{rank}.json").read_text())["rss_peak_delta"]
         total = expected["ddp"]["total"]

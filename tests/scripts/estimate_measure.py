@@ -1,8 +1,8 @@
 """Worker of tests/test_estimate_memory.py (`accel launch -n 2 --plugin deepspeed estimate_measure.py OUT CASES`).
 
 One process group, then for each case a Kernel of that strategy trains estimate_model.net with AdamW: one full
-step (the optimizer state exists from then on), then a second one, at the start of whose torch optimizer step (a
-step pre-hook) the model states are all alive at once. There it measures, on this process, the bytes of every tensor storage reachable from
+step (the optimizer state exists from then on), then a second one. At the start of its torch optimizer step (a
+step pre-hook), when the model states are alive at once, and right after its backward, it measures, on this process, the bytes of every tensor storage reachable from
 Python that did not exist before the model was built (found with gc, plus the gradients, which have no Python object until read; each storage once), and splits them into
 parameters (the prepared model's parameters: local shards, DeepSpeed partitions), optimizer state (the torch
 optimizer's state and the parameters it steps when they are not the model's: master weights) and the rest
@@ -32,6 +32,9 @@ CASES = {
     "ddp": dict(plugins=["ddp"]),
     "ddp_bucket_view": dict(plugins=["ddp"], ddp_gradient_as_bucket_view=True),
     "fsdp": dict(plugins=["fsdp"]),
+    "fsdp_bf16": dict(plugins=["fsdp"], mixed_precision="bf16"),
+    "zero1": dict(plugins=["deepspeed"], zero_stage=1),
+    "zero1_bf16": dict(plugins=["deepspeed"], zero_stage=1, mixed_precision="bf16"),
     "zero2": dict(plugins=["deepspeed"], zero_stage=2),
     "zero3": dict(plugins=["deepspeed"], zero_stage=3),
     "zero2_bf16": dict(plugins=["deepspeed"], zero_stage=2, mixed_precision="bf16"),
@@ -105,36 +108,39 @@ def measure(name: str, first: bool) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = kernel.prepare(model, optimizer, DataLoader(data, batch_size=4))
     inner = torch_optimizer(optimizer)
-    seen: dict[str, Any] = {}
 
-    def take_measure(*_: Any) -> None:
-        """At the start of the second step's torch optimizer step: every model state is alive (the gradients,
-        DeepSpeed's fp32 gradient partitions included) and the optimizer state exists since the first step."""
-        if not seen and inner.state:
-            # gradients made in C++ have no Python object (gc cannot see them) until .grad is read
-            grads = [p.grad for p in model.parameters()] + [p.grad for g in inner.param_groups for p in g["params"]]
-            everything = {k: v for k, v in {**live_storages(), **storages(grads)}.items() if k not in before}
-            param_bytes = storages([getattr(p, "ds_tensor", p) for p in model.parameters()])
-            state = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
-            masters = [p for g in inner.param_groups for p in g["params"]]
-            optim_bytes = {k: v for k, v in storages(state + masters).items() if k not in param_bytes}
-            seen.update(
-                parameters=sum(param_bytes.values()),
-                optimizer=sum(optim_bytes.values()),
-                everything=sum(everything.values()),
-                largest=sorted(everything.values(), reverse=True)[:6],
-            )
+    def snapshot() -> dict[str, int]:
+        """Bytes of what was created since the model was built: parameters, optimizer state and the rest."""
+        # gradients made in C++ have no Python object (gc cannot see them) until .grad is read
+        grads = [p.grad for p in model.parameters()] + [p.grad for g in inner.param_groups for p in g["params"]]
+        everything = {k: v for k, v in {**live_storages(), **storages(grads)}.items() if k not in before}
+        param_bytes = storages([getattr(p, "ds_tensor", p) for p in model.parameters()])
+        state = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+        masters = [p for g in inner.param_groups for p in g["params"]]
+        optim_bytes = {k: v for k, v in storages(state + masters).items() if k not in param_bytes}
+        params, optim, total = sum(param_bytes.values()), sum(optim_bytes.values()), sum(everything.values())
+        return {"parameters": params, "optimizer": optim, "everything": total, "rest": total - params - optim}
 
-    hook = inner.register_step_pre_hook(take_measure)
+    result: dict[str, Any] = {"world": dist.get_world_size()}
+    steps = [0]
+
+    def at_step(*_: Any) -> None:
+        """At the start of the second torch optimizer step: the optimizer state exists since the first step and
+        the gradients are reduced (DeepSpeed: into the fp32 partitions the step reads)."""
+        steps[0] += 1
+        if steps[0] == 2:
+            result.update(snapshot())
+
+    hook = inner.register_step_pre_hook(at_step)
     batches = iter(loader)
-    for _ in range(2):
+    for step in range(2):
         x, y = next(batches)
         kernel.backward(torch.nn.functional.mse_loss(model(x), y))
+        if step == 1:  # what backward leaves before the optimizer step reduces or converts it
+            result["rest_after_backward"] = snapshot()["rest"]
         optimizer.step()
         optimizer.zero_grad()
     hook.remove()
-    result = {**seen, "world": dist.get_world_size()}
-    result["rest"] = result["everything"] - result["parameters"] - result["optimizer"]
     if first:
         result["rss_peak_delta"] = vm("VmHWM") - rss_before
     kernel.end_training()

@@ -5,9 +5,9 @@ P trainable and F frozen parameter elements, N processes, h bytes per training-d
 4 for fp32) and k fp32 optimizer states per element (Adam 2, SGD with momentum 1, SGD 0):
 
 - the weights are held in the training dtype: h(P+F), or h(P+F)/N partitioned by stage 3;
-- gradients in the training dtype: hP (stage 0/1, whole) or hP/N (stage 2/3, partitioned), plus the fp32 gradient
-  partition of the master weights, 4P/N (4P for stage 0); in fp32, stages 1-2 reduce straight into the fp32
-  partition (no second copy, measured);
+- gradients in the training dtype: hP/N partitioned (stages 1-3: DeepSpeed 0.19 reduce-scatters them during
+  backward in stage 1 too, measured), hP for stage 0, plus the fp32 gradient partition of the master weights, 4P/N
+  (4P for stage 0); in fp32, stages 1-2 reduce straight into the fp32 partition (no second copy, measured);
 - the optimizer keeps fp32 master weights (4 bytes, a copy even in fp32 from stage 1) and its states: (4 + 4k)P/N
   (stage 0: (4 + 4k)P; in fp32, stage 0 steps the weights themselves: 4P + 4P + 4kP like DDP);
 - stage 3 allocates its gradient reduce bucket whole: ``reduce_bucket_size`` elements (DeepSpeed's default 5e8,
@@ -62,7 +62,7 @@ def row(
     parts = n if stage >= 1 else 1
     params = h * total // (n if stage == 3 else 1)
     # in fp32, stages 1-2 reduce straight into the fp32 gradient partition; stage 3 keeps its own partition too
-    half_grads = h * p // (n if stage >= 2 else 1) if h < 4 or stage == 3 else 0
+    half_grads = h * p // parts if h < 4 or stage == 3 else 0
     fp32_grads = 4 * p // parts
     bucket = h * REDUCE_BUCKET_SIZE if stage == 3 else 0
     optim = (4 + 4 * query.optimizer_states) * p // parts
