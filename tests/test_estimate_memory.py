@@ -363,3 +363,22 @@ def test_estimate_matches_memory_measured_in_real_runs(tmp_path: Path) -> None:
         rss = json.loads((out / f"ddp.{rank}.json").read_text())["rss_peak_delta"]
         total = expected["ddp"]["total"]
         assert 0.9 * total <= rss <= 1.35 * total + 24 * MiB, (rank, rss, total)
+
+
+@pytest.mark.skipif(not installed("accel-plugin-xla"), reason="needs accel-plugin-xla")
+def test_xla_rows_without_torch_xla() -> None:
+    """The XLA plugin is unavailable here (no torch-xla), so the command does not ask it; its answer is plain
+    arithmetic and is checked directly: replicated like DDP, and downcast_bf16 halves weights, gradients, state."""
+    import accel_xla
+    from accel.memory import MemoryQuery, ModelSummary, ParameterInfo
+
+    model = ModelSummary(
+        "m", (ParameterInfo("w", (1000, 10), True, "Linear"), ParameterInfo("b", (10,), False, "Linear")), "", 10_000
+    )
+    rows = accel_xla.accel_estimate_memory(model=model, query=MemoryQuery(4, ("fp32", "bf16"), "adamw"))
+    got = {(r.options, r.dtype): (r.parameters, r.gradients, r.optimizer) for r in rows}
+    assert got == {
+        ("-", "fp32"): (40_040, 40_000, 80_000),
+        ("-", "bf16"): (40_040, 40_000, 80_000),
+        ("downcast_bf16", "bf16"): (20_020, 20_000, 40_000),
+    }

@@ -298,8 +298,8 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
         shown = [r for r in rows if r.supported and r.dtype == dtype]
         title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
         table = Table(title=f"{title}; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)")
-        table.add_column("strategy", overflow="fold", min_width=12)
-        for column in ("params", "grads", "optimizer", "total", "CPU", "gathered"):
+        table.add_column("strategy", overflow="fold", min_width=24)
+        for column in ("params", "grads", "optim", "total", "CPU", "gathered"):
             table.add_column(column, justify="right", no_wrap=True)
         for row in shown:
             label = row.strategy if row.options == "-" else f"{row.strategy}: {row.options}"
