@@ -38,7 +38,7 @@ class ParallelStrategy(ProcessGroupComponent):
     """Answers for a run on a (dp_replicate, dp_shard, cp, tp) device mesh."""
 
     role = "strategy"
-    provides = frozenset({"distributed", "precision:bf16"})
+    provides = frozenset({"distributed", "sharding", "precision:bf16"})  # bf16: realised here, not by amp
 
     def __init__(self, settings: Settings, plan: MeshPlan):
         self.settings = settings
