@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
+.PHONY: setup demo lint test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,17 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest tests
+
+# What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
+# mypy on the kernel and the plugins. Every check runs even when an earlier one fails; the target fails if any did.
+# `$(BIN)/ruff check --fix $(LINT_PATHS)` fixes import order and the other mechanical findings.
+LINT_PATHS := kernel plugins tests bench examples
+lint: setup
+	@status=0; \
+	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
+	echo "ruff format --check"; $(BIN)/ruff format --check $(LINT_PATHS) || status=1; \
+	echo "mypy"; $(BIN)/mypy kernel/src/accel $(wildcard plugins/*/src/accel_*) || status=1; \
+	exit $$status
 
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
