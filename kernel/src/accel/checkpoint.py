@@ -45,9 +45,10 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -1541,7 +1542,7 @@ def write_model(state: Mapping[str, Any], save_directory: str | os.PathLike[str]
         metadata["accel.aliases"] = json.dumps(aliases)
     token = secrets.token_hex(6)
     written = []
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         tmp = directory / f".{name}.tmp-{token}"
         save_file(shard, os.fspath(tmp), metadata=metadata)
         fsync_path(tmp)

@@ -9,7 +9,8 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component, LaunchPlan, Topology
 from accel.errors import UsageError

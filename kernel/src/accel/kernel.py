@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -594,7 +595,7 @@ class Kernel(TrackingMixin):
         )
         if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
             raise RuntimeError("accel_prepare_training returned lists of the wrong length")
-        for original, inner in zip(models, w_models):
+        for original, inner in zip(models, w_models, strict=True):
             wrapped = AutocastModule(inner, self._autocast) if self._autocast is not None else inner
             self._originals[id(wrapped)] = original
             self._inner[id(wrapped)] = inner
@@ -606,7 +607,7 @@ class Kernel(TrackingMixin):
         queues = {"model": iter(self._models[len(self._models) - len(models):]), "optimizer": iter(prepared_opts),
                   "scheduler": iter(prepared_scheds)}
         out = []
-        for obj, kind in zip(args, kinds):
+        for obj, kind in zip(args, kinds, strict=True):
             if kind == "dataloader":
                 loader = hook.accel_prepare_dataloader(kernel=self, dataloader=obj)
                 if isinstance(loader, PreparedDataLoader):
@@ -809,7 +810,7 @@ class Kernel(TrackingMixin):
             pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
             tensor = torch.cat([tensor, pad])
         parts = self.collectives.all_gather(tensor)
-        return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+        return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)])
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects; lists are concatenated, other objects collected in a list."""

@@ -27,8 +27,9 @@ import os
 import pickle
 import signal
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from accel.distributed import free_port
 from accel.errors import UsageError

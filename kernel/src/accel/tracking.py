@@ -12,14 +12,15 @@ import numbers
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component
 from accel.errors import UsageError
 
 if TYPE_CHECKING:
-    from accel.plugins import Plugins
     from accel.options import Settings
+    from accel.plugins import Plugins
 
 #: The ``log_with`` entry that asks for every installed tracker.
 ALL = "all"

@@ -9,7 +9,8 @@ import os
 import platform
 import re
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from accel.commands.launch import Parser
 from accel.errors import PluginError, UsageError

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from accel.commands.launch import Parser
 from accel.errors import UsageError

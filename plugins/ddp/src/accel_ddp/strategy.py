@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import (

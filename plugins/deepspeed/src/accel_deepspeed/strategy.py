@@ -24,9 +24,10 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import ProcessGroupComponent, destroy_process_group, launch_with_torchrun, world_of_one

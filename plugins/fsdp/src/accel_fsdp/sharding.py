@@ -9,8 +9,9 @@ remembers old -> new and rewrites the optimizer's parameter groups.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accel import UsageError
 

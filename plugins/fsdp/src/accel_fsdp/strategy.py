@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import ProcessGroupComponent, local_device, restart_store_args

@@ -25,7 +25,9 @@ after those three.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from accel import Component, Settings, UsageError, hookimpl
 
@@ -102,7 +104,7 @@ class IpexOptimizer(Component):
                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
+    def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
         """bf16 when no precision plugin answered first: IPEX's bf16 weights need the forward under autocast."""
         if not self.bf16:
             return None

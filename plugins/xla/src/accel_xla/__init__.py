@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
-
 from accel_xla.availability import unavailable_reason
 
 NAME = "xla"
