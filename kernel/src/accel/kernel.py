@@ -19,7 +19,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -81,7 +81,8 @@ class _Accumulate:
     __slots__ = ("kernel", "models", "stack")
 
     def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
-        self.kernel, self.models, self.stack = kernel, models, None
+        self.kernel, self.models = kernel, models
+        self.stack: contextlib.ExitStack[bool | None] | None = None
 
     def __enter__(self) -> None:
         kernel = self.kernel
@@ -325,7 +326,7 @@ def _recursive(fn: Callable[[torch.Tensor], Any]) -> Callable[[Any], Any]:
         if isinstance(data, torch.Tensor):
             return fn(data)
         if isinstance(data, Mapping):
-            return type(data)({k: apply(v) for k, v in data.items()})
+            return type(data)({k: apply(v) for k, v in data.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
         if isinstance(data, tuple) and hasattr(data, "_fields"):
             return type(data)(*(apply(v) for v in data))
         if isinstance(data, (list, tuple)):
@@ -647,7 +648,7 @@ class Kernel(TrackingMixin):
         """The user's own module behind a prepared one (no DDP/autocast wrapper, fp32 forward)."""
         original = self._originals.get(id(model), model)
         if not keep_torch_compile and hasattr(original, "_orig_mod"):
-            original = original._orig_mod
+            original = cast(torch.nn.Module, original._orig_mod)
         return original
 
     # ---- training step ------------------------------------------------------------------------------------
@@ -787,7 +788,7 @@ class Kernel(TrackingMixin):
             return part
 
         if isinstance(inputs, Mapping):
-            yield type(inputs)({k: split(v) for k, v in inputs.items()})
+            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
         else:
             yield split(inputs)
 

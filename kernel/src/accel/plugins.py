@@ -355,7 +355,7 @@ class Plugins:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {exc.plugin_name!r}: {one_line(exc)}") from None
+            raise PluginError(f"plugin {self.pm.get_name(exc.plugin)!r}: {one_line(exc)}") from None
         self.components = list(reversed(found))
         return self.components
 

@@ -130,7 +130,7 @@ class DDPStrategy(ProcessGroupComponent):
         s = self.settings
         # broadcast_buffers is passed only when turned off: torch >= 2.13 warns (FutureWarning) whenever it is given,
         # and True is what DistributedDataParallel does without it
-        buffers = {} if s["ddp_broadcast_buffers"] else {"broadcast_buffers": False}
+        buffers: dict[str, Any] = {} if s["ddp_broadcast_buffers"] else {"broadcast_buffers": False}
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type != "cpu" else None,

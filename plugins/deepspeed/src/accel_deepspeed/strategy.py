@@ -538,6 +538,6 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             with_opt = opt_key is not None and opt_key in records
             state.load(rec.engine, Path(directory), str(found.extra["dir"]), with_opt)
             restored.append(model_key)
-            if with_opt:
+            if with_opt and opt_key is not None:
                 restored.append(opt_key)
         return restored

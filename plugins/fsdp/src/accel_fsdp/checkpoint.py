@@ -12,7 +12,7 @@ tensors are broadcast and sharded. The manifest record says which format was wri
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from accel import CheckpointError, ItemRecord, UsageError
 
@@ -67,7 +67,8 @@ def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full
         if kernel.is_main_process:
             from safetensors.torch import save_file
 
-            save_file(_unshare(state), str(directory / name), metadata={"format": "pt"})
+            tensors = cast("dict[str, torch.Tensor]", state)  # a full state dict holds plain tensors
+            save_file(_unshare(tensors), str(directory / name), metadata={"format": "pt"})
 
     agree(kernel, f"save_state (writing {name})", write)  # before the next item's collectives
     return ItemRecord(plugin=PLUGIN, format=FULL_MODEL_FORMAT, files=(name,))

@@ -65,7 +65,8 @@ class WandbTracker(Tracker):
                         step: int | None, log_kwargs: Mapping[str, Any]) -> None:
         import wandb
 
-        self.run.log({table_name: wandb.Table(columns=columns, data=data)}, step=step, **log_kwargs.get("wandb", {}))
+        header: list[str | int] = list(columns)
+        self.run.log({table_name: wandb.Table(columns=header, data=data)}, step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
     def accel_end_training(self, kernel: Kernel) -> None:

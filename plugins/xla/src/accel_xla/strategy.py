@@ -257,7 +257,7 @@ class XLAStrategy(Component):
         state = {}
         for param, value in optimizer.state.items():
             new = moved.get(id(param), param)
-            state[new] = {k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) else v
+            state[new] = {k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) > 0 else v
                           for k, v in value.items()}
         optimizer.state.clear()
         optimizer.state.update(state)
