@@ -93,7 +93,7 @@ $(IPEX_VENV)/.installed: kernel/pyproject.toml plugins/ipex/pyproject.toml plugi
 	test -x $(IPEX_BIN)/python || $(PY) -m venv $(IPEX_VENV)
 	$(IPEX_BIN)/python -m pip install -q --upgrade pip
 	$(IPEX_BIN)/python -m pip install -q $(IPEX_TORCH) $(IPEX_PKG)   # together, torch pinned: never let pip pick it
-	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging rich safetensors questionary "setuptools>=77" wheel \
+	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging safetensors questionary "setuptools>=77" wheel \
 		pytest pytest-timeout scikit-learn
 	$(IPEX_BIN)/python -m pip install -q --no-build-isolation -e kernel -e plugins/ipex -e plugins/amp -e plugins/ddp
 	$(IPEX_BIN)/python -c "$(IPEX_CHECK)"

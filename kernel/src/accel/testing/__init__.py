@@ -30,8 +30,6 @@ WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
                     "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "ACCEL_CONFIG")
 
 
-
-
 def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None = None,
                  extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a subprocess, with ``ACCEL_HOME=home`` (no user config file leaks in),

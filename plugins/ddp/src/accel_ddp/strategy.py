@@ -23,13 +23,6 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel
 
 
-
-
-
-
-
-
-
 def batched_power_sgd_works() -> bool:
     """Whether torch's batched PowerSGD hook can run: in torch 2.13 it orthogonalizes a 2-D matrix, which
     ``_orthogonalize`` (batched, 3-D only) refuses with a bare AssertionError."""

@@ -26,10 +26,6 @@ MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
 FORWARDED = ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")
 
 
-
-
-
-
 def read_hostfile(path: str) -> dict[str, int]:
     """``host slots=N`` lines of an MPI-style hostfile (comments and blank lines skipped), as {host: slots}."""
     hosts: dict[str, int] = {}

@@ -87,8 +87,6 @@ def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
                          "bf16, or no mixed precision")
 
 
-
-
 @dataclass
 class Prepared:
     """One model this component prepared."""
@@ -199,9 +197,6 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
-
-
-
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Any:

@@ -61,11 +61,6 @@ class FSDPStrategy(ProcessGroupComponent):
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
-
-
-
-
-
     # ---- precision ----------------------------------------------------------------------------------------
 
     @hookimpl
