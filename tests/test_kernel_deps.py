@@ -73,7 +73,7 @@ def test_kernel_trains_without_numpy_and_saves_through_safetensors_numpy(tmp_pat
     assert "numpy" in result.stdout and "safetensors/torch.py" in result.stdout, result.stdout
 
 
-def test_kernel_requires_no_numpy_packaging_or_rich() -> None:
+def test_kernel_dependencies_are_these_each_with_its_reason() -> None:
     deps = tomllib.loads((ROOT / "kernel" / "pyproject.toml").read_text())["project"]["dependencies"]
     names = [re.match(r"[A-Za-z0-9_.\-\[\]]+", d).group(0) for d in deps]
     assert sorted(n.lower() for n in names) == ["pluggy", "pyyaml", "questionary", "safetensors[torch]", "torch"]
