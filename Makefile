@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo lint test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
+.PHONY: setup demo lint test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean docs
 
 setup: $(VENV)/.installed
 
@@ -21,13 +21,18 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) r
 demo: setup
 	$(BIN)/accel launch --num_processes 2 examples/train_digits.py
 
+# The generated parts of docs/hooks.md and docs/plugin-api.md, from hookspecs.py, the records' code and the installed
+# plugins (docs/generate.py; tests/test_generated_docs.py fails while they are out of date).
+docs: setup
+	$(BIN)/python docs/generate.py
+
 test: setup
 	$(BIN)/python -m pytest tests
 
 # What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
 # mypy on the kernel and the plugins. Every check runs even when an earlier one fails; the target fails if any did.
 # `$(BIN)/ruff check --fix $(LINT_PATHS)` fixes import order and the other mechanical findings.
-LINT_PATHS := kernel plugins tests bench examples
+LINT_PATHS := kernel plugins tests bench examples docs
 lint: setup
 	@status=0; \
 	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
