@@ -36,7 +36,7 @@ LINT_PATHS := kernel plugins tests bench examples docs
 lint: setup
 	@status=0; \
 	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
-	echo "ruff format --check"; $(BIN)/ruff format --check $(LINT_PATHS) || status=1; \
+	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
 	echo "mypy"; $(BIN)/mypy kernel/src/accel $(wildcard plugins/*/src/accel_*) || status=1; \
 	exit $$status
 
