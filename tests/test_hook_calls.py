@@ -12,9 +12,10 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+from torch import nn
+
 from accel import Component, Kernel, Settings, hookimpl
 from accel.tracking import Tracker, requested
-from torch import nn
 
 
 class ListTracker(Tracker):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import HardwareInfo, LaunchPlan, Topology
 from accel.hookspecs import hookimpl

@@ -47,7 +47,9 @@ Roles are declared, never negotiated through call order:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -274,7 +276,7 @@ def accel_teardown(kernel: Kernel) -> None:
 
 
 @hookspec(firstresult=True)
-def accel_model_init_context(kernel: Kernel) -> ContextManager[Any] | None:
+def accel_model_init_context(kernel: Kernel) -> AbstractContextManager[Any] | None:
     """The context in which the script builds its models (``with kernel.model_init_context(): model = Net()``),
     so a strategy can create parameters already partitioned over the processes (DeepSpeed's ``zero.Init``)
     instead of materialising the whole model in every process first.
@@ -326,7 +328,7 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
+def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
@@ -382,7 +384,7 @@ def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_non
 
 
 @hookspec(firstresult=True)
-def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> ContextManager[Any] | None:
+def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
     """The context that skips gradient synchronisation for one micro-batch (gradient accumulation).
 
     When: ``kernel.no_sync(model)`` and ``kernel.accumulate(model)`` on non-sync steps. Who: first answer wins;

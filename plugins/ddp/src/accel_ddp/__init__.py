@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Settings, hookimpl
 from accel.hardware import nvidia_gpus
 
 if TYPE_CHECKING:
     from accel.memory import MemoryQuery, MemoryRow, ModelSummary
-
     from accel_ddp.handlers import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 NAME = "ddp"

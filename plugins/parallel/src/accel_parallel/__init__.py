@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
 from accel.hardware import nvidia_gpus
+
+if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "parallel"
 accel_components = ["accel_parallel.strategy:ParallelStrategy"]
@@ -155,6 +158,14 @@ def accel_add_options(options: Options) -> None:
 @hookimpl
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
     return nvidia_gpus(env)
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Rows of ``accel estimate-memory`` for each mesh shape (arithmetic only, see ``accel_parallel.memory``)."""
+    from accel_parallel.memory import rows
+
+    return rows(model, query)
 
 
 @dataclasses.dataclass(frozen=True)
