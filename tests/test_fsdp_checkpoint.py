@@ -138,8 +138,8 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:
     """A DCP index (.metadata) that would run code when unpickled is refused; a real one is read."""
     import torch.distributed.checkpoint as dcp
 
-    from accel.checkpoint import dcp_load
     from accel_fsdp.checkpoint import SafeReader
+    from accel_fsdp.dcp import dcp_load
 
     good = tmp_path / "good"
     dcp.save({"w": torch.arange(6.0).reshape(2, 3), "lr": 0.5}, checkpoint_id=good)  # one process, no group
