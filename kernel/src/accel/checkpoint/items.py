@@ -257,12 +257,5 @@ def _state_of(kernel: Kernel, item: Item) -> Any:
     return item.obj.state_dict()
 
 
-def _restore(kernel: Kernel, item: Item, state: Any) -> None:
-    if item.kind == "model":
-        kernel.unwrap_model(item.obj).load_state_dict(state)
-    else:
-        item.obj.load_state_dict(state)
-
-
 def _file_stem(item: Item, rank: int) -> str:
     return f"{item.key}_rank{rank}" if item.per_rank else item.key
