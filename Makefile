@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
+.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean docs
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,11 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) r
 
 demo: setup
 	$(BIN)/accel launch --num_processes 2 examples/train_digits.py
+
+# The generated parts of docs/hooks.md and docs/plugin-api.md, from hookspecs.py, the records' code and the installed
+# plugins (docs/generate.py; tests/test_generated_docs.py fails while they are out of date).
+docs: setup
+	$(BIN)/python docs/generate.py
 
 test: setup
 	$(BIN)/python -m pytest tests

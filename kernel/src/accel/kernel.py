@@ -431,10 +431,12 @@ class Kernel(TrackingMixin):
 
     @property
     def mixed_precision(self) -> str:
+        """The ``mixed_precision`` setting: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
         return self.settings.mixed_precision
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (the script may change it between steps)."""
         return self._accumulation_steps
 
     @gradient_accumulation_steps.setter
@@ -483,14 +485,17 @@ class Kernel(TrackingMixin):
 
     @property
     def project_dir(self) -> str | None:
+        """The ``project_dir`` setting: where checkpoints and logs go (``None``: not set)."""
         return self.settings["project_dir"]
 
     @property
     def num_processes(self) -> int:
+        """Processes of the run, over all machines (``topology.num_processes``)."""
         return self.topology.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's rank, 0 .. ``num_processes - 1`` (``topology.process_index``)."""
         return self.topology.process_index
 
     @property
@@ -499,6 +504,7 @@ class Kernel(TrackingMixin):
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is process 0 of the run."""
         return self.topology.is_main_process
 
     @property
@@ -622,7 +628,9 @@ class Kernel(TrackingMixin):
         return self.prepare(scheduler)
 
     def unwrap_model(self, model: torch.nn.Module, keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's own module behind a prepared one (no DDP/autocast wrapper, fp32 forward)."""
+        """The module the script passed to ``prepare`` for this prepared model: that very object, whatever wrapper
+        the strategy and the autocast returned around it (an object ``prepare`` did not return is returned as it is).
+        ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
         original = self._originals.get(id(model), model)
         if not keep_torch_compile and hasattr(original, "_orig_mod"):
             original = original._orig_mod

@@ -54,10 +54,12 @@ class Option:
 
     @property
     def path(self) -> tuple[str, ...]:
+        """Its keys in the config file: ``config_key``, or ``(name,)``."""
         return self.config_key or (self.name,)
 
     @property
     def dotted(self) -> str:
+        """``path`` joined by dots (``"fsdp_config.fsdp_offload_params"``)."""
         return ".".join(self.path)
 
     def coerce(self, raw: Any, label: str) -> Any:
@@ -558,16 +560,17 @@ class Settings:
     ``values`` holds every declared option; ``world_size`` is the number of processes of the run (planned, when
     called by ``accel launch``; actual, inside a worker); ``phase`` is ``"launch"`` or ``"run"``."""
 
-    values: Mapping[str, Any]
-    sources: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any]  # option name -> converted value, for every declared option
+    sources: Mapping[str, str] = field(default_factory=dict)  # option name -> where it came from ("flag", "file", ...)
     world_size: int = 1
     phase: str = "run"
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # the environment the settings were resolved in
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     def get(self, name: str, default: Any = None) -> Any:
+        """``values.get(name, default)``: for an option a plugin that may be absent declares."""
         return self.values.get(name, default)
 
     @property
@@ -580,8 +583,10 @@ class Settings:
         return tuple(names)
 
     def is_selected(self, name: str) -> bool:
+        """Whether plugin ``name`` is among ``selected``."""
         return name in self.selected
 
     @property
     def mixed_precision(self) -> str:
+        """The ``mixed_precision`` setting (``"no"`` when absent)."""
         return str(self.values.get("mixed_precision", "no"))
