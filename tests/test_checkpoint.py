@@ -594,20 +594,6 @@ def test_max_shard_size_parsing() -> None:
         parse_size("lots")
 
 
-def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    from accel.checkpoint import load_restricted_pickle
-    from accel_fsdp.dcp import DCP_METADATA_GLOBALS  # the fsdp plugin's allow-list of DCP's own record classes
-
-    with pytest.warns(UserWarning):  # "torch.distributed is ... uninitialized, assuming ... a single process"
-        dcp.save({"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
-                 checkpoint_id=tmp_path / "dcp")
-    metadata = load_restricted_pickle(tmp_path / "dcp" / ".metadata", DCP_METADATA_GLOBALS)
-    assert isinstance(metadata, Metadata) and "w" in metadata.state_dict_metadata
-
-
 def test_dataloader_and_optimizer_differences_are_refused(tmp_path: Path) -> None:
     def loader_run(n: int) -> tuple[Kernel, Any]:
         torch.manual_seed(0)
