@@ -9,11 +9,10 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from torch import nn
-
 from accel import Kernel
 from accel.data import empty_like_batch, send_to_device
 from accel.nested import map_tensors
+from torch import nn
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +64,17 @@ def test_send_to_device_and_empty_batches_walk_namedtuples() -> None:
     assert type(moved["pair"]) is Output and torch.equal(moved["pair"].extras["mask"], torch.ones(3))
     empty = empty_like_batch(batch)
     assert empty["pair"].logits.shape == (0, 2) and empty["pair"].extras["mask"].shape == (0,) and empty["n"] == 3
+
+
+def test_the_plugins_walks_are_the_same_helper() -> None:
+    """accel-plugin-deepspeed's input cast and accel-plugin-xla's copy to the CPU walk named tuples too, and the
+    xla copy keeps tied tensors tied."""
+    from accel_deepspeed.model import cast_floats
+    from accel_xla.strategy import to_cpu
+
+    Pair = collections.namedtuple("Pair", "x ids")
+    cast = cast_floats({"in": Pair(torch.ones(2), torch.arange(2))}, torch.bfloat16)
+    assert type(cast["in"]) is Pair and cast["in"].x.dtype == torch.bfloat16 and cast["in"].ids.dtype == torch.int64
+    weight = torch.ones(2)
+    copied = to_cpu({"w": weight, "tied": weight, "pair": Pair(weight, 1)})
+    assert copied["w"] is copied["tied"] is copied["pair"].x and copied["pair"].ids == 1
