@@ -194,10 +194,10 @@ def test_malicious_pickles_are_refused_not_executed(tmp_path: Path) -> None:
         load_weights_only(torch_file)
 
     # 4. a pickled metadata file (torch.distributed.checkpoint's format) read with an allow-list of globals
-    from accel.checkpoint import load_restricted_pickle
+    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
 
     with pytest.raises(CheckpointError, match="references pathlib.Path.write_text, which is not allowed"):
-        load_restricted_pickle(torch_file, {"torch.Size", "pathlib.PosixPath"})
+        load_restricted_pickle(torch_file, DCP_METADATA_GLOBALS)
 
     # 5. an Accelerate-style directory (pickles, no manifest)
     foreign = tmp_path / "accelerate_ckpt"
@@ -592,6 +592,19 @@ def test_max_shard_size_parsing() -> None:
     assert parse_size(123) == 123
     with pytest.raises(UsageError, match="max_shard_size"):
         parse_size("lots")
+
+
+def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
+
+    with pytest.warns(UserWarning):  # "torch.distributed is ... uninitialized, assuming ... a single process"
+        dcp.save({"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
+                 checkpoint_id=tmp_path / "dcp")
+    metadata = load_restricted_pickle(tmp_path / "dcp" / ".metadata", DCP_METADATA_GLOBALS)
+    assert isinstance(metadata, Metadata) and "w" in metadata.state_dict_metadata
 
 
 def test_dataloader_and_optimizer_differences_are_refused(tmp_path: Path) -> None:

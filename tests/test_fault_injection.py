@@ -27,8 +27,7 @@ from typing import Any
 import pytest
 import torch
 from accel import CheckpointError, Kernel, ProjectConfiguration, UsageError
-from accel.checkpoint import MANIFEST
-from accel_fsdp.dcp import dcp_load
+from accel.checkpoint import MANIFEST, dcp_load
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -120,7 +119,7 @@ def test_same_size_corruption_of_every_kernel_file_is_one_line(tmp_path: Path) -
 
 def test_forged_dcp_entries_are_refused_and_torch_default_would_run_them(tmp_path: Path) -> None:
     """A pickle appended to a .distcp file, an index entry pointing at it: torch's own load runs it (the control),
-    accel_fsdp.dcp.dcp_load refuses it in one line. The same for a tampered .metadata."""
+    accel.checkpoint.dcp_load refuses it in one line. The same for a tampered .metadata."""
     import dataclasses
 
     import torch.distributed.checkpoint as dcp

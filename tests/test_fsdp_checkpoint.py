@@ -138,8 +138,8 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:
     """A DCP index (.metadata) that would run code when unpickled is refused; a real one is read."""
     import torch.distributed.checkpoint as dcp
 
+    from accel.checkpoint import dcp_load
     from accel_fsdp.checkpoint import SafeReader
-    from accel_fsdp.dcp import dcp_load
 
     good = tmp_path / "good"
     dcp.save({"w": torch.arange(6.0).reshape(2, 3), "lr": 0.5}, checkpoint_id=good)  # one process, no group
@@ -161,17 +161,3 @@ def test_dcp_metadata_is_read_without_running_code(tmp_path: Path) -> None:
     assert not marker.exists()
     with pytest.raises(BaseException, match="load planner that may unpickle code"):  # torch: CheckpointException
         dcp.load({"w": torch.zeros(2, 3), "lr": 0.0}, checkpoint_id=good, storage_reader=SafeReader(good))
-
-
-def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    from accel.checkpoint import load_restricted_pickle
-    from accel_fsdp.dcp import DCP_METADATA_GLOBALS  # the fsdp plugin's allow-list of DCP's own record classes
-
-    with pytest.warns(UserWarning):  # "torch.distributed is ... uninitialized, assuming ... a single process"
-        dcp.save({"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
-                 checkpoint_id=tmp_path / "dcp")
-    metadata = load_restricted_pickle(tmp_path / "dcp" / ".metadata", DCP_METADATA_GLOBALS)
-    assert isinstance(metadata, Metadata) and "w" in metadata.state_dict_metadata

@@ -47,12 +47,18 @@ class HardwareInfo:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where this process sits in the run."""
+    """Where this process sits in the run.
+
+    ``data_parallel_index``/``data_parallel_size``: which data shard this process reads, of how many, when that
+    differs from its process index/count (processes of one tensor- or context-parallel group read the same batches);
+    ``None`` means the same as the process index/count."""
 
     process_index: int = 0  # rank over all machines
     num_processes: int = 1  # processes over all machines
     local_process_index: int = 0  # rank on this machine
     local_num_processes: int = 1  # processes on this machine
+    data_parallel_index: int | None = None  # the data shard this process reads (None: process_index)
+    data_parallel_size: int | None = None  # how many data shards (None: num_processes)
 
     @property
     def is_main_process(self) -> bool:

@@ -455,8 +455,8 @@ class PreparedDataLoader:
 
 def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
                      device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None) -> PreparedDataLoader:
-    """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.process_index`` of
-    ``kernel.num_processes`` and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
+    """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.data_parallel_index`` of
+    ``kernel.data_parallel_size`` (the process index and count unless the strategy says otherwise) and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
 
     ``device_loader``: for a plugin that moves batches to the device itself, ahead of time in background threads
     (a device runtime's own parallel loader). It is called at the start of each pass with the iterator of that pass's CPU
@@ -468,7 +468,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     depend on how far the device loader had read ahead."""
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare() expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
-    n, r, even = kernel.num_processes, kernel.process_index, kernel.even_batches
+    n, r, even = kernel.data_parallel_size, kernel.data_parallel_index, kernel.even_batches
     split = kernel.split_batches and n > 1
     kwargs = _loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):

@@ -14,7 +14,7 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``, ``accel_unavailable_reason``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
     from accel.kernel import Kernel
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
     from accel.options import Options, Settings
 
 PROJECT = "accel"
@@ -47,7 +48,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
 DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions",
-                   "accel_unavailable_reason")
+                   "accel_unavailable_reason", "accel_estimate_memory")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -154,6 +155,29 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     """
 
 
+@hookspec
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> Sequence[MemoryRow] | None:
+    """Per-process memory of the model states (parameters, gradients, optimizer state; no activations) under this
+    plugin's strategy, for each of its option sets and each precision asked.
+
+    When: ``accel estimate-memory MODEL`` only (never in a run), once, after the model was built on the meta device
+    and summarised. Who: everyone, at module level like the other discovery hooks (cheap, no torch import: the
+    arithmetic needs only the :class:`~accel.memory.ModelSummary`); the kernel's own answer is the single-process
+    row. A strategy answers for itself, whether selected or not (the user asks before choosing); other plugins
+    return ``None``. A plugin that splits parameters over a group of processes (tensor parallelism) answers with
+    one row per group size that divides ``query.num_processes``, naming it in ``options`` (``"tp=2, dp=2"``); it
+    may read each parameter's shape and owning module type in ``model.parameters`` to know what it shards.
+
+    Returns a sequence of :class:`~accel.memory.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
+    offload optimizer"``) and dtype of ``query.dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``: accel's
+    ``mixed_precision`` values), for ``query.num_processes`` processes and ``query.optimizer``; bytes on the training
+    device in ``parameters``, ``gradients`` (communication buckets included), ``optimizer`` (fp32 master weights
+    included where they are a copy), bytes moved to host memory by offloading in ``cpu``, the largest layer gathered
+    at once in ``gathered``. A combination the plugin refuses in a run is a row with ``supported=False`` and the
+    reason in ``note``. An exception is an error naming the plugin.
+    """
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Launching (components active in ``accel launch``)
 
@@ -187,7 +211,11 @@ def accel_setup(kernel: Kernel) -> None:
 
 @hookspec(firstresult=True)
 def accel_topology(kernel: Kernel) -> Topology | None:
-    """Where this process sits: process index, count, local index and local count.
+    """Where this process sits: process index, count, local index and local count, and, for a strategy whose
+    processes do not each read their own data (tensor or context parallel groups read the same batches), its
+    data-parallel index and size (``Topology.data_parallel_index``/``data_parallel_size``): prepared dataloaders
+    shard by them, ``gather_for_metrics`` keeps one process's values per data shard, and a prepared scheduler
+    counts data-parallel processes.
 
     When: once, after ``accel_setup``. Who: first answer wins (strategy); default: a single process.
     """

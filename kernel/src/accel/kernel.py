@@ -243,7 +243,7 @@ class PreparedScheduler:
         own["optimizers"] = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
         per_optimizer_step = kernel.settings["scheduler_steps"] == "per_optimizer_step"
         #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
-        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.num_processes
+        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.data_parallel_size
         own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
         own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
 
@@ -412,6 +412,7 @@ class Kernel(TrackingMixin):
         self._failed: set[Any] = set()  # plugin names (trackers) and (plugin, hook) pairs that raised
         self._warned: set[str] = set()
         self._torn_down = False
+        self._leaders: list[int] | None = None  # gather_for_metrics: the first process of each data shard
         self.plugins.activate(self.settings)
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
@@ -497,6 +498,19 @@ class Kernel(TrackingMixin):
     def process_index(self) -> int:
         """This process's rank, 0 .. ``num_processes - 1`` (``topology.process_index``)."""
         return self.topology.process_index
+
+    @property
+    def data_parallel_index(self) -> int:
+        """Which data shard this process reads (its process index unless the strategy's topology says otherwise:
+        processes of one tensor/context-parallel group read the same shard)."""
+        index = self.topology.data_parallel_index
+        return self.process_index if index is None else index
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many data shards there are (the number of processes unless the strategy's topology says otherwise)."""
+        size = self.topology.data_parallel_size
+        return self.num_processes if size is None else size
 
     @property
     def local_process_index(self) -> int:
@@ -786,7 +800,14 @@ class Kernel(TrackingMixin):
             return tensor
         return map_tensors(self._gather_one, tensor, strict=True)
 
-    def _gather_one(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _shard_leaders(self) -> list[int]:
+        """The first process of each data shard, in shard order (collective the first time)."""
+        if self._leaders is None:
+            shards = self.collectives.all_gather_object(self.data_parallel_index)
+            self._leaders = [shards.index(i) for i in range(self.data_parallel_size)]
+        return list(self._leaders)
+
+    def _gather_one(self, tensor: torch.Tensor, keep: list[int] | None = None) -> torch.Tensor:
         if tensor.ndim == 0:
             tensor = tensor[None]
         tensor = tensor.contiguous()
@@ -796,7 +817,8 @@ class Kernel(TrackingMixin):
             pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
             tensor = torch.cat([tensor, pad])
         parts = self.collectives.all_gather(tensor)
-        return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+        pairs = list(zip(parts, sizes))
+        return torch.cat([p[:s] for p, s in (pairs if keep is None else [pairs[i] for i in keep])])
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects; lists are concatenated, other objects collected in a list."""
@@ -813,7 +835,16 @@ class Kernel(TrackingMixin):
             map_tensors(lambda t: t, input_data, strict=True)
         except TypeError:
             tensors_only = False
-        data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
+        if self.data_parallel_size != self.num_processes:  # one process's values per data shard
+            keep = self._shard_leaders()
+            parts = self.collectives.all_gather_object(input_data) if (use_gather_object or not tensors_only) else None
+            if parts is not None:
+                parts = [parts[i] for i in keep]
+                data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
+            else:
+                data = _recursive(lambda t: self._gather_one(t, keep))(input_data)
+        else:
+            data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
         state = self.gradient_state
         if state.end_of_dataloader and state.remainder > 0:
             if isinstance(data, list) and not tensors_only:

@@ -7,6 +7,7 @@ way wherever it comes from. This module does not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -96,6 +97,8 @@ class Option:
             else:
                 raise UsageError(f"{bad} expects a list, got {raw!r}")
         elif self.type == "mapping":
+            if dataclasses.is_dataclass(raw) and not isinstance(raw, type):  # Accelerate's config objects
+                raw = {f.name: getattr(raw, f.name) for f in dataclasses.fields(raw)}
             if isinstance(raw, str):
                 try:
                     raw = json.loads(raw)

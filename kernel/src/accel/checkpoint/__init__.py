@@ -23,7 +23,9 @@ The package, by concern:
   ``save_state`` (``accel_save_state``; the kernel's writer of unclaimed items is the hook's default
   implementation, called last), asynchronous saves, ``load_state`` (``accel_load_state``, likewise);
 - :mod:`~accel.checkpoint.compat`: what is checked against the run before anything is loaded;
-- :mod:`~accel.checkpoint.export`: ``save_model`` / ``load_model`` (Hugging Face's safetensors layout).
+- :mod:`~accel.checkpoint.export`: ``save_model`` / ``load_model`` (Hugging Face's safetensors layout);
+- :mod:`~accel.checkpoint.dcp`: torch.distributed.checkpoint directories read without running code from them,
+  for the plugins that write DCP (fsdp, parallel).
 
 Every name other code uses is importable from ``accel.checkpoint`` itself.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from accel.checkpoint.asynchronous import _SAVERS, PEER_WAIT_S, finish_pending, pending_save
 from accel.checkpoint.compat import check_compatible
+from accel.checkpoint.dcp import DCP_METADATA_GLOBALS, dcp_load, dcp_reader
 from accel.checkpoint.export import WEIGHTS, WEIGHTS_INDEX, load_model, parse_size, save_model, write_model
 from accel.checkpoint.files import (
     TREE_FORMAT,
@@ -66,6 +69,7 @@ from accel.errors import CheckpointError
 
 __all__ = [
     "CHECKPOINTS",
+    "DCP_METADATA_GLOBALS",
     "MANIFEST",
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
@@ -84,6 +88,8 @@ __all__ = [
     "check_compatible",
     "checkpoints_folder",
     "collect_items",
+    "dcp_load",
+    "dcp_reader",
     "error_line",
     "finish_pending",
     "fsync_all",

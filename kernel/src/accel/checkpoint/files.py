@@ -88,8 +88,8 @@ def weights_only_reason(exc: BaseException) -> str:
 def load_restricted_pickle(path: str | os.PathLike[str], allowed: Iterable[str]) -> Any:
     """Unpickle a file that may only reference the globals named in ``allowed`` (``"module.name"``). Any other
     global (a ``__reduce__`` that calls ``os.system``...) raises :class:`CheckpointError` before it is called.
-    For formats that pickle their metadata, such as torch.distributed.checkpoint's index (accel-plugin-fsdp's
-    ``accel_fsdp.dcp``): a plugin's ``FileSystemReader.read_metadata`` can use this instead of ``pickle.load``."""
+    For formats that pickle their metadata, such as torch.distributed.checkpoint (``DCP_METADATA_GLOBALS``): a
+    plugin's ``FileSystemReader.read_metadata`` can use this instead of ``pickle.load``."""
     import pickle
 
     names = frozenset(allowed)

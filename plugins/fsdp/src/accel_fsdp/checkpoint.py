@@ -71,8 +71,7 @@ def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full
 
 
 def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, record: ItemRecord) -> None:
-    from accel.checkpoint import agree  # imports torch: not at module level
-    from accel_fsdp.dcp import dcp_load
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if record.format == DCP_FORMAT:
@@ -146,8 +145,7 @@ def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Opti
 
 def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
                    record: ItemRecord) -> None:
-    from accel.checkpoint import agree  # imports torch: not at module level
-    from accel_fsdp.dcp import dcp_load
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     if record.format == DCP_FORMAT:
@@ -212,8 +210,8 @@ def _unshare(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def SafeReader(path: Path) -> Any:  # noqa: N802 - a class built on first use (imports torch)
-    """A DCP storage reader that never runs code from the files (see :func:`accel_fsdp.dcp.dcp_load`)."""
-    from accel_fsdp.dcp import dcp_reader
+def SafeReader(path: Path) -> Any:  # noqa: N802 - the kernel's class, built on first use (imports torch)
+    """A DCP storage reader that never runs code from the files (see :func:`accel.checkpoint.dcp_load`)."""
+    from accel.checkpoint import dcp_reader
 
     return dcp_reader(path)

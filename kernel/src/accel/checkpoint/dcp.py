@@ -1,6 +1,7 @@
-"""torch.distributed.checkpoint (DCP) directories read without running code from the files: the index
+"""torch.distributed.checkpoint (DCP) directories read without running code from the files, for the plugins that
+write their items as DCP (a plugin cannot import another's helpers, so the one safe reader lives here): the index
 (``.metadata``) is unpickled with an allow-list of DCP's own record classes (:data:`DCP_METADATA_GLOBALS`, through
-the kernel's ``accel.checkpoint.load_restricted_pickle``), and every non-tensor entry of the ``.distcp`` files with
+:func:`accel.checkpoint.files.load_restricted_pickle`), and every non-tensor entry of the ``.distcp`` files with
 ``torch.load(weights_only=True)`` (torch's default load planner uses ``weights_only=False``).
 """
 
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accel import CheckpointError
-from accel.checkpoint import error_line, load_restricted_pickle, weights_only_reason
+
+from accel.checkpoint.files import load_restricted_pickle, weights_only_reason
+from accel.checkpoint.manifest import error_line
+from accel.errors import CheckpointError
 
 #: The globals a torch.distributed.checkpoint ``.metadata`` file references (dataclasses, enums, torch.Size).
 DCP_METADATA_GLOBALS = frozenset(
@@ -67,7 +70,7 @@ def dcp_load(state_dict: dict[str, Any], path: str | os.PathLike[str]) -> None:
     the index (``.metadata``) is unpickled with :data:`DCP_METADATA_GLOBALS` only, and every non-tensor entry of the
     ``.distcp`` files with ``torch.load(weights_only=True)`` (torch's default load planner uses
     ``weights_only=False``). Collective, like DCP's load; a failure on any process raises :class:`CheckpointError`
-    on every process, in one line."""
+    on every process, in one line. Plugins that load DCP checkpoints call this."""
     import logging
 
     import torch.distributed.checkpoint as dcp
@@ -155,7 +158,7 @@ def _dcp_reader_class() -> type:
         def read_data(self, plan: Any, planner: Any) -> Any:
             if not isinstance(planner, _dcp_planner_class()):
                 raise CheckpointError(
-                    "refusing to read DCP data with a load planner that may unpickle code; use accel_fsdp.dcp.dcp_load"
+                    "refusing to read DCP data with a load planner that may unpickle code; use accel.checkpoint.dcp_load"
                 )
             return super().read_data(plan, planner)  # type: ignore[arg-type]
 
