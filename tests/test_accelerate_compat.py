@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+
 from accel import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.data import BatchSamplerShard
 from accel.errors import UsageError
 from accel.kernel import PreparedOptimizer
 from accel.testing import make_kernel, run_accel
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 # ---- Kernel arguments --------------------------------------------------------------------------------------------
 

@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import accel
 import pytest
 import torch
+from big_model_defs import TinyLM
+from safetensors.torch import save_file
+from torch import nn
+
+import accel
 from accel.utils import (
     dispatch_model,
     infer_auto_device_map,
@@ -21,9 +25,6 @@ from accel.utils import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from big_model_defs import TinyLM
-from safetensors.torch import save_file
-from torch import nn
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "scripts" / "big_model_probe.py"

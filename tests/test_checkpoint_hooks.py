@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from accel import Component, ItemRecord, Kernel, hookimpl
-from accel.checkpoint import MANIFEST, load_weights_only
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Component, ItemRecord, Kernel, hookimpl
+from accel.checkpoint import MANIFEST, load_weights_only
 
 
 @pytest.fixture(autouse=True)

@@ -111,7 +111,7 @@ def test_shuffle_ranks_agree_on_the_permutation(api: dict[str, Any]) -> None:
         seen = [[i for b in rec["epochs"][e]["local"] for i in b] for rec in recs]
         assert set(seen[0]) | set(seen[1]) == set(range(10))
         # what each rank iterated is its slice of the shared permutation (rank r: batches r, r+2, ...)
-        order = [i for pair in zip(recs[0]["epochs"][e]["local"], recs[1]["epochs"][e]["local"]) for b in pair for i in b]
+        order = [i for pair in zip(recs[0]["epochs"][e]["local"], recs[1]["epochs"][e]["local"], strict=True) for b in pair for i in b]
         assert order[:10] == gathered[0]
         epochs.append(gathered[0])
     assert epochs[0] != list(range(10))  # really shuffled
@@ -206,7 +206,7 @@ def check_mapping_and_params(two: list[dict[str, Any]], one: dict[str, Any], b: 
     assert two[0]["wrapped"] == "DistributedDataParallel" and one["wrapped"] != "DistributedDataParallel"
     assert two[0]["steps"] == two[1]["steps"]
     assert len(two[0]["steps"]) == len(one["steps"]) > 1
-    for i, (step2, step1) in enumerate(zip(two[0]["steps"], one["steps"])):
+    for i, (step2, step1) in enumerate(zip(two[0]["steps"], one["steps"], strict=True)):
         assert step2 == list(range(2 * i * b, (2 * i + 2) * b)) == step1
     assert two[0]["params"] == two[1]["params"]  # the replicas stayed identical
     for key, value in one["params"].items():

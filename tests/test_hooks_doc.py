@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from accel import hookspecs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from accel.distributed import free_port
 from clitools import TESTS, clean_env, run
 from plugin_shadow import hide_plugins
+
+from accel.distributed import free_port
 
 FLAGS_FILE = TESTS / "data" / "accelerate_launch_flags.txt"
 PROBE = str(TESTS / "scripts" / "cli_probe.py")

@@ -9,10 +9,11 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from torch import nn
+
 from accel import Kernel
 from accel.data import empty_like_batch, send_to_device
 from accel.nested import map_tensors
-from torch import nn
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,10 @@ plugins/xla/tests)."""
 
 from __future__ import annotations
 
-import re
-
 import base64
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from clitools import clean_env, run
 
 import accel_xla
 from accel import Settings, UsageError
@@ -27,7 +27,6 @@ from accel.plugins import Plugins
 from accel.testing import imported_modules
 from accel_xla import launch as xla_launch
 from accel_xla.availability import release
-from clitools import clean_env, run
 
 ROOT = Path(__file__).resolve().parents[1]
 XLA_VERSION = "2.9.0"

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +78,7 @@ class LaunchPlan:
     may add to it); ``command`` is the worker command after the interpreter (``[script, *args]`` or
     ``["-m", module, *args]``)."""
 
-    settings: "Settings"  # the resolved settings (phase "launch"), launch settings included
+    settings: Settings  # the resolved settings (phase "launch"), launch settings included
     command: list[str]
     env: dict[str, str]
     python: str  # the workers' interpreter; "" for --no_python (command[0] is an executable)
@@ -127,13 +128,13 @@ class Collectives(Protocol):
     """Communication between the processes of the run. ``accel_collectives`` returns one; the Kernel builds
     ``gather``, ``reduce``, ``broadcast`` ... on top of it. Every method is called by every process."""
 
-    def all_gather(self, tensor: "torch.Tensor") -> list["torch.Tensor"]:
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Tensors of equal shape from every process, in process order."""
 
-    def all_reduce(self, tensor: "torch.Tensor", op: str) -> "torch.Tensor":
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Reduce in place over processes; ``op`` is ``"sum"`` or ``"max"``. Returns ``tensor``."""
 
-    def broadcast(self, tensor: "torch.Tensor", src: int) -> "torch.Tensor":
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """Copy ``tensor`` of process ``src`` into every process's ``tensor``, in place. Returns it."""
 
     def all_gather_object(self, obj: Any) -> list[Any]:

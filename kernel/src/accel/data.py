@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -499,7 +500,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         seed = kernel.collectives.broadcast_object(seed, 0)
         seeded = SeedableRandomSampler(sampler.data_source, seed, sampler._num_samples, sampler.replacement)
-        batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
+        batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)  # type: ignore[attr-defined]
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even, split)
     skipper = SkipBatchSampler(shard_sampler)
     dataset = dataloader.dataset
@@ -508,7 +509,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     base = DataLoader(dataset, batch_sampler=skipper, **kwargs)
     steps = shard_sampler.steps()
     try:
-        size = len(dataloader.dataset)
+        size = len(dataloader.dataset)  # type: ignore[arg-type]  # a map-style Dataset may have no __len__
     except TypeError:
         size = -1
     span = (shard_sampler.batch_size or 1) * (1 if split else n)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import HardwareInfo, ItemRecord, LaunchPlan, Topology
 from accel.hookspecs import hookimpl

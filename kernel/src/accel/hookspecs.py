@@ -28,7 +28,9 @@ default values (arguments with defaults are never passed). Misspelt hook names a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -255,7 +257,7 @@ def accel_teardown(kernel: Kernel) -> None:
 
 
 @hookspec(firstresult=True)
-def accel_model_init_context(kernel: Kernel) -> ContextManager[Any] | None:
+def accel_model_init_context(kernel: Kernel) -> AbstractContextManager[Any] | None:
     """The context in which the script builds its models (``with kernel.model_init_context(): model = Net()``),
     so a strategy can create parameters already partitioned over the processes (DeepSpeed's ``zero.Init``)
     instead of materialising the whole model in every process first.
@@ -322,7 +324,7 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
+def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
@@ -374,7 +376,7 @@ def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_non
 
 
 @hookspec(firstresult=True)
-def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> ContextManager[Any] | None:
+def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
     """The context that skips gradient synchronisation for one micro-batch (gradient accumulation).
 
     When: ``kernel.no_sync(model)`` and ``kernel.accumulate(model)`` on non-sync steps. Who: first answer wins;

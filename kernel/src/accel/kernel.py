@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -81,7 +82,8 @@ class _Accumulate:
     __slots__ = ("kernel", "models", "stack")
 
     def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
-        self.kernel, self.models, self.stack = kernel, models, None
+        self.kernel, self.models = kernel, models
+        self.stack: contextlib.ExitStack[bool | None] | None = None
 
     def __enter__(self) -> None:
         kernel = self.kernel
@@ -593,7 +595,7 @@ class Kernel(TrackingMixin):
         )
         if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
             raise RuntimeError("accel_prepare_training returned lists of the wrong length")
-        for original, inner in zip(models, w_models):
+        for original, inner in zip(models, w_models, strict=True):
             wrapped = AutocastModule(inner, self._autocast) if self._autocast is not None else inner
             self._originals[id(wrapped)] = original
             self._inner[id(wrapped)] = inner
@@ -605,7 +607,7 @@ class Kernel(TrackingMixin):
         queues = {"model": iter(self._models[len(self._models) - len(models):]), "optimizer": iter(prepared_opts),
                   "scheduler": iter(prepared_scheds)}
         out = []
-        for obj, kind in zip(args, kinds):
+        for obj, kind in zip(args, kinds, strict=True):
             if kind == "dataloader":
                 loader = hook.accel_prepare_dataloader(kernel=self, dataloader=obj)
                 if isinstance(loader, PreparedDataLoader):
@@ -647,7 +649,7 @@ class Kernel(TrackingMixin):
         ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
         original = self._originals.get(id(model), model)
         if not keep_torch_compile and hasattr(original, "_orig_mod"):
-            original = original._orig_mod
+            original = cast(torch.nn.Module, original._orig_mod)
         return original
 
     # ---- training step ------------------------------------------------------------------------------------
@@ -787,7 +789,7 @@ class Kernel(TrackingMixin):
             return part
 
         if isinstance(inputs, Mapping):
-            yield type(inputs)({k: split(v) for k, v in inputs.items()})
+            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
         else:
             yield split(inputs)
 
@@ -817,7 +819,7 @@ class Kernel(TrackingMixin):
             pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
             tensor = torch.cat([tensor, pad])
         parts = self.collectives.all_gather(tensor)
-        pairs = list(zip(parts, sizes))
+        pairs = list(zip(parts, sizes, strict=True))
         return torch.cat([p[:s] for p, s in (pairs if keep is None else [pairs[i] for i in keep])])
 
     def gather_object(self, obj: Any) -> list[Any]:
@@ -842,7 +844,7 @@ class Kernel(TrackingMixin):
                 parts = [parts[i] for i in keep]
                 data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
             else:
-                data = _recursive(lambda t: self._gather_one(t, keep))(input_data)
+                data = map_tensors(lambda t: self._gather_one(t, keep), input_data, strict=True)
         else:
             data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
         state = self.gradient_state

@@ -12,9 +12,10 @@ import difflib
 import json
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from accel.errors import PluginError, UsageError
 

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accel import CheckpointError
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from accel import CheckpointError
 from accel_bigmodel.hooks import (
     DiskTensor,
     OffloadHook,

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Mapping
 from typing import Union
 
 import torch
-from accel import UsageError
 from torch import nn
+
+from accel import UsageError
 
 Device = Union[int, str, torch.device]  # noqa: UP007 (a runtime alias: the | form needs Python 3.10 types)
 DISK = "disk"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Settings, hookimpl
 from accel.hardware import nvidia_gpus

@@ -6,7 +6,8 @@ Activates when selected: ``accel launch --plugin deepspeed``, ``Kernel(plugins=[
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import Options, Question, Settings, UsageError, hookimpl
 

@@ -7,7 +7,8 @@ Accelerate's ``distributed_type: FSDP`` in a config file.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
 from accel.hardware import nvidia_gpus

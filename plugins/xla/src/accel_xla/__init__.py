@@ -9,10 +9,10 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
-
 from accel_xla.availability import unavailable_reason
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from accel import LaunchPlan, Settings, UsageError
 from accel.processes import run_process
