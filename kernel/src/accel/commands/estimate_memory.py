@@ -291,7 +291,7 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
     columns = ("strategy", "params", "grads", "optim", "total", "CPU", "gathered")
     for dtype in query.dtypes:
         title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
-        table = [columns]
+        table: list[tuple[str, ...]] = [columns]
         for row in (r for r in rows if r.supported and r.dtype == dtype):
             label = row.strategy if row.options == "-" else f"{row.strategy}: {row.options}"
             values = (row.parameters, row.gradients, row.optimizer, row.total, row.cpu, row.gathered)
