@@ -422,9 +422,13 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
     ``{"grad_scaler": scaler}``.
 
     When: ``save_state`` and ``load_state``, on every process. Who: everyone; a key given by two plugins, or one of
-    the kernel's keys (below), is an error naming both. Unless a plugin claims it in ``accel_save_state``, the kernel
-    writes the item from the main process (its state must be the same on every process) and the manifest records
-    the plugin that gave it, so loading without that plugin says which plugin to install.
+    the kernel's keys, is an error naming both. The kernel's own default implementation, called last, gives the
+    kernel's keys (``model``..., ``optimizer``..., ``scheduler``..., ``dataloader``..., ``custom_<i>``, ``gradients``,
+    ``rng``, ``kernel``). Unless a plugin claims it in ``accel_save_state``, the kernel writes the item from the main
+    process (its state must be the same on every process) and the manifest records the plugin that gave it, so
+    loading without that plugin says which plugin to install. The three state hooks are called once per
+    implementing component, through pluggy (``subset_hook_caller``), so that each answer is known to be that
+    component's: a wrapper implementation wraps each component's call and sees its answer.
     """
 
 
@@ -446,7 +450,8 @@ def accel_save_state(
     returns ``{key: ItemRecord(plugin=..., format=..., files=...)}`` for the keys it wrote. ``files`` are paths
     relative to ``directory`` (a directory name covers everything below it); the records of all processes are
     merged (union of files), so each process lists what it wrote. ``plugin`` and ``version`` are filled in by the
-    kernel. The kernel writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``) and records
+    kernel. The kernel's own default implementation, called last (after the plugins' claims are agreed between
+    processes), writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``); the kernel records
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
     unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
     files that ``accel.checkpoint.load_weights_only`` accepts.
@@ -469,8 +474,9 @@ def accel_load_state(
     When: ``load_state``, on every process, after the kernel checked the checkpoint against the run (every file
     listed with its size and nothing else present; no plugin missing; no item missing or extra; per-process items
     saved by as many processes; the kernel-written models' parameter names and shapes) and before it restores its
-    own items (random states last). Who: every component named by a record; it returns the keys it restored, and
-    a key it leaves out is an error. A record naming a plugin that is not active is an error, raised before
+    own items (random states last: the kernel's default implementation, called last, restores the records naming
+    ``"accel"``). Who: every component named by a record; it returns the keys it restored, and a key it leaves
+    out is an error. A record naming a plugin that is not active is an error, raised before
     anything is loaded, naming the plugin (and ``pip install ...`` when it is a published one).
     """
 

@@ -35,6 +35,7 @@ from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError
+from accel.nested import map_tensors
 from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
 from accel.project import ProjectConfiguration, check_project_config, configure_project
@@ -310,30 +311,8 @@ class AutocastModule(torch.nn.Module):
 
 
 def _to_fp32(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
-    if isinstance(obj, dict):
-        return type(obj)({k: _to_fp32(v) for k, v in obj.items()})
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_fp32(v) for v in obj)
-    return obj
-
-
-def _recursive(fn: Callable[[torch.Tensor], Any]) -> Callable[[Any], Any]:
-    """Apply a tensor function over nested lists/tuples/dicts of tensors."""
-
-    def apply(data: Any) -> Any:
-        if isinstance(data, torch.Tensor):
-            return fn(data)
-        if isinstance(data, Mapping):
-            return type(data)({k: apply(v) for k, v in data.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
-        if isinstance(data, tuple) and hasattr(data, "_fields"):
-            return type(data)(*(apply(v) for v in data))
-        if isinstance(data, (list, tuple)):
-            return type(data)(apply(v) for v in data)
-        raise TypeError(f"expected tensors (or lists/tuples/dicts of tensors), got {type(data).__name__}")
-
-    return apply
+    """Half-precision float tensors of a nested output (named tuples included) cast to fp32."""
+    return map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, obj)
 
 
 class Kernel(TrackingMixin):
@@ -823,7 +802,7 @@ class Kernel(TrackingMixin):
         order. Works when processes hold different numbers of rows."""
         if self.num_processes == 1:
             return tensor
-        return _recursive(self._gather_one)(tensor)
+        return map_tensors(self._gather_one, tensor, strict=True)
 
     def _shard_leaders(self) -> list[int]:
         """The first process of each data shard, in shard order (collective the first time)."""
@@ -857,7 +836,7 @@ class Kernel(TrackingMixin):
         duplicated, so the result over an epoch has exactly ``len(dataset)`` items."""
         tensors_only = True
         try:
-            _recursive(lambda t: t)(input_data)
+            map_tensors(lambda t: t, input_data, strict=True)
         except TypeError:
             tensors_only = False
         if self.data_parallel_size != self.num_processes:  # one process's values per data shard
@@ -867,14 +846,14 @@ class Kernel(TrackingMixin):
                 parts = [parts[i] for i in keep]
                 data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
             else:
-                data = _recursive(lambda t: self._gather_one(t, keep))(input_data)
+                data = map_tensors(lambda t: self._gather_one(t, keep), input_data, strict=True)
         else:
             data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
         state = self.gradient_state
         if state.end_of_dataloader and state.remainder > 0:
             if isinstance(data, list) and not tensors_only:
                 return data[: state.remainder]
-            return _recursive(lambda t: t[: state.remainder])(data)
+            return map_tensors(lambda t: t[: state.remainder], data, strict=True)
         return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
@@ -891,7 +870,7 @@ class Kernel(TrackingMixin):
                     t = t / self.num_processes
             return t * scale if scale != 1.0 else t
 
-        return _recursive(one)(tensor)
+        return map_tensors(one, tensor, strict=True)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """Pad tensors along ``dim`` to the largest size over all processes, so they can be gathered."""
@@ -909,14 +888,14 @@ class Kernel(TrackingMixin):
             pad = t.new_full(shape, pad_index)
             return torch.cat([pad, t] if pad_first else [t, pad], dim=d)
 
-        return _recursive(one)(tensor)
+        return map_tensors(one, tensor, strict=True)
 
     def broadcast(self, data: Any, from_process: int = 0) -> Any:
         """Tensors of process ``from_process`` on every process (in place); other objects via pickling."""
         if self.num_processes == 1:
             return data
         try:
-            return _recursive(lambda t: self.collectives.broadcast(t.contiguous(), from_process))(data)
+            return map_tensors(lambda t: self.collectives.broadcast(t.contiguous(), from_process), data, strict=True)
         except TypeError:
             return self.collectives.broadcast_object(data, from_process)
 
