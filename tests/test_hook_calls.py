@@ -141,10 +141,6 @@ class SaveWatcher(Component):
         return result
 
 
-@pytest.mark.xfail(
-    reason="checkpoint.py still calls accel_save_state's implementations directly; passes once it "
-    "calls them through accel.dispatch.each_implementation (the checkpoint package's merge)"
-)
 def test_a_wrapper_on_accel_save_state_runs(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path))
     watcher = SaveWatcher()
