@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel.dispatch import each_implementation
 from accel.errors import CheckpointError, PluginError
 from accel.options import KERNEL
 
@@ -233,18 +234,16 @@ def call_by_owner(
 ) -> Iterator[tuple[str, list[Any]]]:
     """Call ``hook`` through pluggy once per component that implements it, in pluggy's order (the kernel's own
     default last), so that each answer is known to be that component's: ``(component name, answers)``.
-    ``arguments(name)`` gives the call's keyword arguments, or None to skip that component. Each call is
-    pluggy's (``subset_hook_caller``: only that implementation, plus every wrapper implementation of the hook),
-    so wrappers wrap each component's call and see its answer, and pluggy's tracing and monitoring see the calls."""
-    pm = kernel.plugins.pm
-    impls = [impl for impl in getattr(pm.hook, hook).get_hookimpls() if not (impl.wrapper or impl.hookwrapper)]
-    for impl in reversed(impls):
-        name = _component_name(impl)
+    ``arguments(name)`` gives the call's keyword arguments, or None to skip that component. The calls are
+    :func:`accel.dispatch.each_implementation`'s (that implementation plus every wrapper of the hook), so wrappers
+    wrap each component's call and see its answer, and pluggy's tracing and monitoring see the calls."""
+    for one in each_implementation(kernel.plugins.pm, hook):
+        name = _component_name(one.impl)
         kwargs = arguments(name)
         if kwargs is None:
             continue
-        others = [other.plugin for other in impls if other is not impl]
-        yield name, list(pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs))
+        answer = one(**kwargs)
+        yield name, [] if answer is None else [answer]
 
 
 def _component_name(impl: Any) -> str:
