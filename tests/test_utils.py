@@ -447,7 +447,8 @@ def test_handler_fields_of_an_inactive_plugin_get_one_notice(accel_kernel: Any) 
 
 
 def test_comm_hook_options_from_a_config_file_and_flags(tmp_path: Path) -> None:
-    from accel.options import read_config_file, resolve, validate_config
+    from accel.config_files import read_config_file, validate_config
+    from accel.options import resolve
     from accel.plugins import Plugins
 
     plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp"})

@@ -602,41 +602,6 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         if self in _ACTIVE:
             _ACTIVE.remove(self)
 
-    # ---- profiling and triggers (Accelerate's utilities) --------------------------------------------------
-
-    @contextlib.contextmanager
-    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
-        """``torch.profiler.profile`` built from ``profile_handler`` (an :class:`accel.utils.ProfileKwargs`), else
-        the one given in ``kwargs_handlers``, else defaults; yields the profiler (call ``prof.step()`` per step when
-        a schedule is set). With ``output_trace_dir`` every process writes ``profile_<process index>.json``
-        there at the end, then waits for the others."""
-        from accel.utils.handlers import PROFILE_PATTERN_NAME, ProfileKwargs
-
-        handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is None:
-            return
-        os.makedirs(handler.output_trace_dir, exist_ok=True)
-        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
-                                                  PROFILE_PATTERN_NAME.format(suffix=self.process_index)))
-        self.wait_for_everyone()
-
-    def set_trigger(self) -> None:
-        """Raise this process's flag; the next ``check_trigger`` on every process sees it (no barrier needed)."""
-        self._trigger = torch.tensor(1, device=self.device)
-
-    def check_trigger(self) -> bool:
-        """Whether any process called ``set_trigger`` since the last check (an all-reduce: call it on every
-        process). Resets the flag when it was set."""
-        flag = getattr(self, "_trigger", None)
-        if flag is None:
-            flag = self._trigger = torch.tensor(0, device=self.device)
-        if int(self.reduce(flag).item()) >= 1:
-            self._trigger = torch.tensor(0, device=self.device)
-            return True
-        return False
-
 
 _ACTIVE: list[Kernel] = []
 

@@ -1,11 +1,13 @@
 """The Kernel's process control and collectives on nested data (mixed into :class:`accel.Kernel`):
 ``wait_for_everyone``, ``main_process_first``, ``on_*process``, ``split_between_processes``, ``gather``,
-``gather_object``, ``gather_for_metrics``, ``reduce``, ``pad_across_processes``, ``broadcast``."""
+``gather_object``, ``gather_for_metrics``, ``reduce``, ``pad_across_processes``, ``broadcast``, and Accelerate's
+``profile``, ``set_trigger``, ``check_trigger``."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,9 @@ class ProcessOpsMixin:
     collectives: Collectives
     gradient_state: GradientState
     _leaders: list[int] | None  # gather_for_metrics: the first process of each data shard, learnt once
+    _trigger: torch.Tensor  # set_trigger/check_trigger's flag
+    device: torch.device
+    profile_handler: Any  # an accel.utils.ProfileKwargs from kwargs_handlers, or None
 
     @property
     def num_processes(self) -> int:
@@ -239,3 +244,38 @@ class ProcessOpsMixin:
             return map_tensors(lambda t: self.collectives.broadcast(t.contiguous(), from_process), data, strict=True)
         except TypeError:
             return self.collectives.broadcast_object(data, from_process)
+
+    # ---- profiling and triggers (Accelerate's utilities) --------------------------------------------------
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+        """``torch.profiler.profile`` built from ``profile_handler`` (an :class:`accel.utils.ProfileKwargs`), else
+        the one given in ``kwargs_handlers``, else defaults; yields the profiler (call ``prof.step()`` per step when
+        a schedule is set). With ``output_trace_dir`` every process writes ``profile_<process index>.json``
+        there at the end, then waits for the others."""
+        from accel.utils.handlers import PROFILE_PATTERN_NAME, ProfileKwargs
+
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
+                                                  PROFILE_PATTERN_NAME.format(suffix=self.process_index)))
+        self.wait_for_everyone()
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next ``check_trigger`` on every process sees it (no barrier needed)."""
+        self._trigger = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (an all-reduce: call it on every
+        process). Resets the flag when it was set."""
+        flag = getattr(self, "_trigger", None)
+        if flag is None:
+            flag = self._trigger = torch.tensor(0, device=self.device)
+        if int(self.reduce(flag).item()) >= 1:
+            self._trigger = torch.tensor(0, device=self.device)
+            return True
+        return False

@@ -22,21 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from accel.commands.launch import Parser, add_option_flags, blocked_plugins
+from accel.config_files import (
+    default_config_dirs,
+    find_default_config,
+    migrate_legacy,
+    read_config_file,
+    validate_config,
+)
 from accel.contract import QUESTION_KINDS, Question
 from accel.errors import PluginError, UsageError
 from accel.options import (
     KERNEL,
     Option,
     Options,
-    default_config_dirs,
-    find_default_config,
     install_hint,
     known_plugins,
-    migrate_legacy,
     providers_of,
-    read_config_file,
     resolve,
-    validate_config,
 )
 from accel.plugins import Plugins
 

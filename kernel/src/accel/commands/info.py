@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from accel.commands.launch import Parser
+from accel.config_files import find_default_config, read_config_file
 from accel.errors import PluginError, UsageError
-from accel.options import find_default_config, known_plugins, read_config_file
+from accel.options import known_plugins
 from accel.plugins import PluginRecord, Plugins
 
 

@@ -15,6 +15,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from accel.config_files import (
+    find_accelerate_config,
+    find_default_config,
+    migrate_legacy,
+    read_config_file,
+    validate_config,
+)
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
 from accel.options import (
@@ -22,14 +29,9 @@ from accel.options import (
     Options,
     Settings,
     did_you_mean,
-    find_accelerate_config,
-    find_default_config,
     install_hint,
     known_plugins,
-    migrate_legacy,
-    read_config_file,
     resolve,
-    validate_config,
 )
 from accel.plugins import Plugins
 
