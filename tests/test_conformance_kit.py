@@ -1,0 +1,155 @@
+"""The conformance kit (accel.testing.conformance) against mutants of the new-plugin templates.
+
+Each mutant is a real plugin: the files ``accel new-plugin`` writes, changed in one place, and made discoverable
+the way an installed plugin is (a distribution with an ``accel`` entry point on ``sys.path`` / ``PYTHONPATH``,
+selected by the kit's ``ACCEL_PLUGINS`` allow-list). The kit must fail each with a message naming the fault. The
+unchanged templates pass the same suites (tests/test_tracker_jsonl.py runs plugins/jsonl, the tracker template's
+output; tests/test_plugin_template.py installs and tests both templates).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from accel.commands.new_plugin import render
+
+
+def install(site: Path, name: str, kind: str, changes: dict[str, tuple[str, str]]) -> Any:
+    """Write the template's package for plugin ``name`` into ``site``, with ``changes`` (``{file: (old, new)}``,
+    each ``old`` found exactly once), and a distribution whose ``accel`` entry point names it. Returns an instance
+    of the conformance class of the template's own tests (``tests/test_NAME.py``, unchanged)."""
+    applied = set()
+    files = render(name, kind)
+    for path, text in files.items():
+        if not path.startswith("src/"):
+            continue
+        file = path.removeprefix("src/")
+        base = Path(file).name
+        if base in changes:
+            old, new = changes[base]
+            assert text.count(old) == 1, f"the template's {base} changed: update this mutant ({old!r})"
+            text = text.replace(old, new)
+            applied.add(base)
+        (site / file).parent.mkdir(parents=True, exist_ok=True)
+        (site / file).write_text(text, encoding="utf-8")
+    assert applied == set(changes), f"no template file {sorted(set(changes) - applied)}"
+    meta = site / f"accel_plugin_{name}-0.1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: accel-plugin-{name}\nVersion: 0.1.0\n")
+    (meta / "entry_points.txt").write_text(f"[accel]\n{name} = accel_{name}\n")
+    tests = site.parent / f"test_{name}.py"
+    tests.write_text(files[f"tests/test_{name}.py"], encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"tests_of_{name}", tests)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    title = "".join(part.capitalize() for part in name.split("_"))
+    return getattr(module, f"Test{title}Conformance")()
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory on this process's ``sys.path`` and on its subprocesses' ``PYTHONPATH``."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    yield site
+    for module in [m for m in sys.modules if m.startswith(("accel_mut", "tests_of_mut"))]:
+        del sys.modules[module]
+    importlib.invalidate_caches()
+
+
+# ---- trackers: the JSON-lines template ------------------------------------------------------------------------
+
+TRACKER = "tracker.py"
+LOG_LINE = '        self._write({"event": "log", "step": step, "values": _plain(values)})\n'
+CLOSE_LINES = "            self.run.close()\n            self.run = None\n"
+
+
+@pytest.fixture
+def accel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What the tracker suite's autouse fixture does when pytest runs it: a private ACCEL_HOME."""
+    home = tmp_path / "accel_home"
+    monkeypatch.setenv("ACCEL_HOME", str(home))
+    return home
+
+
+def test_a_tracker_writing_every_row_twice_fails(site: Path, tmp_path: Path, accel_home: Path) -> None:
+    suite = install(site, "mut_twice", "tracker", {TRACKER: (LOG_LINE, LOG_LINE * 2)})
+    with pytest.raises(AssertionError, match=r"10 points recorded for 5 kernel.log\(\) calls.*exactly once"):
+        suite.test_logs_scalars_and_config(tmp_path)
+
+
+def test_a_tracker_never_closing_its_file_fails(site: Path, tmp_path: Path, accel_home: Path) -> None:
+    suite = install(site, "mut_open", "tracker", {TRACKER: (CLOSE_LINES, "            pass\n")})
+    with pytest.raises(
+        AssertionError,
+        match=r"after end_training\(\) this process still holds open "
+        r"\['project/mut_open/closed.jsonl'\]",
+    ):
+        suite.test_end_training_closes_its_files(tmp_path)
+
+
+def test_the_unchanged_tracker_template_passes_the_new_checks(site: Path, tmp_path: Path, accel_home: Path) -> None:
+    """The same checks, the same installation, no mutation: they pass (so the failures above are the mutations')."""
+    suite = install(site, "mut_none", "tracker", {})
+    suite.test_logs_scalars_and_config(tmp_path / "a")
+    suite.test_end_training_closes_its_files(tmp_path / "b")
+
+
+# ---- strategies: the gradient-averaging template (two real processes) -----------------------------------------
+
+STRATEGY = "strategy.py"
+SYNC_LINE = "        if kernel.sync_gradients and kernel.num_processes > 1:\n"
+WRAP_RETURN = "        self.models.append(model)\n        return model\n"
+OWN_WRAPPER = '''        import copy
+
+        class AvgdpModule(torch.nn.Module):
+            """The strategy's own wrapper class, holding its own copy of the user's module."""
+
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = copy.deepcopy(inner)
+
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return self.inner(*args, **kwargs)
+
+        import torch
+
+        wrapper = AvgdpModule(model)
+        self.models.append(wrapper)
+        return wrapper
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_strategy_syncing_on_every_micro_batch_fails(site: Path, tmp_path: Path) -> None:
+    """Averaging gradients after every backward gives the same weights as syncing once per step (the average is
+    linear): only the gradients between synchronisations show that it talked on every micro-batch."""
+    suite = install(site, "mut_sync", "strategy", {STRATEGY: (SYNC_LINE, "        if kernel.num_processes > 1:\n")})
+    with pytest.raises(
+        AssertionError,
+        match=r"micro-batch 0 does not synchronise .* identical gradients after it: "
+        r"the strategy synchronised gradients on every micro-batch",
+    ):
+        suite.test_trains_like_one_process(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_strategy_returning_its_own_wrapper_class_fails(site: Path, tmp_path: Path) -> None:
+    suite = install(site, "mut_wrap", "strategy", {STRATEGY: (WRAP_RETURN, OWN_WRAPPER)})
+    with pytest.raises(
+        AssertionError,
+        match=r"unwrap_model\(prepared\) returned a module that computes "
+        r"differently from the prepared model",
+    ):
+        suite.test_trains_like_one_process(tmp_path)
