@@ -27,6 +27,7 @@ class TestDeepSpeedConformance(StrategyConformance):
     name = "deepspeed"
     pytestmark = [pytest.mark.timeout(900)]
     backend_modules = ("deepspeed",)
+    gradients_visible = False  # the engine keeps gradients in its own (partitioned) buffers: param.grad is None
     timeout = 850  # the first run on a machine builds DeepSpeed's shm op (minutes on a busy machine)
 
     def environment(self, tmp_path: Path) -> dict[str, str]:

@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
     evaluation = DataLoader(TensorDataset(x, y), batch_size=5)  # uneven: tests even_batches + gather_for_metrics
     original = make_model()
     user_class = type(original)  # a sharding strategy may swap in a subclass of it (FSDP2's FSDPLinear), in place
+    initial = [float(v) for v in torch.cat([p.detach().flatten() for p in original.parameters()])]
     optimizer = torch.optim.SGD(original.parameters(), lr=LR)
     model, optimizer, loader, evaluation = kernel.prepare(original, optimizer, loader, evaluation)
     steps = 0
@@ -131,6 +132,7 @@ def main(argv: list[str]) -> int:
         "unwrapped_type": type(unwrapped).__name__,
         "unwrapped_is_original": unwrapped is original and isinstance(unwrapped, user_class),
         "unwrapped_computes_like_prepared": same_outputs,
+        "initial_weights": initial,
         "micro_steps": micro_steps,
         "all_weights": [list(map(float, w)) for w in kernel.gather_object([weights.tolist()])],
         "gathered_targets": sorted(float(v) for v in torch.cat(targets).flatten()),
