@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean
+.PHONY: setup demo lint test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean docs
 
 setup: $(VENV)/.installed
 
@@ -21,8 +21,24 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) r
 demo: setup
 	$(BIN)/accel launch --num_processes 2 examples/train_digits.py
 
+# The generated parts of docs/hooks.md and docs/plugin-api.md, from hookspecs.py, the records' code and the installed
+# plugins (docs/generate.py; tests/test_generated_docs.py fails while they are out of date).
+docs: setup
+	$(BIN)/python docs/generate.py
+
 test: setup
 	$(BIN)/python -m pytest tests
+
+# What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
+# mypy on the kernel and the plugins. Every check runs even when an earlier one fails; the target fails if any did.
+# `$(BIN)/ruff check --fix $(LINT_PATHS)` fixes import order and the other mechanical findings.
+LINT_PATHS := kernel plugins tests bench examples docs
+lint: setup
+	@status=0; \
+	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
+	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
+	echo "mypy"; $(BIN)/mypy kernel/src/accel $(wildcard plugins/*/src/accel_*) || status=1; \
+	exit $$status
 
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
@@ -82,7 +98,7 @@ $(IPEX_VENV)/.installed: kernel/pyproject.toml plugins/ipex/pyproject.toml plugi
 	test -x $(IPEX_BIN)/python || $(PY) -m venv $(IPEX_VENV)
 	$(IPEX_BIN)/python -m pip install -q --upgrade pip
 	$(IPEX_BIN)/python -m pip install -q $(IPEX_TORCH) $(IPEX_PKG)   # together, torch pinned: never let pip pick it
-	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging rich safetensors questionary "setuptools>=77" wheel \
+	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging safetensors questionary "setuptools>=77" wheel \
 		pytest pytest-timeout scikit-learn
 	$(IPEX_BIN)/python -m pip install -q --no-build-isolation -e kernel -e plugins/ipex -e plugins/amp -e plugins/ddp
 	$(IPEX_BIN)/python -c "$(IPEX_CHECK)"

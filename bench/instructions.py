@@ -19,8 +19,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny model's 64-batch loader
 
@@ -47,8 +48,8 @@ def phases() -> dict[str, Callable[[int], Any]]:
             def nothing(i: int, x: Any, y: Any) -> None:
                 pass
 
-            def context(i: int, x: Any, y: Any) -> None:
-                with kernel.accumulate(model):
+            def context(i: int, x: Any, y: Any, kernel: Any = kernel, model: Any = model) -> None:  # bound now:
+                with kernel.accumulate(model):  # the runner calls this after the loop
                     pass
 
             out["parts|iterate the user's DataLoader"] = step_loop.runner(nothing, plain, False)

@@ -1,7 +1,9 @@
-"""Per-rank parameter + optimizer memory of FSDP (accel-plugin-fsdp) against DDP (accel-plugin-ddp) on 2 ranks.
+"""Per-rank parameter + optimizer memory of FSDP (accel-plugin-fsdp) against DDP (accel-plugin-ddp) on 2 ranks, and
+of a dp_shard=2 x tp=2 mesh (accel-plugin-parallel) against DDP on 4 ranks.
 
     python bench/memory.py            # print the table
     python bench/memory.py --write    # ... and update the fsdp-memory section of docs/benchmarks.md
+    python bench/memory.py --mesh [--write]   # the 4-rank comparison (parallel-memory section)
 
 Each strategy runs this file as a worker under ``accel launch -n 2 --plugin <strategy>``: an MLP of ``--layers``
 blocks of two ``--hidden``-wide linear layers (the default is about 300 MiB of fp32 parameters), AdamW, one training
@@ -42,6 +44,7 @@ def worker(args: argparse.Namespace) -> None:
 
     class Net(nn.Module):
         _no_split_modules = ["Block"]
+        _tp_plan = {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}  # accel-plugin-parallel's tp dim
 
         def __init__(self, d: int, layers: int) -> None:
             super().__init__()
@@ -101,12 +104,21 @@ STRATEGIES = {
 }
 
 
+#: label -> accel launch arguments, 4 ranks (``--mesh``)
+MESH_STRATEGIES = {
+    "ddp": ["-n", "4", "--plugin", "ddp"],
+    "parallel, dp_shard=2 x tp=2": ["-n", "4", "--plugin", "parallel", "--parallelism_config_dp_shard_size", "2",
+                                    "--parallelism_config_tp_size", "2"],
+}
+
+
 def run_strategy(launch_args: list[str], args: argparse.Namespace) -> list[dict[str, int]]:
     accel = str(Path(sys.executable).with_name("accel"))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         env = {**os.environ, "ACCEL_HOME": tmp, "OMP_NUM_THREADS": "1"}
-        cmd = [accel, "launch", "-q", "-n", "2", *launch_args, __file__, "--worker", str(out),
+        n = [] if "-n" in launch_args else ["-n", "2"]
+        cmd = [accel, "launch", "-q", *n, *launch_args, __file__, "--worker", str(out),
                "--hidden", str(args.hidden), "--layers", str(args.layers)]
         subprocess.run(cmd, check=True, env=env)
         return json.loads(out.read_text())
@@ -138,11 +150,31 @@ def table(results: dict[str, list[dict[str, int]]]) -> str:
     return "\n".join(lines)
 
 
+def mesh_table(results: dict[str, list[dict[str, int]]]) -> str:
+    model_mb = results["ddp"][0]["model_bytes"] / MB
+    lines = [f"Model: {model_mb:.0f} MiB of fp32 parameters (blocks of two linear layers, tensor-parallel plan fc1 "
+             "colwise, fc2 rowwise), AdamW, 4 CPU ranks (gloo), after one step. Bytes of the tensors each rank "
+             "holds (local shards of DTensors).", "",
+             "| strategy | rank | parameters (MiB) | gradients (MiB) | optimizer state (MiB) | params + optimizer (MiB) "
+             "|", "|---|---|---|---|---|---|"]
+    for strategy, rows in results.items():
+        for r in rows:
+            lines.append(f"| {strategy} | {r['rank']} | {r['param_bytes'] / MB:.2f} | {r['grad_bytes'] / MB:.2f} | "
+                         f"{r['optim_bytes'] / MB:.2f} | {(r['param_bytes'] + r['optim_bytes']) / MB:.2f} |")
+    worst = {s: max(r["param_bytes"] + r["optim_bytes"] for r in rows) for s, rows in results.items()}
+    label = next(s for s in results if s != "ddp")
+    lines += ["", f"dp_shard=2 x tp=2 / DDP, parameters + optimizer state per rank (largest rank): "
+              f"**{worst[label] / worst['ddp']:.3f}x** (target <= 0.3x; the ideal is 0.25x, the rest is the "
+              "row-parallel biases, which tensor parallel keeps whole on each tp rank)."]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=9, help="blocks of two hidden x hidden linear layers")
     parser.add_argument("--write", action="store_true", help="update the fsdp-memory section of docs/benchmarks.md")
+    parser.add_argument("--mesh", action="store_true", help="dp_shard=2 x tp=2 (accel-plugin-parallel) vs DDP, 4 ranks")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -150,6 +182,14 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(0)  # skip interpreter finalization: it sometimes aborts under load after the work is done
     where = machine()
+    if args.mesh:
+        body = mesh_table({label: run_strategy(a, args) for label, a in MESH_STRATEGIES.items()})
+        print(body)
+        if args.write:
+            write_section("parallel-memory", "## N-D parallel (dp_shard x tp) vs DDP: memory per process\n\n"
+                                             f"`python bench/memory.py --mesh --hidden 1024 --layers 8 --write`; "
+                                             f"{where}\n\n{body}\n")
+        return
     results = {label: run_strategy(launch_args, args) for label, launch_args in STRATEGIES.items()}
     body = table(results)
     print(body)

@@ -20,7 +20,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -184,7 +185,7 @@ def main() -> None:
                 fw_s.append(fw(chunk))
         result = {"impl": args.impl, "model": args.model, "steps_per_s": chunk / statistics.median(fw_s),
                   "raw_steps_per_s": chunk / statistics.median(raw_s),
-                  "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s)])}
+                  "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s, strict=True)])}
     if rank == 0:
         print(json.dumps(result))
     if world > 1 and args.impl == "raw":

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from accel import Kernel
 

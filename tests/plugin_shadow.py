@@ -7,8 +7,8 @@ therefore hides the real ones, which then count as "not installed" — whatever 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from accel.options import known_plugins
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+
 from accel import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.data import BatchSamplerShard
 from accel.errors import UsageError
 from accel.kernel import PreparedOptimizer
 from accel.testing import make_kernel, run_accel
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 # ---- Kernel arguments --------------------------------------------------------------------------------------------
 
@@ -52,8 +53,8 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Tensor
         ({"fsdp_plugin": object()}, r"plugins=\['fsdp'\]"),
         ({"megatron_lm_plugin": object()}, r"no Megatron-LM plugin"),
         ({"dynamo_plugin": object()}, r"dynamo_backend="),
-        ({"parallelism_config": object()}, r"no n-D parallelism"),
-        ({"torch_tp_plugin": object()}, r"no tensor parallelism"),
+        ({"parallelism_config": object()}, r"needs accel-plugin-parallel"),
+        ({"torch_tp_plugin": object()}, r"parallelism_config=ParallelismConfig\(tp_size=N\)"),
         ({"distributed_type": "MEGATRON_LM"}, r"MEGATRON_LM: Megatron-LM is not supported by accel"),
     ],
 )

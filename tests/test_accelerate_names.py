@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from accel.compat import accelerate_names, markdown_table
 from accel.errors import UsageError
 from accel.kernel import Kernel

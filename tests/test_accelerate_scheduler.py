@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from accel.testing import free_port, isolated_env, make_kernel, run_launch
 
 TESTS = Path(__file__).parent

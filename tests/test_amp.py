@@ -96,7 +96,7 @@ def test_fp16_on_cpu_autocasts_and_scales() -> None:
     opt.step()
     opt.zero_grad()
     assert not opt.step_was_skipped
-    assert all(not torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    assert all(not torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
     assert amp.scaler.get_scale() == 65536.0
 
 

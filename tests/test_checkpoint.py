@@ -21,7 +21,16 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import accel
-from accel import CheckpointError, Component, ItemRecord, Kernel, PluginError, ProjectConfiguration, UsageError, hookimpl
+from accel import (
+    CheckpointError,
+    Component,
+    ItemRecord,
+    Kernel,
+    PluginError,
+    ProjectConfiguration,
+    UsageError,
+    hookimpl,
+)
 from accel.checkpoint import MANIFEST, load_weights_only, read_tree, write_tree
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import torch
+from clitools import launch_env
 
 from accel.checkpoint import MANIFEST, numbered_checkpoints, read_manifest
-from clitools import launch_env
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = SCRIPTS / "ckpt_train.py"

@@ -1,4 +1,4 @@
-"""What a person reads from `accel plugins` and `accel env`: plugin text shown as written (rich markup escaped), the
+"""What a person reads from `accel plugins` and `accel env`: plugin text shown as written (plain text, no markup), the
 table in the terminal's width with whole hook names, backend versions in `accel env` without importing anything."""
 
 from __future__ import annotations

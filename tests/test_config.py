@@ -10,8 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from accel.options import known_plugins
 from clitools import GOOD_AND_BROKEN, TESTS, clean_env, install, pythonpath, run
+
+from accel.options import known_plugins
 
 PROBE = str(TESTS / "scripts" / "cli_probe.py")
 

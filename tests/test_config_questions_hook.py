@@ -6,14 +6,15 @@ a scripted asker (the real prompts are driven through a pseudo-terminal in test_
 from __future__ import annotations
 
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
+from plugin_shadow import hide_plugins
 
 from accel import Options, PluginError, Question, hookimpl
 from accel.commands.config import Questionnaire, upgrade
 from accel.plugins import Plugins
-from plugin_shadow import hide_plugins
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,9 @@ import pytest
 from torch.distributed.run import parse_args
 
 from accel import Settings
-from accel.plugins import Plugins
-from accel.options import resolve
 from accel.distributed import torchrun_args
+from accel.options import resolve
+from accel.plugins import Plugins
 
 
 def settings(**values: object) -> Settings:

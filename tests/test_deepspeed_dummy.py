@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from accel import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +87,7 @@ def test_config_sections_wait_for_prepare_and_autos_are_filled(tmp_path: Path) -
 
 def test_dummy_scheduler_auto_values_follow_accelerate() -> None:
     import torch
+
     from accel_deepspeed import DummyOptim, DummyScheduler
 
     opt = DummyOptim(torch.nn.Linear(2, 2).parameters(), lr=0.3)

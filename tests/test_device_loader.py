@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -110,9 +111,9 @@ def test_an_abandoned_pass_is_replayed_however_far_the_thread_read() -> None:
                 break
         assert reader.read == 10 and reader.closed == 1  # read to the end of the epoch, closed on break
         again = [y for _, y in loader]
-        assert all(torch.equal(a, b) for a, b in zip(first, again)), "the next pass must start the same epoch again"
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=False)), "the next pass must start the same epoch again"
         third = [y for _, y in loader]
-        assert not all(torch.equal(a, b) for a, b in zip(again, third)), "a finished pass goes on to the next epoch"
+        assert not all(torch.equal(a, b) for a, b in zip(again, third, strict=True)), "a finished pass goes on to the next epoch"
     finally:
         kernel.end_training()
 
@@ -132,7 +133,7 @@ def test_save_state_mid_pass_records_the_loops_position(tmp_path) -> None:
     try:
         kernel.load_state(tmp_path / "ckpt")
         resumed = [y for _, y in loader]
-        assert len(resumed) == 7 and all(torch.equal(a, b) for a, b in zip(resumed, rest))
+        assert len(resumed) == 7 and all(torch.equal(a, b) for a, b in zip(resumed, rest, strict=True))
         assert len(got) == 3
     finally:
         kernel.end_training()

@@ -44,8 +44,8 @@ def test_resolved_call_gives_pluggys_answer_order_and_arguments() -> None:
     ]:
         log_a: list[str] = []
         log_b: list[str] = []
-        pm_a = manager(*[Answer(v, log_a, **o) for v, o in zip(values, opts)])
-        pm_b = manager(*[Answer(v, log_b, **o) for v, o in zip(values, opts)])
+        pm_a = manager(*[Answer(v, log_a, **o) for v, o in zip(values, opts, strict=True)])
+        pm_b = manager(*[Answer(v, log_b, **o) for v, o in zip(values, opts, strict=True)])
         expected = pm_a.hook.accel_zero_grad(kernel=None, optimizer=None, set_to_none=True)
         fast = resolve_firstresult(pm_b, "accel_zero_grad")
         assert fast is not pm_b.hook.accel_zero_grad  # really resolved, not pluggy's caller

@@ -282,7 +282,7 @@ def test_accumulate_all_reduces_once_per_optimizer_step(checks: dict[str, Any]) 
 def test_clip_grad_norm_under_accumulation_clips_only_on_sync_steps(checks: dict[str, Any]) -> None:
     for res in checks["ranks"].values():
         acc = res["accumulation"]
-        for sync, (norm, after) in zip(acc["syncs"], acc["norms"]):
+        for sync, (norm, after) in zip(acc["syncs"], acc["norms"], strict=True):
             if sync:
                 assert norm is not None and norm > 0.1
                 assert after == pytest.approx(0.1, rel=1e-4)
@@ -340,7 +340,7 @@ def test_two_machines_on_one_host(tmp_path: Path, reference: dict[str, Any], rdz
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for proc, text in zip(procs, outputs):
+    for proc, text in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, text[-6000:]
     got = ranks(out, 2)
     for r, res in got.items():
@@ -438,7 +438,7 @@ def test_slurm_variables_two_tasks(tmp_path: Path, reference: dict[str, Any]) ->
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, text in zip(procs, outputs):
+    for p, text in zip(procs, outputs, strict=True):
         assert p.returncode == 0, text[-6000:]
     for r, res in ranks(out, 2).items():
         assert res["env"]["RANK"] == str(r) and res["env"]["WORLD_SIZE"] == "2"

@@ -195,7 +195,7 @@ def test_aot_eager_trains_like_eager() -> None:
     _, compiled = train(Kernel(dynamo_backend="aot_eager"), twin)
     assert graphs() >= 1
     assert compiled == pytest.approx(plain, rel=1e-5)
-    for a, b in zip(net.parameters(), twin.parameters()):
+    for a, b in zip(net.parameters(), twin.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -418,6 +418,6 @@ def test_checkpoints_of_a_compiled_model_load_into_an_uncompiled_one(tmp_path: P
     net2 = Net()
     model2, opt2 = plain.prepare(net2, torch.optim.SGD(net2.parameters(), lr=0.1))
     plain.load_state(tmp_path / "ckpt")
-    for a, b in zip(net.parameters(), net2.parameters()):
+    for a, b in zip(net.parameters(), net2.parameters(), strict=True):
         assert torch.equal(a, b)
     assert all(torch.equal(exported[k], v) for k, v in net2.state_dict().items())

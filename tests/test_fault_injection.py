@@ -26,10 +26,11 @@ from typing import Any
 
 import pytest
 import torch
-from accel import CheckpointError, Kernel, ProjectConfiguration, UsageError
-from accel.checkpoint import MANIFEST, dcp_load
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import CheckpointError, Kernel, ProjectConfiguration, UsageError
+from accel.checkpoint import MANIFEST, dcp_load
 
 HERE = Path(__file__).parent
 ACCEL = str(Path(sys.executable).parent / "accel")

@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from accel_ipex import compatibility_problem
 from clitools import TESTS, Result, clean_env, run
 from plugin_shadow import hide_plugins
+
+from accel_ipex import compatibility_problem
 
 REPO = TESTS.parent
 IPEX_WHEEL = "intel-extension-for-pytorch==2.8.0"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -89,7 +89,7 @@ def test_scheduler_steps_once_per_optimizer_step_under_accumulation(accumulating
         syncs.append(kernel.sync_gradients)
         lrs.append(sched.get_last_lr()[0])
         now = [p.detach().clone() for p in model.parameters()]
-        changes.append(any(not torch.equal(a, b) for a, b in zip(before, now)))
+        changes.append(any(not torch.equal(a, b) for a, b in zip(before, now, strict=True)))
         before = now
     assert syncs == [False, False, False, True] * 2
     # StepLR(step_size=1, gamma=0.5) halves the rate once per optimizer step (after micro-batches 4 and 8)
@@ -111,7 +111,7 @@ def test_accumulated_gradients_average_the_micro_batches(accumulating: Kernel) -
     for i in range(4):
         with kernel.accumulate(model):
             kernel.backward(torch.nn.functional.mse_loss(model(x[2 * i: 2 * i + 2]), y[2 * i: 2 * i + 2]))
-    for p, q in zip(model.parameters(), ref.parameters()):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 
 

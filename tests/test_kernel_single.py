@@ -143,7 +143,7 @@ def test_accumulated_gradient_is_the_mean_over_micro_batches() -> None:
 def test_clip_grad_norm_only_on_sync_steps() -> None:
     rec = run_accumulation(k=4, n_batches=8, max_norm=0.5)
     for sync, norm, before, after, total in zip(rec["sync"], rec["norms"], rec["grad_before"], rec["grad_after"],
-                                                rec["grad_norm_after"]):
+                                                rec["grad_norm_after"], strict=True):
         if sync:
             assert norm is not None and norm > 0.5  # the norm before clipping, which was large
             assert total == pytest.approx(0.5, rel=1e-4)

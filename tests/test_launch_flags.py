@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from accel.distributed import free_port
 from clitools import TESTS, clean_env, run
 from plugin_shadow import hide_plugins
+
+from accel.distributed import free_port
 
 FLAGS_FILE = TESTS / "data" / "accelerate_launch_flags.txt"
 PROBE = str(TESTS / "scripts" / "cli_probe.py")
@@ -32,7 +33,7 @@ SETS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
 }
 #: Switches that change how the script is started, not a setting.
-NO_SETTING = {"quiet", "module", "no_python", "use_deepspeed", "use_fsdp", "tpu"}
+NO_SETTING = {"quiet", "module", "no_python", "use_deepspeed", "use_fsdp", "use_parallelism_config", "tpu"}
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def test_every_accelerate_flag_is_accepted_or_refused_in_one_line(tmp_path, plug
         loaded: set[str] = set()
     else:
         env = clean_env(tmp_path, hide=False)
-        loaded = {"ddp", "deepspeed", "fsdp", "dynamo", "amp"}  # xla and ipex cannot load next to torch 2.13
+        loaded = {"ddp", "deepspeed", "fsdp", "dynamo", "amp", "parallel"}  # xla and ipex cannot load next to torch 2.13
     results = probe([argv_for(case, tmp_path) for case in CASES], env, tmp_path)
     wrong = {
         case.flag: why

@@ -8,6 +8,7 @@ from __future__ import annotations
 import types
 
 import pytest
+
 from accel import Component, HardwareInfo, Options, Settings, UsageError, hookimpl
 from accel.options import resolve
 from accel.plugins import Plugins

@@ -9,10 +9,11 @@ import types
 from pathlib import Path
 
 import pytest
+from clitools import GOOD_AND_BROKEN, TESTS, clean_env, install, pythonpath, run
+
 from accel import Component, Options, PluginError, Settings, hookimpl
 from accel.options import resolve
 from accel.plugins import Plugins
-from clitools import GOOD_AND_BROKEN, TESTS, clean_env, install, pythonpath, run
 
 PROBE = str(TESTS / "scripts" / "cli_probe.py")
 

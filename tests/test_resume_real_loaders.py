@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import accel
 import pytest
 import torch
+from clitools import launch_env
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import accel
 from accel import Kernel
 from accel.errors import UsageError
-from torch.utils.data import DataLoader, Dataset, TensorDataset
-from clitools import launch_env
 
 SCRIPT = Path(__file__).parent / "scripts" / "resume_loaders.py"
 ACCEL = Path(sys.executable).parent / "accel"

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from accel.distributed import free_port
 from clitools import ACCEL, TESTS, clean_env
+
+from accel.distributed import free_port
 
 LONG = str(TESTS / "scripts" / "long_train.py")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]

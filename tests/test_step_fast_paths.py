@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pluggy
 import pytest
@@ -27,7 +28,7 @@ def test_cpu_batches_without_an_accelerator_are_handed_out_as_loaded(monkeypatch
     monkeypatch.setattr(accel.data, "_accelerator_present", lambda: True)  # as on a GPU host: every batch is checked
     checked = [[x.clone(), y.clone()] for x, y in kernel.prepare(_loader())]
     assert len(shortcut) == len(checked) == 4
-    for (a, b), (c, d) in zip(shortcut, checked):
+    for (a, b), (c, d) in zip(shortcut, checked, strict=True):
         assert torch.equal(a, c) and torch.equal(b, d) and a.device == c.device == kernel.device
 
 
@@ -141,7 +142,7 @@ def test_kernel_made_default_calls_train_like_the_hooks() -> None:
     # 10 samples in batches of 3: 4 micro-batches an epoch, the last one syncs, so 2 optimizer steps an epoch
     assert calls.count("accel_backward") == 8
     assert calls.count("accel_optimizer_step") == calls.count("accel_zero_grad") == 4
-    for a, b in zip(direct, through_hooks):
+    for a, b in zip(direct, through_hooks, strict=True):
         assert torch.equal(a, b)
 
 

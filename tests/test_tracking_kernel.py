@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_shadow import hide_plugins
 
 from accel import Tracker, UsageError, hookimpl
 from accel.testing import isolated_env, make_kernel, run_launch
 from accel.testing.conformance import BrokenTrackerPlugin
 from accel.tracking import as_scalar, flatten
-from plugin_shadow import hide_plugins
 
 
 class Recorder(Tracker):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy
 import pytest
 import torch
+
 from accel import UsageError
 from accel.testing import imported_modules, run_launch
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from clitools import clean_env, run
 
 import accel_xla
 from accel import Settings, UsageError
@@ -25,7 +27,6 @@ from accel.plugins import Plugins
 from accel.testing import imported_modules
 from accel_xla import launch as xla_launch
 from accel_xla.availability import release
-from clitools import clean_env, run
 
 ROOT = Path(__file__).resolve().parents[1]
 XLA_VERSION = "2.9.0"
@@ -318,6 +319,18 @@ def test_bad_launch_options_are_one_line(tmp_path: Path, args: list[str], messag
     proc = accel(["launch", "--plugin", "xla", *args, "--dry-run", "train.py"], tmp_path)
     assert proc.returncode == 2, proc
     assert len(proc.err_lines) == 1 and message in proc.err_lines[0], proc
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"num_processes": 2, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.1.2.3"},
+     "does not carry out num_machines=2, machine_rank=1, main_process_ip='10.1.2.3' (torch_xla.launch"),
+    ({"max_restarts": 2}, "the xla plugin does not carry out max_restarts=2 (torch_xla.launch"),
+    ({"log_dir": "logs", "tee": "3"}, "the xla plugin does not carry out tee='3', log_dir='logs' (torch"),
+])
+def test_launch_settings_it_cannot_carry_out_are_refused(available: None, given: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        xla_launch.plan(settings(phase="launch", plugins=["xla"], **given))
+    assert not xla_launch.plan(settings(phase="launch", plugins=["xla"])).pod  # the defaults ask for nothing
 
 
 def test_pod_only_options_need_the_pod(available: None) -> None:

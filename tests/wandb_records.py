@@ -11,8 +11,9 @@ import json
 import struct
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 BLOCK = 32768
 HEADER = 7

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from accel import Kernel
 
 args = sys.argv[1:]

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import torch
-from accel import Kernel
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
 
 OUT, MODE = Path(sys.argv[1]), sys.argv[2]
 STEPS_PER_EPOCH, EPOCHS, WARMUP = 6, 2, 3

@@ -8,10 +8,11 @@ import json
 import sys
 
 import torch
-from accel import Kernel
-from accel_deepspeed import DummyOptim, DummyScheduler
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
+from accel_deepspeed import DummyOptim, DummyScheduler
 
 WITH_SECTIONS, WITHOUT = sys.argv[1], sys.argv[2]
 

@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accel import Kernel, ProjectConfiguration
-from accel.checkpoint import MANIFEST
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel, ProjectConfiguration
+from accel.checkpoint import MANIFEST
 
 OUT = Path(sys.argv[1])
 GROUP = sys.argv[2]

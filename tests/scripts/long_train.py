@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from accel import Kernel
 
 piddir = Path(sys.argv[1])

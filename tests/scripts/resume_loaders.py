@@ -20,10 +20,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import accel
 import numpy as np
 import torch
-from accel import Kernel
 from torch import nn
 from torch.utils.data import (
     DataLoader,
@@ -33,6 +31,9 @@ from torch.utils.data import (
     WeightedRandomSampler,
     get_worker_info,
 )
+
+import accel
+from accel import Kernel
 
 SIZE = 50
 

@@ -12,9 +12,10 @@ import json
 from collections.abc import Iterator
 
 import torch
-from accel import Kernel
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from accel import Kernel
 
 
 class Rows(Dataset):

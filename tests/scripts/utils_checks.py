@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy
 import torch
+from torch import nn
+
 from accel import Kernel
 from accel.utils import (
     DDPCommunicationHookType,
@@ -22,7 +24,6 @@ from accel.utils import (
     set_seed,
     tqdm,
 )
-from torch import nn
 
 OUT = Path(sys.argv[1])
 

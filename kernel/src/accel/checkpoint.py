@@ -45,9 +45,10 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -56,6 +57,8 @@ from accel.errors import CheckpointError, PluginError, UsageError
 from accel.options import KERNEL, install_hint
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
     from accel.kernel import Kernel
 
 MANIFEST = "accel_manifest.json"
@@ -242,7 +245,7 @@ def dcp_reader(path: str | os.PathLike[str]) -> Any:
 
 
 @functools.cache
-def _dcp_planner_class() -> type:
+def _dcp_planner_class() -> type[DefaultLoadPlanner]:
     import io
 
     from torch.distributed.checkpoint import DefaultLoadPlanner
@@ -652,7 +655,7 @@ def collect_items(kernel: Kernel) -> dict[str, Item]:
         add(f"custom_{i}", obj, "custom")
     for impl in reversed(kernel.plugins.pm.hook.accel_state_items.get_hookimpls()):
         name = _component_name(impl)
-        answer = impl.function(*[{"kernel": kernel}[a] for a in impl.argnames])
+        answer = cast("Mapping[str, Any] | None", impl.function(*[{"kernel": kernel}[a] for a in impl.argnames]))
         for key, obj in (answer or {}).items():
             if key in items or key in RESERVED:
                 other = items[key].provider if key in items else KERNEL
@@ -919,7 +922,7 @@ def _plugin_save(kernel: Kernel, items: Mapping[str, Item], tmp: Path, asynchron
     for impl in reversed(kernel.plugins.pm.hook.accel_save_state.get_hookimpls()):
         name = _component_name(impl)
         args = {"kernel": kernel, "items": objects, "directory": tmp, "asynchronous": asynchronous}
-        answer = impl.function(*[args[a] for a in impl.argnames]) or {}
+        answer = cast("Mapping[str, Any] | None", impl.function(*[args[a] for a in impl.argnames])) or {}
         for key, rec in answer.items():
             if not isinstance(rec, ItemRecord):
                 raise PluginError(f"plugin {name!r}: accel_save_state must return {{key: ItemRecord}}, got "
@@ -972,7 +975,7 @@ def _publish(kernel: Kernel, items: Mapping[str, Item], claims: Mapping[str, Ite
         "files": present,
     }
     own = {f for rank_files in all_own for files in rank_files.values() for f in files}
-    dirs = [os.path.join(root, d) for root, subdirs, _ in os.walk(tmp) for d in subdirs]
+    dirs = [Path(root, d) for root, subdirs, _ in os.walk(tmp) for d in subdirs]
     fsync_all([tmp / name for name in present if name not in own] + dirs)  # what plugins wrote
     write_json(tmp / MANIFEST, manifest)
     fsync_path(tmp)
@@ -1432,7 +1435,7 @@ def _plugin_load(kernel: Kernel, items: Mapping[str, Item], records: Mapping[str
         if not mine:
             continue
         args = {"kernel": kernel, "items": objects, "directory": directory, "records": mine}
-        restored = set(impl.function(*[args[a] for a in impl.argnames]) or ())
+        restored = set(cast("Iterable[str] | None", impl.function(*[args[a] for a in impl.argnames])) or ())
         left = sorted(set(mine) - restored)
         if left:
             raise PluginError(f"plugin {name!r} did not restore checkpoint item(s) {left} that it wrote")
@@ -1541,7 +1544,7 @@ def write_model(state: Mapping[str, Any], save_directory: str | os.PathLike[str]
         metadata["accel.aliases"] = json.dumps(aliases)
     token = secrets.token_hex(6)
     written = []
-    for name, shard in zip(names, shards):
+    for name, shard in zip(names, shards, strict=True):
         tmp = directory / f".{name}.tmp-{token}"
         save_file(shard, os.fspath(tmp), metadata=metadata)
         fsync_path(tmp)

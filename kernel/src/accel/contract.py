@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -40,26 +41,34 @@ class HardwareInfo:
     """What ``accel_detect_hardware`` reports. The kernel uses the answer with the highest ``priority``."""
 
     name: str  # "cpu", "cuda", "xla", ...
-    device_count: int = 1
-    priority: int = 0
-    details: Mapping[str, str] = field(default_factory=dict)
+    device_count: int = 1  # devices of that kind here (the process count `accel launch --multi_gpu` starts)
+    priority: int = 0  # the highest answer wins; the kernel's CPU answer has 0
+    details: Mapping[str, str] = field(default_factory=dict)  # facts `accel env` shows ({"cores": "8"})
 
 
 @dataclass(frozen=True)
 class Topology:
-    """Where this process sits in the run."""
+    """Where this process sits in the run.
 
-    process_index: int = 0
-    num_processes: int = 1
-    local_process_index: int = 0
-    local_num_processes: int = 1
+    ``data_parallel_index``/``data_parallel_size``: which data shard this process reads, of how many, when that
+    differs from its process index/count (processes of one tensor- or context-parallel group read the same batches);
+    ``None`` means the same as the process index/count."""
+
+    process_index: int = 0  # rank over all machines
+    num_processes: int = 1  # processes over all machines
+    local_process_index: int = 0  # rank on this machine
+    local_num_processes: int = 1  # processes on this machine
+    data_parallel_index: int | None = None  # the data shard this process reads (None: process_index)
+    data_parallel_size: int | None = None  # how many data shards (None: num_processes)
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is process 0 of the run."""
         return self.process_index == 0
 
     @property
     def is_local_main_process(self) -> bool:
+        """Whether this is process 0 of this machine."""
         return self.local_process_index == 0
 
 
@@ -69,11 +78,11 @@ class LaunchPlan:
     may add to it); ``command`` is the worker command after the interpreter (``[script, *args]`` or
     ``["-m", module, *args]``)."""
 
-    settings: "Settings"
+    settings: Settings  # the resolved settings (phase "launch"), launch settings included
     command: list[str]
     env: dict[str, str]
-    python: str
-    dry_run: bool = False
+    python: str  # the workers' interpreter; "" for --no_python (command[0] is an executable)
+    dry_run: bool = False  # print the exact command, start nothing, return 0
     verbose: bool = False  # a dry run lists every setting, not only those that differ from their defaults
 
 
@@ -81,11 +90,11 @@ class LaunchPlan:
 class ItemRecord:
     """How one checkpoint item was written: recorded in the checkpoint's manifest and used to load it back."""
 
-    plugin: str
-    format: str
-    files: Sequence[str] = ()
-    version: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    plugin: str  # the plugin that wrote it and must load it (set by the kernel)
+    format: str  # the writer's name for its format ("torch-dcp", "safetensors")
+    files: Sequence[str] = ()  # paths relative to the checkpoint directory; a directory covers all below it
+    version: str = ""  # the plugin's version (set by the kernel)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # JSON facts the loader needs ({"zero_stage": 3})
 
 
 #: Kinds of :class:`Question`: a menu (arrow keys), yes/no, free text, a whole number, a number, a file path.
@@ -119,13 +128,13 @@ class Collectives(Protocol):
     """Communication between the processes of the run. ``accel_collectives`` returns one; the Kernel builds
     ``gather``, ``reduce``, ``broadcast`` ... on top of it. Every method is called by every process."""
 
-    def all_gather(self, tensor: "torch.Tensor") -> list["torch.Tensor"]:
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Tensors of equal shape from every process, in process order."""
 
-    def all_reduce(self, tensor: "torch.Tensor", op: str) -> "torch.Tensor":
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Reduce in place over processes; ``op`` is ``"sum"`` or ``"max"``. Returns ``tensor``."""
 
-    def broadcast(self, tensor: "torch.Tensor", src: int) -> "torch.Tensor":
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """Copy ``tensor`` of process ``src`` into every process's ``tensor``, in place. Returns it."""
 
     def all_gather_object(self, obj: Any) -> list[Any]:

@@ -31,7 +31,8 @@ import math
 import random
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
@@ -795,8 +796,8 @@ class PreparedDataLoader:
 
 def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
                      device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None) -> PreparedDataLoader:
-    """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.process_index`` of
-    ``kernel.num_processes`` and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
+    """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.data_parallel_index`` of
+    ``kernel.data_parallel_size`` (the process index and count unless the strategy says otherwise) and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
 
     ``device_loader``: for a plugin that moves batches to the device itself, ahead of time in background threads
     (a device runtime's own parallel loader). It is called at the start of each pass with the iterator of that pass's CPU
@@ -808,7 +809,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     depend on how far the device loader had read ahead."""
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare() expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
-    n, r, even = kernel.num_processes, kernel.process_index, kernel.even_batches
+    n, r, even = kernel.data_parallel_size, kernel.data_parallel_index, kernel.even_batches
     split = kernel.split_batches and n > 1
     kwargs = _loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):
@@ -839,7 +840,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         seed = kernel.collectives.broadcast_object(seed, 0)
         seeded = SeedableRandomSampler(sampler.data_source, seed, sampler._num_samples, sampler.replacement)
-        batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
+        batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)  # type: ignore[attr-defined]
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even, split)
     skipper = SkipBatchSampler(shard_sampler)
     dataset = dataloader.dataset
@@ -848,7 +849,7 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
     base = DataLoader(dataset, batch_sampler=skipper, **kwargs)
     steps = shard_sampler.steps()
     try:
-        size = len(dataloader.dataset)
+        size = len(dataloader.dataset)  # type: ignore[arg-type]  # a map-style Dataset may have no __len__
     except TypeError:
         size = -1
     span = (shard_sampler.batch_size or 1) * (1 if split else n)

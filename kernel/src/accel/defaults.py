@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import HardwareInfo, LaunchPlan, Topology
 from accel.hookspecs import hookimpl
@@ -17,11 +18,19 @@ if TYPE_CHECKING:
     import torch
 
     from accel.kernel import Kernel
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 
 @hookimpl(trylast=True)
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo:
     return HardwareInfo(name="cpu", device_count=1, priority=0, details={"cores": str(os.cpu_count() or 1)})
+
+
+@hookimpl(trylast=True)
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    from accel.memory import single_process_rows
+
+    return single_process_rows(model, query)
 
 
 @hookimpl(trylast=True)

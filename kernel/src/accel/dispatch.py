@@ -17,7 +17,8 @@ call itself (``HotHooks.plain_backward``/``plain_optimizer``): one Python call f
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 

@@ -9,7 +9,8 @@ import signal
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component, LaunchPlan, Topology
 from accel.errors import UsageError
@@ -313,6 +314,7 @@ class ProcessGroupComponent(Component):
     the teardown from them. Override any of them (DeepSpeed destroys its engines in its own teardown)."""
 
     role = "strategy"
+    device: torch.device  # set by the subclass's accel_setup
     owns_process_group = False
     local_rank = 0
     local_world = 1

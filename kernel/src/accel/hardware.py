@@ -4,7 +4,7 @@ must not import torch)."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from accel.contract import HardwareInfo
 

@@ -3,16 +3,18 @@
 Every plugin inherits this file. Each hook says **when** it is called, **who answers** and **what it returns**:
 
 - *first answer wins* (``firstresult``): hooks are asked in order until one returns something other than ``None``.
-  The kernel's own answer (registered ``trylast``) comes last, so a hook always has an answer.
+  The kernel's own answer (registered ``trylast``) comes last, so every such hook has an answer except
+  ``accel_autocast``, whose ``None`` means "no context".
 - *everyone*: every implementation is called, one at a time; an exception in one is reported with the plugin's
-  name (for trackers and teardown it is warned about and skipped, so logging never stops training).
+  name (for the tracking hooks, ``accel_end_training`` and ``accel_teardown`` it is warned about and the others
+  still run, so logging never stops training).
 - *wrapper*: any hook may also be implemented with ``@hookimpl(wrapper=True)`` to act around the others
   (e.g. a precision plugin unscales gradients before the strategy clips them).
 
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``, ``accel_unavailable_reason``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -26,7 +28,9 @@ default values (arguments with defaults are never passed). Misspelt hook names a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
 
     from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
     from accel.kernel import Kernel
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
     from accel.options import Options, Settings
 
 PROJECT = "accel"
@@ -45,7 +50,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
 DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions",
-                   "accel_unavailable_reason")
+                   "accel_unavailable_reason", "accel_estimate_memory")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -57,7 +62,8 @@ def accel_add_options(options: Options) -> None:
     """Declare the plugin's launch flags, config-file keys, environment variables and Kernel arguments.
 
     When: each time the CLI builds a parser or validates a config file, and when a Kernel resolves its settings.
-    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``;
+    Who: everyone. Returns nothing; call ``options.add(name, type=..., default=..., config_key=..., help=...)``
+    (every argument and ``type`` value: docs/plugin-api.md);
     ``check=fn`` adds a test of the converted value (``fn(value)`` returns what is wrong, or ``None``).
     A name declared twice (by two plugins) is an error naming both. A plugin whose implementation raises anything
     else is marked failed and left out with every option it declared; runs that do not ask for it go on.
@@ -92,8 +98,9 @@ def accel_unavailable_reason() -> str | None:
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
     """Report hardware this plugin can drive, from cheap checks (environment, files, ``importlib.util.find_spec``).
 
-    When: ``accel env``, ``accel launch`` (default process count for ``--multi_gpu``) and Kernel start-up.
-    Who: everyone; the kernel keeps the answer with the highest ``priority`` (its own CPU answer has priority 0).
+    When: ``accel env``, ``accel config`` (to choose its defaults), ``accel launch`` (default process count for
+    ``--multi_gpu``; whether ``--enable_cpu_affinity`` has a GPU to bind to) and ``notebook_launcher`` without a
+    process count; never inside a ``Kernel()`` (it asks ``accel_device``). Who: everyone; the kernel keeps the answer with the highest ``priority`` (its own CPU answer has priority 0).
     Returns a :class:`~accel.contract.HardwareInfo` or ``None``.
     """
 
@@ -135,7 +142,7 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     ``config_key``; that option checks the answer and places it in the YAML file.
 
     Returns a sequence of :class:`~accel.contract.Question` records, or ``None``. A complete example, Accelerate's
-    questions for a sharding strategy, is in the test fixtures (``tests/fixtures``); in short::
+    questions for a sharding strategy, is accel-plugin-deepspeed's (``plugins/deepspeed``); in short::
 
         @hookimpl
         def accel_config_questions(answers):
@@ -150,6 +157,29 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     """
 
 
+@hookspec
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> Sequence[MemoryRow] | None:
+    """Per-process memory of the model states (parameters, gradients, optimizer state; no activations) under this
+    plugin's strategy, for each of its option sets and each precision asked.
+
+    When: ``accel estimate-memory MODEL`` only (never in a run), once, after the model was built on the meta device
+    and summarised. Who: everyone, at module level like the other discovery hooks (cheap, no torch import: the
+    arithmetic needs only the :class:`~accel.memory.ModelSummary`); the kernel's own answer is the single-process
+    row. A strategy answers for itself, whether selected or not (the user asks before choosing); other plugins
+    return ``None``. A plugin that splits parameters over a group of processes (tensor parallelism) answers with
+    one row per group size that divides ``query.num_processes``, naming it in ``options`` (``"tp=2, dp=2"``); it
+    may read each parameter's shape and owning module type in ``model.parameters`` to know what it shards.
+
+    Returns a sequence of :class:`~accel.memory.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
+    offload optimizer"``) and dtype of ``query.dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``: accel's
+    ``mixed_precision`` values), for ``query.num_processes`` processes and ``query.optimizer``; bytes on the training
+    device in ``parameters``, ``gradients`` (communication buckets included), ``optimizer`` (fp32 master weights
+    included where they are a copy), bytes moved to host memory by offloading in ``cpu``, the largest layer gathered
+    at once in ``gathered``. A combination the plugin refuses in a run is a row with ``supported=False`` and the
+    reason in ``note``. An exception is an error naming the plugin.
+    """
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Launching (components active in ``accel launch``)
 
@@ -160,8 +190,10 @@ def accel_launch(plan: LaunchPlan) -> int | None:
 
     When: ``accel launch`` after settings are resolved and components activated (``plan.dry_run``: only print
     the exact command and return 0). Who: first answer wins; a strategy that needs several processes answers
-    (DDP through torchrun); the kernel's default runs one ``python script`` process and refuses more.
-    Returns the exit code.
+    (DDP through torchrun); the kernel's default runs one ``python script`` process (a run of more processes
+    needs a component that provides ``distributed``, which the kernel checks before). Returns the exit code.
+    What a strategy's launcher must honour or refuse (``plan.settings``: machines, ranks, addresses, ``gpu_ids``,
+    ...) is listed in docs/plugin-api.md.
     """
 
 
@@ -171,15 +203,21 @@ def accel_launch(plan: LaunchPlan) -> int | None:
 
 @hookspec
 def accel_setup(kernel: Kernel) -> None:
-    """Prepare this process: initialise the process group, pick the device, seed.
+    """Prepare this process: initialise the process group, choose the device ``accel_device`` will report,
+    import the backend and refuse combinations it cannot run (one line, ``UsageError``).
 
-    When: once, at the end of ``Kernel()``. Who: everyone, strategy first. Returns nothing.
+    When: once, at the end of ``Kernel()``, after ``accel_activate``. Who: everyone, strategy first. Returns
+    nothing.
     """
 
 
 @hookspec(firstresult=True)
 def accel_topology(kernel: Kernel) -> Topology | None:
-    """Where this process sits: process index, count, local index and local count.
+    """Where this process sits: process index, count, local index and local count, and, for a strategy whose
+    processes do not each read their own data (tensor or context parallel groups read the same batches), its
+    data-parallel index and size (``Topology.data_parallel_index``/``data_parallel_size``): prepared dataloaders
+    shard by them, ``gather_for_metrics`` keeps one process's values per data shard, and a prepared scheduler
+    counts data-parallel processes.
 
     When: once, after ``accel_setup``. Who: first answer wins (strategy); default: a single process.
     """
@@ -205,10 +243,12 @@ def accel_collectives(kernel: Kernel) -> Collectives | None:
 
 @hookspec
 def accel_teardown(kernel: Kernel) -> None:
-    """Release what ``accel_setup`` acquired (destroy the process group, finish trackers).
+    """Release what ``accel_setup`` acquired (destroy the process group, an engine). Trackers do not answer it:
+    they finish their runs in ``accel_end_training``, which the kernel calls first.
 
-    When: ``kernel.end_training()`` or interpreter exit, once. Who: everyone, each isolated (an error is warned
-    about, the others still run). Returns nothing.
+    When: ``kernel.end_training()`` (after ``accel_end_training``) or interpreter exit, once; also after a failure,
+    so it must not wait for other processes. Who: everyone, each isolated (an error is warned about, the others
+    still run). Returns nothing.
     """
 
 
@@ -217,7 +257,7 @@ def accel_teardown(kernel: Kernel) -> None:
 
 
 @hookspec(firstresult=True)
-def accel_model_init_context(kernel: Kernel) -> ContextManager[Any] | None:
+def accel_model_init_context(kernel: Kernel) -> AbstractContextManager[Any] | None:
     """The context in which the script builds its models (``with kernel.model_init_context(): model = Net()``),
     so a strategy can create parameters already partitioned over the processes (DeepSpeed's ``zero.Init``)
     instead of materialising the whole model in every process first.
@@ -264,9 +304,10 @@ def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module 
 
 @hookspec(firstresult=True)
 def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
-    """Adapt an optimizer to the wrapped models (ZeRO, parameter swaps). Called after every model was wrapped.
+    """Adapt an optimizer to the wrapped models (ZeRO, parameter swaps).
 
-    Who: first answer wins; default: the optimizer unchanged. The Kernel then wraps the result so that ``step``
+    When: by the default ``accel_prepare_training``, once per optimizer, after every model was wrapped. Who: first
+    answer wins; default: the optimizer unchanged. The Kernel then wraps the result so that ``step``
     and ``zero_grad`` follow gradient accumulation.
     """
 
@@ -283,7 +324,7 @@ def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def accel_autocast(kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
+def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
@@ -316,9 +357,10 @@ def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str
 
 @hookspec(firstresult=True)
 def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool | None:
-    """Apply an optimizer step. Only called on steps where gradients are synchronised.
+    """Apply an optimizer step.
 
-    Who: first answer wins (strategy: DeepSpeed engine, XLA; precision: ``scaler.step`` + ``update``; default:
+    When: ``optimizer.step()`` of a prepared optimizer, only on steps where gradients are synchronised (on the
+    others the call does nothing). Who: first answer wins (strategy: DeepSpeed engine, XLA; precision: ``scaler.step`` + ``update``; default:
     ``optimizer.step()``). Returns ``True`` if the step was applied, ``False`` if it was skipped (inf/NaN
     gradients); a skipped step also skips the scheduler and sets ``optimizer.step_was_skipped``.
     """
@@ -326,14 +368,15 @@ def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bo
 
 @hookspec(firstresult=True)
 def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool | None:
-    """Reset gradients. Only called on steps where gradients are synchronised.
+    """Reset gradients.
 
+    When: ``optimizer.zero_grad()`` of a prepared optimizer, only on steps where gradients are synchronised.
     Who: first answer wins; default: ``optimizer.zero_grad(set_to_none)``. Returns ``True``.
     """
 
 
 @hookspec(firstresult=True)
-def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> ContextManager[Any] | None:
+def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
     """The context that skips gradient synchronisation for one micro-batch (gradient accumulation).
 
     When: ``kernel.no_sync(model)`` and ``kernel.accumulate(model)`` on non-sync steps. Who: first answer wins;

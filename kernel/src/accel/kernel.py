@@ -17,8 +17,9 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -80,7 +81,8 @@ class _Accumulate:
     __slots__ = ("kernel", "models", "stack")
 
     def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
-        self.kernel, self.models, self.stack = kernel, models, None
+        self.kernel, self.models = kernel, models
+        self.stack: contextlib.ExitStack[bool | None] | None = None
 
     def __enter__(self) -> None:
         kernel = self.kernel
@@ -242,7 +244,7 @@ class PreparedScheduler:
         own["optimizers"] = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
         per_optimizer_step = kernel.settings["scheduler_steps"] == "per_optimizer_step"
         #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
-        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.num_processes
+        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.data_parallel_size
         own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
         own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
 
@@ -324,7 +326,7 @@ def _recursive(fn: Callable[[torch.Tensor], Any]) -> Callable[[Any], Any]:
         if isinstance(data, torch.Tensor):
             return fn(data)
         if isinstance(data, Mapping):
-            return type(data)({k: apply(v) for k, v in data.items()})
+            return type(data)({k: apply(v) for k, v in data.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
         if isinstance(data, tuple) and hasattr(data, "_fields"):
             return type(data)(*(apply(v) for v in data))
         if isinstance(data, (list, tuple)):
@@ -433,6 +435,7 @@ class Kernel(TrackingMixin):
         self._failed: set[Any] = set()  # plugin names (trackers) and (plugin, hook) pairs that raised
         self._warned: set[str] = set()
         self._torn_down = False
+        self._leaders: list[int] | None = None  # gather_for_metrics: the first process of each data shard
         self.plugins.activate(self.settings)
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
@@ -452,10 +455,12 @@ class Kernel(TrackingMixin):
 
     @property
     def mixed_precision(self) -> str:
+        """The ``mixed_precision`` setting: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
         return self.settings.mixed_precision
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (the script may change it between steps)."""
         return self._accumulation_steps
 
     @gradient_accumulation_steps.setter
@@ -504,15 +509,31 @@ class Kernel(TrackingMixin):
 
     @property
     def project_dir(self) -> str | None:
+        """The ``project_dir`` setting: where checkpoints and logs go (``None``: not set)."""
         return self.settings["project_dir"]
 
     @property
     def num_processes(self) -> int:
+        """Processes of the run, over all machines (``topology.num_processes``)."""
         return self.topology.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's rank, 0 .. ``num_processes - 1`` (``topology.process_index``)."""
         return self.topology.process_index
+
+    @property
+    def data_parallel_index(self) -> int:
+        """Which data shard this process reads (its process index unless the strategy's topology says otherwise:
+        processes of one tensor/context-parallel group read the same shard)."""
+        index = self.topology.data_parallel_index
+        return self.process_index if index is None else index
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many data shards there are (the number of processes unless the strategy's topology says otherwise)."""
+        size = self.topology.data_parallel_size
+        return self.num_processes if size is None else size
 
     @property
     def local_process_index(self) -> int:
@@ -520,6 +541,7 @@ class Kernel(TrackingMixin):
 
     @property
     def is_main_process(self) -> bool:
+        """Whether this is process 0 of the run."""
         return self.topology.is_main_process
 
     @property
@@ -594,7 +616,7 @@ class Kernel(TrackingMixin):
         )
         if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
             raise RuntimeError("accel_prepare_training returned lists of the wrong length")
-        for original, inner in zip(models, w_models):
+        for original, inner in zip(models, w_models, strict=True):
             wrapped = AutocastModule(inner, self._autocast) if self._autocast is not None else inner
             self._originals[id(wrapped)] = original
             self._inner[id(wrapped)] = inner
@@ -606,7 +628,7 @@ class Kernel(TrackingMixin):
         queues = {"model": iter(self._models[len(self._models) - len(models):]), "optimizer": iter(prepared_opts),
                   "scheduler": iter(prepared_scheds)}
         out = []
-        for obj, kind in zip(args, kinds):
+        for obj, kind in zip(args, kinds, strict=True):
             if kind == "dataloader":
                 loader = hook.accel_prepare_dataloader(kernel=self, dataloader=obj)
                 if isinstance(loader, PreparedDataLoader):
@@ -643,10 +665,12 @@ class Kernel(TrackingMixin):
         return self.prepare(scheduler)
 
     def unwrap_model(self, model: torch.nn.Module, keep_torch_compile: bool = True) -> torch.nn.Module:
-        """The user's own module behind a prepared one (no DDP/autocast wrapper, fp32 forward)."""
+        """The module the script passed to ``prepare`` for this prepared model: that very object, whatever wrapper
+        the strategy and the autocast returned around it (an object ``prepare`` did not return is returned as it is).
+        ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
         original = self._originals.get(id(model), model)
         if not keep_torch_compile and hasattr(original, "_orig_mod"):
-            original = original._orig_mod
+            original = cast(torch.nn.Module, original._orig_mod)
         return original
 
     # ---- training step ------------------------------------------------------------------------------------
@@ -786,7 +810,7 @@ class Kernel(TrackingMixin):
             return part
 
         if isinstance(inputs, Mapping):
-            yield type(inputs)({k: split(v) for k, v in inputs.items()})
+            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
         else:
             yield split(inputs)
 
@@ -799,7 +823,14 @@ class Kernel(TrackingMixin):
             return tensor
         return _recursive(self._gather_one)(tensor)
 
-    def _gather_one(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _shard_leaders(self) -> list[int]:
+        """The first process of each data shard, in shard order (collective the first time)."""
+        if self._leaders is None:
+            shards = self.collectives.all_gather_object(self.data_parallel_index)
+            self._leaders = [shards.index(i) for i in range(self.data_parallel_size)]
+        return list(self._leaders)
+
+    def _gather_one(self, tensor: torch.Tensor, keep: list[int] | None = None) -> torch.Tensor:
         if tensor.ndim == 0:
             tensor = tensor[None]
         tensor = tensor.contiguous()
@@ -809,7 +840,8 @@ class Kernel(TrackingMixin):
             pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
             tensor = torch.cat([tensor, pad])
         parts = self.collectives.all_gather(tensor)
-        return torch.cat([p[:s] for p, s in zip(parts, sizes)])
+        pairs = list(zip(parts, sizes, strict=True))
+        return torch.cat([p[:s] for p, s in (pairs if keep is None else [pairs[i] for i in keep])])
 
     def gather_object(self, obj: Any) -> list[Any]:
         """Gather picklable objects; lists are concatenated, other objects collected in a list."""
@@ -826,7 +858,16 @@ class Kernel(TrackingMixin):
             _recursive(lambda t: t)(input_data)
         except TypeError:
             tensors_only = False
-        data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
+        if self.data_parallel_size != self.num_processes:  # one process's values per data shard
+            keep = self._shard_leaders()
+            parts = self.collectives.all_gather_object(input_data) if (use_gather_object or not tensors_only) else None
+            if parts is not None:
+                parts = [parts[i] for i in keep]
+                data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
+            else:
+                data = _recursive(lambda t: self._gather_one(t, keep))(input_data)
+        else:
+            data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
         state = self.gradient_state
         if state.end_of_dataloader and state.remainder > 0:
             if isinstance(data, list) and not tensors_only:

@@ -27,8 +27,9 @@ import os
 import pickle
 import signal
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from accel.distributed import free_port
 from accel.errors import UsageError
@@ -233,12 +234,12 @@ def notebook_launcher(
     conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         conf.setdefault("rank", node_rank)
+    # accel handles SIGINT, SIGTERM and SIGHUP (below); a torch without the field forwards them as before
+    handled: dict[str, Any] = {"signals_to_handle": signals} if (signals := elastic_signals()) else {}
     config = LaunchConfig(
         min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
         rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=conf,
-        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method=method,
-        # accel handles SIGINT, SIGTERM and SIGHUP (below); a torch without the field forwards them as before
-        **({"signals_to_handle": signals} if (signals := elastic_signals()) else {}),
+        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method=method, **handled,
     )
     total = num_processes * num_nodes
     print(f"accel: launching {total} process(es) ({num_processes} on this machine, start method {method})")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, MutableMapping
+from collections.abc import MutableMapping
+from typing import Any
 
 
 def _rank() -> tuple[int, int, int]:
@@ -24,8 +25,11 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     """Logs on the main process only unless ``main_process_only=False``; ``in_order=True`` logs on every process
     one after the other. Messages are prefixed with the process index when there are several."""
 
-    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False,
-            **kwargs: Any) -> None:
+    # [override]: LoggerAdapter.log takes **kwargs: object, which could fill main_process_only/in_order; the same
+    # two keywords as Accelerate's MultiProcessAdapter.log
+    def log(  # type: ignore[override]
+        self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False, **kwargs: Any
+    ) -> None:
         if not self.isEnabledFor(level):
             return
         rank, _, world = _rank()

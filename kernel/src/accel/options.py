@@ -7,13 +7,15 @@ way wherever it comes from. This module does not import torch.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from accel.errors import PluginError, UsageError
 
@@ -54,10 +56,12 @@ class Option:
 
     @property
     def path(self) -> tuple[str, ...]:
+        """Its keys in the config file: ``config_key``, or ``(name,)``."""
         return self.config_key or (self.name,)
 
     @property
     def dotted(self) -> str:
+        """``path`` joined by dots (``"fsdp_config.fsdp_offload_params"``)."""
         return ".".join(self.path)
 
     def coerce(self, raw: Any, label: str) -> Any:
@@ -94,6 +98,8 @@ class Option:
             else:
                 raise UsageError(f"{bad} expects a list, got {raw!r}")
         elif self.type == "mapping":
+            if dataclasses.is_dataclass(raw) and not isinstance(raw, type):  # Accelerate's config objects
+                raw = {f.name: getattr(raw, f.name) for f in dataclasses.fields(raw)}
             if isinstance(raw, str):
                 try:
                     raw = json.loads(raw)
@@ -558,16 +564,17 @@ class Settings:
     ``values`` holds every declared option; ``world_size`` is the number of processes of the run (planned, when
     called by ``accel launch``; actual, inside a worker); ``phase`` is ``"launch"`` or ``"run"``."""
 
-    values: Mapping[str, Any]
-    sources: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any]  # option name -> converted value, for every declared option
+    sources: Mapping[str, str] = field(default_factory=dict)  # option name -> where it came from ("flag", "file", ...)
     world_size: int = 1
     phase: str = "run"
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # the environment the settings were resolved in
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     def get(self, name: str, default: Any = None) -> Any:
+        """``values.get(name, default)``: for an option a plugin that may be absent declares."""
         return self.values.get(name, default)
 
     @property
@@ -580,8 +587,10 @@ class Settings:
         return tuple(names)
 
     def is_selected(self, name: str) -> bool:
+        """Whether plugin ``name`` is among ``selected``."""
         return name in self.selected
 
     @property
     def mixed_precision(self) -> str:
+        """The ``mixed_precision`` setting (``"no"`` when absent)."""
         return str(self.values.get("mixed_precision", "no"))

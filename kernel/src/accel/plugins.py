@@ -19,16 +19,25 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import pluggy
 
 from accel import hookspecs
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
 from accel.errors import PluginError, UsageError
-from accel.options import (KERNEL, Options, Settings, core_options, did_you_mean, install_hint, known_capabilities,
-                           providers_of)
+from accel.options import (
+    KERNEL,
+    Options,
+    Settings,
+    core_options,
+    did_you_mean,
+    install_hint,
+    known_capabilities,
+    providers_of,
+)
 
 GROUP = "accel"
 
@@ -97,7 +106,7 @@ class Plugins:
         env: Mapping[str, str] | None = None,
         blocked: Iterable[str] = (),
         extra: Iterable[tuple[str, Any]] = (),
-    ) -> "Plugins":
+    ) -> Plugins:
         """Discover and import plugins. ``extra`` registers (name, module-or-object) pairs directly (tests)."""
         env = os.environ if env is None else env
         disabled, allow = plugin_filter(env, blocked)
@@ -346,7 +355,7 @@ class Plugins:
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f"plugin {exc.plugin_name!r}: {one_line(exc)}") from None
+            raise PluginError(f"plugin {self.pm.get_name(exc.plugin)!r}: {one_line(exc)}") from None
         self.components = list(reversed(found))
         return self.components
 

@@ -12,14 +12,17 @@ import numbers
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component
 from accel.errors import UsageError
 
 if TYPE_CHECKING:
-    from accel.plugins import Plugins
+    from types import FrameType
+
     from accel.options import Settings
+    from accel.plugins import Plugins
 
 #: The ``log_with`` entry that asks for every installed tracker.
 ALL = "all"
@@ -90,7 +93,8 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside accel (the
     user's line that called the Kernel)."""
     root = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
         frame, level = frame.f_back, level + 1
     return level

@@ -14,8 +14,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -58,7 +58,7 @@ def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     out = {}
-    for i, (p, state) in enumerate(optimizer.state.items()):
+    for i, state in enumerate(optimizer.state.values()):
         for k, v in state.items():
             if isinstance(v, torch.Tensor):
                 out[f"{i}.{k}"] = v.detach().cpu().clone()
@@ -184,7 +184,7 @@ def test_gather_for_metrics_counts_each_sample_once() -> None:
     try:
         loader = kernel.prepare(DataLoader(data(50), batch_size=16))
         seen = []
-        for x, y in loader:
+        for _, y in loader:
             seen.append(kernel.gather_for_metrics(y).cpu())
         assert sum(len(s) for s in seen) == 50
         assert torch.equal(torch.cat(seen), data(50).tensors[1])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from accel.errors import AccelError, UsageError
 
@@ -17,6 +17,7 @@ commands:
   config     write the config file: questions, or `config default`; also `config update`, `config show`
   test       run a short real check of the installation with the current config (accel test -n 2)
   new-plugin write a new plugin project (tracker or strategy) from a template, with its tests
+  estimate-memory  per-process training memory of a model under each installed strategy (--json)
 
 options:
   -h, --help     show this message
@@ -73,9 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accel.commands.new_plugin import new_plugin_command
 
         return run_guarded(lambda: new_plugin_command(rest))
+    if command == "estimate-memory":
+        from accel.commands.estimate_memory import estimate_memory_command
+
+        return run_guarded(lambda: estimate_memory_command(rest))
     from accel.options import did_you_mean
 
-    commands = ["launch", "plugins", "env", "config", "test", "new-plugin"]
+    commands = ["launch", "plugins", "env", "config", "test", "new-plugin", "estimate-memory"]
     return run_guarded(lambda: _unknown(command, did_you_mean(command, commands)))
 
 

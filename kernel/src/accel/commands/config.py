@@ -17,8 +17,9 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from accel.commands.launch import Parser, add_option_flags, blocked_plugins
 from accel.contract import QUESTION_KINDS, Question

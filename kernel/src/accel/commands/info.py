@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import itertools
 import json
 import os
 import platform
 import re
+import shutil
 import sys
-from typing import Any, Sequence
+import textwrap
+from collections.abc import Sequence
+from typing import Any
 
 from accel.commands.launch import Parser
 from accel.errors import PluginError, UsageError
@@ -52,32 +56,38 @@ def plugins_command(argv: Sequence[str]) -> int:
     if not rows:
         print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
         return 0
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    # Plugin text is shown as written (`pip install 'accel-plugin-ipex[ipex]'` is not markup), in the terminal's
-    # width (COLUMNS, else 80 when not a terminal). rich shrinks every column alike and cuts hook names; instead the
-    # short columns and the hooks (one whole name per line at worst) keep their width and the status folds.
-    console = Console()
-    records = plugins.all_records
-    cells = [(r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
-             for r in records]
-    names = ("name", "distribution", "version", "hooks", "status")
-    longest = [max(len(names[i]), *(len(c[i]) for c in cells)) for i in range(5)]
-    hooks = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])
-    free = console.width - 16 - longest[0] - longest[2] - hooks  # 16: borders and padding of five columns
-    dist = longest[1] if free - longest[1] >= 30 else max(10, free // 3)
-    status = min(longest[4], free - dist)
-    hooks += free - dist - status  # room to spare: hooks on fewer lines
-    widths: list[int | None] = [longest[0], dist, longest[2], hooks, status] if status >= 10 else [None] * 5
-    table = Table(title="accel plugins (entry-point group 'accel')")
-    for name, width in zip(names, widths, strict=True):
-        table.add_column(name, overflow="fold", width=width)
-    for row_cells in cells:
-        table.add_row(*(escape(cell) for cell in row_cells))
-    console.print(table)
+    print("accel plugins (entry-point group 'accel')")
+    print(_plugins_table(plugins.all_records, shutil.get_terminal_size().columns))
     return 0
+
+
+def _plugins_table(records: Sequence[PluginRecord], width: int) -> str:
+    """The plugins as plain-text columns ``width`` wide (the terminal's: COLUMNS, else the terminal, else 80). Name
+    and version keep their width, hooks wrap between whole names, the status wraps to what is left; the distribution
+    folds at its hyphens only when the status would get under 20 columns, and width the status does not need goes
+    to the hooks (fewer lines)."""
+    names = ("name", "distribution", "version", "hooks", "status")
+    rows = [(r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
+            for r in records]
+    widths = [max(len(names[i]), *(len(row[i]) for row in rows)) for i in range(5)]
+    widths[3] = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])  # a whole name and its comma
+    gaps = 2 * (len(names) - 1)
+    wanted = min(20, widths[4])
+    if width - gaps - sum(widths[:4]) < wanted:
+        parts = [part for row in rows for part in textwrap.wrap(row[1], 1, break_long_words=False)]  # "accel-", ...
+        widths[1] = max(len(names[1]), *map(len, parts), widths[1] - (wanted - (width - gaps - sum(widths[:4]))))
+    free = width - gaps - sum(widths[:4])
+    widths[4] = max(10, min(free, widths[4]))
+    widths[3] += max(0, free - widths[4])
+    lines = ["  ".join(name.ljust(w) for name, w in zip(names, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for row in rows:
+        cells = [[row[0]], textwrap.wrap(row[1], widths[1]), [row[2]],
+                 textwrap.wrap(row[3], widths[3], break_long_words=False, break_on_hyphens=False),
+                 textwrap.wrap(row[4], widths[4], break_on_hyphens=False)]
+        for line in itertools.zip_longest(*cells, fillvalue=""):
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    return "\n".join(lines)
 
 
 def _torch_build() -> str:

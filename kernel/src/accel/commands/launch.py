@@ -12,7 +12,8 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accel.contract import LaunchPlan
 from accel.errors import UsageError

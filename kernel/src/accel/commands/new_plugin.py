@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from accel.commands.launch import Parser
 from accel.errors import UsageError
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
 KINDS = ("tracker", "strategy")
 KERNEL_REQUIREMENT = "accel-kernel>=0.1,<0.2"
@@ -21,7 +25,7 @@ def template_files(kind: str) -> dict[str, str]:
     root = resources.files("accel") / "templates" / kind
     files: dict[str, str] = {}
 
-    def walk(node: resources.abc.Traversable, prefix: str) -> None:
+    def walk(node: Traversable, prefix: str) -> None:
         for child in node.iterdir():
             if child.is_dir():
                 if child.name != "__pycache__":

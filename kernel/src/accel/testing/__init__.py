@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel.distributed import free_port
 from accel.launchers import environment as patched_environ
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 #: Variables a launcher sets for its workers; a test's own process must not pass them on.
 WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                     "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "ACCEL_CONFIG")
-
-
 
 
 def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None = None,

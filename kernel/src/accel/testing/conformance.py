@@ -30,8 +30,9 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pytest
 
@@ -367,12 +368,12 @@ class StrategyConformance(_PluginChecks):
                 "the module unwrap_model(prepared) returns kept its initial weights through training: the strategy "
                 "trains something other than the user's module (a copy inside its own wrapper class?); a wrapper "
                 "must hold the user's module itself")
-            for got, want in zip(r["weights"], expected):
+            for got, want in zip(r["weights"], expected, strict=True):
                 assert math.isclose(got, want, rel_tol=self.tolerance, abs_tol=self.tolerance), (r["weights"], expected)
             assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), \
                 "processes ended with different weights"
             assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-            for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten())):
+            for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
                 assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
             assert r["reduce_sum"] == n * (n + 1) / 2
             assert r["gather_ranks"] == [float(i + 1) for i in range(n)]

@@ -10,8 +10,9 @@ accel-kernel, so they are available in any test session where accel is installed
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

@@ -6,7 +6,8 @@ Takes part when ``mixed_precision`` is ``fp16``, ``bf16`` or ``fp8`` (from ``Ker
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accel import Component, Options, Question, Settings, UsageError, hookimpl
 

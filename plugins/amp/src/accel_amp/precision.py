@@ -13,7 +13,9 @@ import functools
 import importlib.util
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from accel import Component, Settings, UsageError, hookimpl
 
@@ -84,7 +86,7 @@ class AmpPrecision(Component):
     # ---- set-up -------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], ContextManager[Any]]:
+    def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]]:
         import torch
 
         device = kernel.device

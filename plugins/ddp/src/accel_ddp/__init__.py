@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Settings, hookimpl
 from accel.hardware import nvidia_gpus
 
 if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+
     from accel_ddp.handlers import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 NAME = "ddp"
@@ -77,3 +80,11 @@ def accel_activate(settings: Settings) -> object | None:
 
         return DDPStrategy(settings)
     return None
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Rows of ``accel estimate-memory`` for this strategy (arithmetic only, see ``accel_ddp.memory``)."""
+    from accel_ddp.memory import rows
+
+    return rows(model, query)

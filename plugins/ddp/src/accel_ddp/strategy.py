@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import (
@@ -20,13 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from accel.kernel import Kernel
-
-
-
-
-
-
-
 
 
 def batched_power_sgd_works() -> bool:
@@ -129,7 +123,7 @@ class DDPStrategy(ProcessGroupComponent):
         s = self.settings
         # broadcast_buffers is passed only when turned off: torch >= 2.13 warns (FutureWarning) whenever it is given,
         # and True is what DistributedDataParallel does without it
-        buffers = {} if s["ddp_broadcast_buffers"] else {"broadcast_buffers": False}
+        buffers: dict[str, Any] = {} if s["ddp_broadcast_buffers"] else {"broadcast_buffers": False}
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type != "cpu" else None,

@@ -6,9 +6,13 @@ Activates when selected: ``accel launch --plugin deepspeed``, ``Kernel(plugins=[
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import Options, Question, Settings, UsageError, hookimpl
+
+if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "deepspeed"
 accel_components = ["accel_deepspeed.strategy:DeepSpeedStrategy"]
@@ -148,3 +152,11 @@ def accel_config_questions(answers: Mapping[str, Any]) -> list[Question] | None:
             if kind in ("exclusion", "inclusion"):
                 qs.append(Question(f"deepspeed_{kind}_filter", f"DeepSpeed {kind} filter string:", kind="text"))
     return qs
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Rows of ``accel estimate-memory`` for this strategy (arithmetic only, see ``accel_deepspeed.memory``)."""
+    from accel_deepspeed.memory import rows
+
+    return rows(model, query)

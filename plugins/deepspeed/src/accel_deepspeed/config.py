@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from accel import Settings, UsageError
 from accel_deepspeed import CONFIG_KEYS

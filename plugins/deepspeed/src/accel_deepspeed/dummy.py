@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from accel import UsageError
 
 WHY = "stands for the {} of the DeepSpeed config; pass it to kernel.prepare() and use what prepare() returns"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from accel import Settings, UsageError
 
@@ -24,10 +24,6 @@ from accel import Settings, UsageError
 MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")
 #: Variables of the launching environment that the workers need and DeepSpeed's runner would not forward.
 FORWARDED = ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES")
-
-
-
-
 
 
 def read_hostfile(path: str) -> dict[str, int]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -173,8 +174,9 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
 def save_frozen(engine: Any, root: Path, sub: str) -> list[str]:
     """Write the gathered weights of a frozen ZeRO-3 model (no optimizer: DeepSpeed's checkpoint does not apply) as
     ``root/sub/weights.safetensors``, on process 0."""
-    from accel import CheckpointError
     from safetensors.torch import save_file
+
+    from accel import CheckpointError
 
     state = full_state_dict(engine, sixteen_bit=True)
     problem = None

@@ -24,9 +24,10 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import ProcessGroupComponent, destroy_process_group, launch_with_torchrun, world_of_one
@@ -84,8 +85,6 @@ def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
     if not on_accelerator and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
         raise UsageError("DeepSpeed refuses fp16 on this CPU (it needs AVX512-FP16 or AMX); use --mixed_precision "
                          "bf16, or no mixed precision")
-
-
 
 
 @dataclass
@@ -198,9 +197,6 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
-
-
-
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Any:
@@ -537,6 +533,6 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             with_opt = opt_key is not None and opt_key in records
             state.load(rec.engine, Path(directory), str(found.extra["dir"]), with_opt)
             restored.append(model_key)
-            if with_opt:
+            if with_opt and opt_key is not None:
                 restored.append(opt_key)
         return restored

@@ -7,7 +7,8 @@ upper-case spellings (``INDUCTOR``, ``AOT_EAGER``, ``NO``) are accepted.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from accel import Component, Options, Question, Settings, hookimpl
 

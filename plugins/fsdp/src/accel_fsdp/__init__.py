@@ -7,10 +7,14 @@ Accelerate's ``distributed_type: FSDP`` in a config file.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
 from accel.hardware import nvidia_gpus
+
+if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "fsdp"
 accel_components = ["accel_fsdp.strategy:FSDPStrategy"]
@@ -146,3 +150,11 @@ def load_sharded(kernel: Any, directory: str | os.PathLike[str], *, model: Any, 
     if comp is None:
         raise UsageError("load_sharded needs a Kernel running with --plugin fsdp")
     comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Rows of ``accel estimate-memory`` for this strategy (arithmetic only, see ``accel_fsdp.memory``)."""
+    from accel_fsdp.memory import rows
+
+    return rows(model, query)

@@ -12,14 +12,15 @@ tensors are broadcast and sharded. The manifest record says which format was wri
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from accel import CheckpointError, ItemRecord, UsageError
 
 if TYPE_CHECKING:
     import torch
-    from accel import Kernel
     from torch import nn
+
+    from accel import Kernel
 
 PLUGIN = "fsdp"
 DCP_FORMAT = "torch.distributed.checkpoint"
@@ -40,6 +41,7 @@ def _options(full: bool, broadcast: bool = False) -> Any:
 def _dcp_save(state: dict[str, Any], path: Path) -> None:
     """DCP's save (collective: a failure on any process raises on every process), as one-line CheckpointError."""
     import torch.distributed.checkpoint as dcp
+
     from accel.checkpoint import error_line  # imports torch: not at module level (`accel plugins` lists the plugin)
 
     try:
@@ -51,8 +53,9 @@ def _dcp_save(state: dict[str, Any], path: Path) -> None:
 
 
 def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full: bool) -> ItemRecord:
-    from accel.checkpoint import agree  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from accel.checkpoint import agree  # imports torch: not at module level
 
     state = get_model_state_dict(model, options=_options(full))  # collective
     if not full:
@@ -64,15 +67,17 @@ def save_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, full
         if kernel.is_main_process:
             from safetensors.torch import save_file
 
-            save_file(_unshare(state), str(directory / name), metadata={"format": "pt"})
+            tensors = cast("dict[str, torch.Tensor]", state)  # a full state dict holds plain tensors
+            save_file(_unshare(tensors), str(directory / name), metadata={"format": "pt"})
 
     agree(kernel, f"save_state (writing {name})", write)  # before the next item's collectives
     return ItemRecord(plugin=PLUGIN, format=FULL_MODEL_FORMAT, files=(name,))
 
 
 def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, record: ItemRecord) -> None:
-    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
 
     if record.format == DCP_FORMAT:
         state = get_model_state_dict(model)
@@ -118,8 +123,9 @@ FRESH = "accel_fsdp_fresh"  # saved next to an optimizer's state: it had taken n
 
 def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
                    full: bool) -> ItemRecord:
-    from accel.checkpoint import agree  # imports torch: not at module level (`accel plugins` lists the plugin)
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from accel.checkpoint import agree  # imports torch: not at module level (`accel plugins` lists the plugin)
 
     # torch fills an empty optimizer state with a zero-learning-rate step to learn its layout; undo that, so that
     # saving before the first step changes nothing, and store the fact (loading empties the state again).
@@ -145,8 +151,9 @@ def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Opti
 
 def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
                    record: ItemRecord) -> None:
-    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
 
     if record.format == DCP_FORMAT:
         state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))

@@ -9,8 +9,9 @@ remembers old -> new and rewrites the optimizer's parameter groups.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from accel import UsageError
 
@@ -82,7 +83,7 @@ def shard_model(model: nn.Module, config: ShardConfig, mesh: Any, device: torch.
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     on_meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-    full: dict[str, torch.Tensor] = {}
+    full: dict[str, Any] = {}  # tensors (set_model_state_dict's dict[str, ValueType])
     extra: dict[str, torch.Tensor] = {}  # non-persistent buffers: not in the state dict, lost by to_empty
     if broadcast_from_main:
         if rank == 0:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import ProcessGroupComponent, local_device, restart_store_args
@@ -59,11 +60,6 @@ class FSDPStrategy(ProcessGroupComponent):
                                     **restart_store_args(os.environ, timeout, "accel-fsdp"))
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
-
-
-
-
-
 
     # ---- precision ----------------------------------------------------------------------------------------
 

@@ -25,7 +25,9 @@ after those three.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from accel import Component, Settings, UsageError, hookimpl
 
@@ -53,19 +55,20 @@ def pair_models_and_optimizers(models: list[Any], optimizers: list[Any]) -> dict
     pairs: dict[int, int | None] = {i: None for i in range(len(models))}
     for j, opt in enumerate(optimizers):
         holders = {owner.get(id(p)) for group in opt.param_groups for p in group["params"]}
-        if holders == {None} or not holders:
-            raise UsageError(f"plugin 'ipex': optimizer {_describe(opt)} was prepared without its model; "
-                             "ipex.optimize needs both, so pass the model and its optimizer to the same prepare() call")
         if len(holders) > 1:
             what = "models prepared in other calls" if None in holders else f"{len(holders)} models"
             raise UsageError(f"plugin 'ipex': optimizer {_describe(opt)} holds parameters of {what}; ipex.optimize "
                              "takes one model with one optimizer")
-        (i,) = holders
-        if pairs[i] is not None:
-            raise UsageError(f"plugin 'ipex': model {_describe(models[i])} has two optimizers "
-                             f"({_describe(optimizers[pairs[i]])} and {_describe(opt)}); ipex.optimize takes one "
+        (m,) = holders or {None}
+        if m is None:
+            raise UsageError(f"plugin 'ipex': optimizer {_describe(opt)} was prepared without its model; "
+                             "ipex.optimize needs both, so pass the model and its optimizer to the same prepare() call")
+        paired = pairs[m]
+        if paired is not None:
+            raise UsageError(f"plugin 'ipex': model {_describe(models[m])} has two optimizers "
+                             f"({_describe(optimizers[paired])} and {_describe(opt)}); ipex.optimize takes one "
                              "model with one optimizer")
-        pairs[i] = j
+        pairs[m] = j
     return pairs
 
 
@@ -102,7 +105,7 @@ class IpexOptimizer(Component):
                              f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], ContextManager[Any]] | None:
+    def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
         """bf16 when no precision plugin answered first: IPEX's bf16 weights need the forward under autocast."""
         if not self.bf16:
             return None

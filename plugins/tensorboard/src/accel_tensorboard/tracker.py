@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import Tracker, hookimpl
 from accel.tracking import as_scalar, flatten

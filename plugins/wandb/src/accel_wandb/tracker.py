@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import Tracker, hookimpl
 
@@ -64,7 +65,8 @@ class WandbTracker(Tracker):
                         step: int | None, log_kwargs: Mapping[str, Any]) -> None:
         import wandb
 
-        self.run.log({table_name: wandb.Table(columns=columns, data=data)}, step=step, **log_kwargs.get("wandb", {}))
+        header: list[str | int] = list(columns)
+        self.run.log({table_name: wandb.Table(columns=header, data=data)}, step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
     def accel_end_training(self, kernel: Kernel) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
-
 from accel_xla.availability import unavailable_reason
+
+if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "xla"
 accel_components = ["accel_xla.strategy:XLAStrategy"]
@@ -117,3 +120,19 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
         questions.append(Question("downcast_bf16", "Should the model's parameters be stored in bf16 too (not only "
                                   "computed in bf16)?", kind="confirm", default=False))
     return questions
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Every process holds the whole model, as with DDP (gradients are all-reduced in place): fp32 weights,
+    gradients and optimizer state; ``downcast_bf16`` stores the weights and gradients in bf16 instead."""
+    from accel.memory import MemoryRow, replicated
+
+    out = []
+    for dtype in query.dtypes:
+        s = replicated(model, query)
+        out.append(MemoryRow("XLA", "-", dtype, query.num_processes, s.parameters, s.gradients, s.optimizer))
+        if dtype == "bf16":
+            out.append(MemoryRow("XLA", "downcast_bf16", dtype, query.num_processes, s.parameters // 2,
+                                 s.gradients // 2, s.optimizer // 2))
+    return out

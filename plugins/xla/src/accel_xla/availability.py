@@ -39,7 +39,7 @@ def install_advice(torch_version: str | None) -> str:
             f"`pip install torch=={TESTED[0]} torch-xla=={TESTED[1]}` (add torch-xla[tpu] on a TPU VM)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unavailable_reason() -> str | None:
     """``None`` when torch_xla should load here; otherwise one line: why not, and how to fix it."""
     torch_version = _version("torch")

@@ -17,8 +17,8 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from accel import LaunchPlan, Settings, UsageError
 from accel.processes import run_process
@@ -29,6 +29,14 @@ CLUSTER_KEYS = ("tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo", "tpu_
 #: Variables of ``accel launch`` the workers need besides ACCEL_CONFIG.
 FORWARDED = ("ACCEL_DISABLE_PLUGINS", "ACCEL_PLUGINS")
 REMOTE_PYTHON = "python3"
+#: Launch settings torch_xla.launch (and the pod's gcloud ssh) do not carry out, with the values that ask for
+#: nothing: a run that sets one is refused in one line, never silently ignored (PJRT decides the processes and
+#: their devices; a pod's workers are reached through gcloud, not a rendezvous).
+NOT_HONOURED = {
+    "num_machines": (1,), "machine_rank": (0,), "main_process_ip": (None, ""), "rdzv_backend": ("static",),
+    "rdzv_conf": (None, ""), "gpu_ids": (None, "", "all"), "max_restarts": (0,), "tee": (None, "", "0"),
+    "log_dir": (None, ""), "role": ("default",), "enable_cpu_affinity": (False,),
+}
 
 
 @dataclass
@@ -48,6 +56,12 @@ class XLALaunch:
 
 def plan(settings: Settings) -> XLALaunch:
     """Check the launch options and decide the launch; raise UsageError (one line) before anything starts."""
+    refused = [f"{key}={settings.get(key)!r}" for key, unset in NOT_HONOURED.items()
+               if settings.get(key, unset[0]) not in unset]
+    if refused:
+        raise UsageError(f"the xla plugin does not carry out {', '.join(refused)} (torch_xla.launch starts one "
+                         f"process per local XLA device; a TPU pod is reached with --tpu_cluster): drop "
+                         f"{'it' if len(refused) == 1 else 'them'}")
     spawn_args: list[str] = []
     notice = ""
     if settings.sources.get("num_processes", "default") != "default":

@@ -14,7 +14,7 @@ import importlib
 import os
 import runpy
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def run_target(target: str, args: Sequence[str], module: bool, function: str | None) -> None:

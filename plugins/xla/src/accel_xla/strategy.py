@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
-
 from accel_xla import launch as xla_launch
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ class XLAStrategy(Component):
             model.to(self.device)
             if self.settings["downcast_bf16"]:
                 model.to(torch.bfloat16)
-            moved.update((id(old), new) for old, new in zip(before, model.parameters()) if old is not new)
+            moved.update((id(old), new) for old, new in zip(before, model.parameters(), strict=True) if old is not new)
         for optimizer in optimizers:
             self._repoint(optimizer, moved)
             self._optimizers.append(optimizer)
@@ -257,7 +257,7 @@ class XLAStrategy(Component):
         state = {}
         for param, value in optimizer.state.items():
             new = moved.get(id(param), param)
-            state[new] = {k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) else v
+            state[new] = {k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) > 0 else v
                           for k, v in value.items()}
         optimizer.state.clear()
         optimizer.state.update(state)

@@ -8,6 +8,7 @@ from accel import Component, hookimpl
 
 if TYPE_CHECKING:
     import torch
+
     from accel.kernel import Kernel
 
 

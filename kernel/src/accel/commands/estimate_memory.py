@@ -1,0 +1,358 @@
+"""``accel estimate-memory MODEL``: per-process training memory (model states, no activations) for each installed
+strategy and its options, from a model built on the meta device (nothing is allocated, nothing is downloaded).
+
+MODEL is a Python import path (``pkg.module:factory`` or ``pkg.module:ClassName``, called with no arguments
+inside ``with torch.device("meta")``) or a Hugging Face ``config.json`` (the file or its directory; built with
+transformers' ``from_config`` on the meta device, offline). Every plugin answers ``accel_estimate_memory`` with its
+own rows; the kernel adds the single-process row. torch is imported only after the arguments are parsed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accel.commands.launch import Parser
+from accel.errors import UsageError
+from accel.memory import (
+    DTYPES,
+    OPTIMIZER_STATES,
+    MemoryQuery,
+    MemoryRow,
+    ModelSummary,
+    ParameterInfo,
+    format_bytes,
+    sorted_rows,
+)
+from accel.options import KERNEL
+from accel.plugins import Plugins, describe_exception, one_line
+
+if TYPE_CHECKING:
+    import torch
+
+#: Accelerate's and torch's dtype names for the ``--dtypes`` values.
+DTYPE_ALIASES = {"float32": "fp32", "no": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "fp8"}
+DEFAULT_PROCESSES = 8
+UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def parser() -> Parser:
+    p = Parser(
+        prog="accel estimate-memory",
+        description="Estimate the memory each process needs to train MODEL (parameters, gradients, optimizer "
+        "state; activations not included) under every installed strategy and its options. The "
+        "model is built on the meta device: nothing is allocated or downloaded.",
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="pkg.module:factory or pkg.module:ClassName (called with no arguments), or a Hugging Face "
+        "config.json file or the directory holding it",
+    )
+    p.add_argument(
+        "-n",
+        "--num_processes",
+        "--num-processes",
+        type=int,
+        default=DEFAULT_PROCESSES,
+        help=f"processes that share the training [default: {DEFAULT_PROCESSES}]",
+    )
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["fp32", "bf16"],
+        metavar="DTYPE",
+        help="mixed_precision values to estimate: fp32 (no mixed precision), bf16, fp16, fp8 "
+        "(space- or comma-separated) [default: fp32 bf16]",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=sorted(OPTIMIZER_STATES),
+        help="adam/adamw keep 2 fp32 states per parameter, sgd_momentum 1, sgd none [default: adamw]",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "-p",
+        dest="blocked",
+        action="append",
+        default=[],
+        metavar="no:NAME",
+        help="Leave a plugin out: -p no:NAME (repeatable).",
+    )
+    return p
+
+
+def dtypes_from(values: Sequence[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for value in (v for item in values for v in item.split(",") if v):
+        dtype = DTYPE_ALIASES.get(value.lower(), value.lower())
+        if dtype not in DTYPES:
+            raise UsageError(
+                f"--dtypes: unknown dtype {value!r}; choose from {', '.join(DTYPES)} (training memory; "
+                "int8/int4 are inference formats)"
+            )
+        if dtype not in out:
+            out.append(dtype)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building the model on the meta device
+
+
+def _import(module_name: str, model: str) -> Any:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the current directory's modules are importable
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UsageError(
+                f"MODEL {model!r}: no module named {exc.name!r} (run from the directory that holds it, "
+                "or set PYTHONPATH)"
+            ) from None
+        raise UsageError(f"MODEL {model!r}: importing {module_name!r} failed: {_where(exc)}") from None
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"MODEL {model!r}: importing {module_name!r} failed: {_where(exc)}") from None
+
+
+def _where(exc: BaseException) -> str:
+    """``ValueError: bad (at models.py:12)``: the exception and the last frame of the user's code it came from."""
+    import traceback
+
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "importlib" not in f.filename and os.sep + "accel" + os.sep + "commands" not in f.filename
+    ]
+    at = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return one_line(describe_exception(exc)) + at
+
+
+def from_import_path(model: str) -> torch.nn.Module:
+    import torch
+
+    module_name, _, attr = model.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"MODEL {model!r}: expected pkg.module:factory or pkg.module:ClassName")
+    obj: Any = _import(module_name, model)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"MODEL {model!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if not callable(obj):
+        raise UsageError(f"MODEL {model!r}: {attr!r} is a {type(obj).__name__}, not a model class or factory")
+    try:
+        with torch.device("meta"):
+            built = obj()
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"MODEL {model!r}: calling {attr}() on the meta device failed: {_where(exc)}") from None
+    if not isinstance(built, torch.nn.Module):
+        raise UsageError(f"MODEL {model!r}: {attr}() returned a {type(built).__name__}, not a torch.nn.Module")
+    return built
+
+
+def read_config(model: str) -> dict[str, Any]:
+    path = Path(model)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(
+            f"MODEL {model!r}: directory has no config.json (give a Hugging Face config.json file or its directory)"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"MODEL {model!r}: {file} is not valid JSON: {one_line(exc)}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise UsageError(f'MODEL {model!r}: {file} has no "model_type"; is it a Hugging Face model config.json?')
+    return data
+
+
+def from_hf_config(model: str) -> torch.nn.Module:
+    data = read_config(model)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(
+            f"MODEL {model!r}: reading a Hugging Face config needs transformers: pip install transformers"
+        ) from None
+    import torch
+
+    kwargs = {k: v for k, v in data.items() if k not in ("model_type", "transformers_version")}
+    try:
+        config = transformers.AutoConfig.for_model(data["model_type"], **kwargs)
+    except (Exception, SystemExit) as exc:
+        raise UsageError(f"MODEL {model!r}: transformers cannot read this config: {_where(exc)}") from None
+    archs = [a for a in data.get("architectures") or [] if hasattr(transformers, a)]
+    candidates: list[Any] = [getattr(transformers, a) for a in archs]
+    candidates += [transformers.AutoModelForCausalLM, transformers.AutoModel]
+    error: BaseException | None = None
+    for cls in candidates:
+        try:
+            with torch.device("meta"):
+                return cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
+        except ValueError as exc:  # an Auto class that does not know this config type: try the next one
+            error = exc
+        except (Exception, SystemExit) as exc:
+            raise UsageError(
+                f"MODEL {model!r}: building {cls.__name__} on the meta device failed: {_where(exc)}"
+            ) from None
+    raise UsageError(
+        f"MODEL {model!r}: transformers has no model for this config: {_where(error)}"
+        if error
+        else f"MODEL {model!r}: transformers has no model for this config"
+    )
+
+
+def build(model: str) -> torch.nn.Module:
+    if os.path.exists(model) or model.endswith(".json"):
+        import logging
+
+        logging.disable(logging.WARNING)  # optional backends transformers probes log their own absence
+        try:
+            return from_hf_config(model)
+        finally:
+            logging.disable(logging.NOTSET)
+    if ":" in model:
+        return from_import_path(model)
+    raise UsageError(
+        f"MODEL {model!r} is neither an import path (pkg.module:factory) nor an existing config.json file or directory"
+    )
+
+
+def summarize(name: str, model: torch.nn.Module) -> ModelSummary:
+    """Each parameter once (tied weights are shared), the module type that owns it, and DeepSpeed's "largest
+    layer": the module with the most parameters of its own."""
+    owners: dict[int, str] = {}
+    largest, largest_numel = "", 0
+    for mod_name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        for p in own:
+            owners.setdefault(id(p), type(module).__name__)
+        numel = sum(p.numel() for p in own)
+        if numel > largest_numel:
+            largest, largest_numel = mod_name or "(root)", numel
+    params = tuple(
+        ParameterInfo(n, tuple(p.shape), p.requires_grad, owners.get(id(p), type(model).__name__))
+        for n, p in model.named_parameters()
+    )
+    return ModelSummary(name, params, largest, largest_numel)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The command
+
+
+def estimate(model: ModelSummary, query: MemoryQuery, plugins: Plugins) -> list[MemoryRow]:
+    """Every plugin's rows (the kernel's single-process rows first), grouped by dtype in the order asked."""
+    answers = plugins.call_each("accel_estimate_memory", model=model, query=query)
+    answers.sort(key=lambda pair: (pair[0] != KERNEL, pair[0]))
+    return sorted_rows([row for _name, answer in answers for row in answer or ()], query.dtypes)
+
+
+def short_bytes(value: int) -> str:
+    """``1.86G``, ``32.0M``, ``160M``, ``512``: three significant digits, binary units, for table cells."""
+    for unit, size in UNITS:
+        if value >= size:
+            scaled = value / size
+            digits = 2 if scaled < 10 else 1 if scaled < 100 else 0
+            return f"{scaled:.{digits}f}{unit[0]}"
+    return str(value)
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) -> None:
+    """One table per dtype, in the terminal's width: the strategy and its options fold, the numbers do not."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"`{escape(model.name)}`: {_count(model.numel)} parameters ({_count(model.trainable_numel)} "
+        f"trainable), {format_bytes(4 * model.numel)} in fp32; largest layer `{escape(model.largest_layer)}`: "
+        f"{_count(model.largest_layer_numel)}",
+        highlight=False,
+    )
+    console.print(
+        f"Memory per process for {query.num_processes} process(es) with {query.optimizer}: parameters + "
+        "gradients + optimizer state, activations not included.",
+        highlight=False,
+    )
+    for dtype in query.dtypes:
+        shown = [r for r in rows if r.supported and r.dtype == dtype]
+        title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
+        table = Table(title=f"{title}; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)")
+        table.add_column("strategy", overflow="fold", min_width=24)
+        for column in ("params", "grads", "optim", "total", "CPU", "gathered"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for row in shown:
+            label = row.strategy if row.options == "-" else f"{row.strategy}: {row.options}"
+            values = (row.parameters, row.gradients, row.optimizer, row.total, row.cpu, row.gathered)
+            table.add_row(escape(label), *(short_bytes(v) if v or i < 4 else "-" for i, v in enumerate(values)))
+        console.print(table)
+    refused: dict[tuple[str, str, str], list[str]] = {}
+    for row in rows:
+        if not row.supported:
+            refused.setdefault((row.strategy, row.options, row.note), []).append(row.dtype)
+    for (strategy, options, note), dtypes in refused.items():
+        what = strategy if options == "-" else f"{strategy} {options}"
+        console.print(f"not supported: {escape(what)} ({','.join(dtypes)}): {escape(note)}", highlight=False)
+    console.print(
+        "CPU: moved to host memory by offloading. gathered: the largest layer a sharding strategy gathers at "
+        "once in forward/backward (on top of the total). Precision: bf16/fp16/fp8 train under autocast with fp32 weights (the master weights), fp32 "
+        "gradients and optimizer state, except where a strategy trains 16-bit weights (16-bit weights and "
+        "gradients + fp32 master weights, counted under optimizer).",
+        highlight=False,
+    )
+
+
+def estimate_memory_command(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    dtypes = dtypes_from(args.dtypes)
+    if args.num_processes < 1:
+        raise UsageError(f"--num_processes must be at least 1, got {args.num_processes}")
+    for value in args.blocked:
+        if not value.startswith("no:") or not value[3:]:
+            raise UsageError(f"-p expects no:NAME to leave a plugin out, got {value!r}")
+    plugins = Plugins.load(blocked=[v[3:] for v in args.blocked])
+    summary = summarize(args.model, build(args.model))
+    query = MemoryQuery(args.num_processes, dtypes, args.optimizer)
+    rows = estimate(summary, query, plugins)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": summary.name,
+                    "parameters": summary.numel,
+                    "trainable": summary.trainable_numel,
+                    "largest_layer": summary.largest_layer,
+                    "largest_layer_parameters": summary.largest_layer_numel,
+                    "num_processes": query.num_processes,
+                    "optimizer": query.optimizer,
+                    "rows": [r.as_dict() for r in rows],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print_table(summary, query, rows)
+    return 0
+
+
+__all__ = ["estimate_memory_command", "estimate", "summarize", "build"]

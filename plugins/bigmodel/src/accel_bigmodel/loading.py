@@ -1,0 +1,582 @@
+"""Stream a safetensors checkpoint into a (meta) model and dispatch it: ``load_checkpoint_in_model``,
+``dispatch_model`` and ``load_checkpoint_and_dispatch``.
+
+Checkpoints: one ``.safetensors`` file, or shards with a ``*.safetensors.index.json`` (Hugging Face's layout, which
+``Kernel.save_model`` writes too); a directory holding either. Tied weights stored once (``save_pretrained`` drops
+them, ``save_model`` records them as ``accel.aliases``) are filled from their twin.
+
+Memory: tensors are read one at a time through safetensors' memory map. CPU tensors whose dtype is unchanged are
+views of the map, as ``safetensors.torch.load_file`` gives them (their pages are read at first use and count in the
+process's resident memory from then on); so do not overwrite the checkpoint's files in place while the model is in
+use (writing new files and renaming them, as ``Kernel.save_model`` does, is safe). Where tensors are converted
+(``dtype``) or moved to an accelerator, the map is closed every ``CHUNK_BYTES`` so the pages read do not pile up.
+Disk-offloaded tensors are read from the checkpoint's own file at each forward when their dtype is unchanged, else
+from a converted copy written to ``offload_folder``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from accel import CheckpointError
+from accel_bigmodel.hooks import (
+    DiskTensor,
+    OffloadHook,
+    OffloadStore,
+    attach_io_same_device,
+    inputs_to,
+    remove_hooks,
+    set_tensor,
+)
+from accel_bigmodel.modeling import (
+    DISK,
+    Device,
+    DeviceMapError,
+    _dtype,
+    check_device_map,
+    compute_module_sizes,
+    device_of,
+    get_balanced_memory,
+    get_max_memory,
+    human,
+    infer_auto_device_map,
+    normalize_device,
+    target_dtype,
+    torch_device,
+)
+
+WEIGHTS = "model.safetensors"
+CHUNK_BYTES = 32 * 2**20  # reopen the memory map after reading this much (bounds the map's resident pages)
+AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+class CheckpointLoadError(CheckpointError, ValueError):
+    """A checkpoint that cannot be loaded as asked (one line: what is wrong and what to do)."""
+
+
+class CheckpointMismatch(CheckpointLoadError):
+    """The checkpoint's tensor names or shapes do not match the model's."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored tensor: its file, its name there, its safetensors dtype and shape."""
+
+    file: str
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _find(path: Path) -> tuple[list[Path], Path | None]:
+    """(files, index) of a checkpoint path: a file, an index json, or a directory holding one of them."""
+    if path.is_file():
+        if path.name.endswith(".json"):
+            return [], path
+        if path.suffix != ".safetensors":
+            raise CheckpointLoadError(
+                f"{path} is not a safetensors checkpoint: accel loads .safetensors files only "
+                "(save with safe_serialization=True, or convert with safetensors.torch.save_file)"
+            )
+        return [path], None
+    if not path.is_dir():
+        raise CheckpointLoadError(
+            f"checkpoint {path} does not exist: pass a .safetensors file, an index .json or a directory holding them"
+        )
+    if (path / WEIGHTS).is_file():
+        return [path / WEIGHTS], None
+    indexes = sorted(path.glob("*.safetensors.index.json"))
+    if len(indexes) == 1:
+        return [], indexes[0]
+    if len(indexes) > 1:
+        raise CheckpointLoadError(
+            f"{path} holds {len(indexes)} index files ({', '.join(p.name for p in indexes)}): pass the one to load"
+        )
+    singles = sorted(path.glob("*.safetensors"))
+    if len(singles) == 1:
+        return singles, None
+    raise CheckpointLoadError(
+        f"no {WEIGHTS} or *.safetensors.index.json in {path}"
+        + (
+            " (a PyTorch .bin checkpoint: accel loads safetensors only; save with safe_serialization=True)"
+            if any(path.glob("*.bin"))
+            else ""
+        )
+    )
+
+
+class CheckpointIndex:
+    """Every tensor of a checkpoint by name (aliases of tied weights included), read from the headers only."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str]) -> None:
+        self.path = Path(checkpoint)
+        files, index_path = _find(self.path)
+        aliases: dict[str, str] = {}
+        wanted: dict[Path, set[str] | None] = {f: None for f in files}
+        if index_path is not None:
+            try:
+                index = json.loads(index_path.read_text())
+                weight_map = index["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointLoadError(f"cannot read the index {index_path}: {exc}") from None
+            aliases = dict((index.get("metadata") or {}).get("accel.aliases") or {})
+            for name, shard in weight_map.items():
+                if Path(shard).name != shard:
+                    raise CheckpointLoadError(f"{index_path} names a shard outside its directory: {shard!r}")
+                found = wanted.setdefault(index_path.parent / shard, set())
+                assert found is not None
+                found.add(name)
+        self.entries: dict[str, Entry] = {}
+        for file, names in wanted.items():
+            if not file.is_file():
+                raise CheckpointLoadError(
+                    f"{index_path} lists the shard {file.name}, which is missing from {file.parent}"
+                )
+            with safe_open(os.fspath(file), framework="pt") as fh:
+                if index_path is None:
+                    aliases.update(json.loads((fh.metadata() or {}).get("accel.aliases", "{}")))
+                for key in fh.keys():
+                    if names is None or key in names:
+                        piece = fh.get_slice(key)
+                        self.entries[key] = Entry(os.fspath(file), key, piece.get_dtype(), tuple(piece.get_shape()))
+        for dropped, kept in aliases.items():
+            if kept in self.entries and dropped not in self.entries:
+                self.entries[dropped] = self.entries[kept]
+
+
+# ---- matching the model ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    """A tensor of the model: where it is, what it was, and what to load into it."""
+
+    name: str
+    module: nn.Module
+    local: str
+    is_param: bool
+    original: torch.Tensor
+    entry: Entry | None = None
+
+
+def model_slots(model: nn.Module) -> dict[str, Slot]:
+    """Every parameter and buffer by full name, tied ones under each of their names."""
+    slots: dict[str, Slot] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for local, param in module._parameters.items():
+            if param is not None:
+                slots[prefix + local] = Slot(prefix + local, module, local, True, param)
+        for local, buf in module._buffers.items():
+            if buf is not None:
+                slots[prefix + local] = Slot(prefix + local, module, local, False, buf)
+    return slots
+
+
+def _persistent(slot: Slot) -> bool:
+    return slot.is_param or slot.local not in slot.module._non_persistent_buffers_set
+
+
+def match(model: nn.Module, index: CheckpointIndex, strict: bool) -> dict[str, Slot]:
+    """Slots with their checkpoint entries; a missing tensor (not filled by a tied twin), a shape mismatch, or with
+    ``strict`` an unexpected tensor raises :class:`CheckpointMismatch` listing the first ones."""
+    slots = model_slots(model)
+    by_tensor: dict[int, Entry] = {}
+    for name, slot in slots.items():
+        entry = index.entries.get(name)
+        if entry is not None:
+            slot.entry = entry
+            by_tensor.setdefault(id(slot.original), entry)
+    for slot in slots.values():  # tied twins the checkpoint stores once
+        if slot.entry is None and id(slot.original) in by_tensor:
+            slot.entry = by_tensor[id(slot.original)]
+    missing = [n for n, s in slots.items() if s.entry is None and _persistent(s)]
+    unexpected = [n for n in index.entries if n not in slots]
+    where = f"checkpoint {index.path}"
+    if missing or (strict and unexpected):
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} model tensor(s) missing from it, first: {', '.join(missing[:5])}")
+        if unexpected:
+            parts.append(
+                f"{len(unexpected)} checkpoint tensor(s) the model does not have, first: {', '.join(unexpected[:5])}"
+            )
+        raise CheckpointMismatch(
+            f"{where} does not match the model: {'; '.join(parts)}; check that it was saved from "
+            "this model class and config (a renamed or prefixed module?)"
+        )
+    if unexpected:
+        warnings.warn(
+            f"{where}: {len(unexpected)} tensor(s) the model does not have were not loaded, first: "
+            f"{', '.join(unexpected[:5])}",
+            stacklevel=3,
+        )
+    shapes = [
+        f"{n} {tuple(s.entry.shape)} vs model {tuple(s.original.shape)}"
+        for n, s in slots.items()
+        if s.entry is not None and tuple(s.entry.shape) != tuple(s.original.shape)
+    ]
+    if shapes:
+        raise CheckpointMismatch(
+            f"{where} does not match the model: {len(shapes)} tensor(s) have another shape, "
+            f"first: {'; '.join(shapes[:3])}; check the model's config"
+        )
+    return slots
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------------
+
+
+def execution_device(device_map: Mapping[str, int | str]) -> torch.device:
+    """Where offloaded modules run: the first accelerator of the map, else the CPU."""
+    for device in device_map.values():
+        if device not in ("cpu", DISK):
+            return torch_device(device)
+    return torch.device("cpu")
+
+
+OFFLOAD = "offload"  # kept in CPU memory, loaded onto the execution device for each forward
+
+
+def placement(
+    name: str, is_param: bool, device_map: Mapping[str, int | str], main: torch.device, offload_buffers: bool
+) -> torch.device | str:
+    """DISK, OFFLOAD, or the device a tensor lives on. Buffers are offloaded only with ``offload_buffers``
+    (otherwise they live on the execution device)."""
+    device = device_of(name, device_map)
+    offloadable = is_param or offload_buffers
+    if device == DISK:
+        return DISK if offloadable else main
+    if device == "cpu":
+        if main.type == "cpu":
+            return main
+        return OFFLOAD if offloadable else main
+    assert device is not None
+    return torch_device(device)
+
+
+def _chunks(items: list[Slot]) -> Iterable[list[Slot]]:
+    chunk: list[Slot] = []
+    size = 0
+    for slot in items:
+        chunk.append(slot)
+        size += slot.original.numel() * slot.original.element_size()
+        if size >= CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _load(
+    model: nn.Module,
+    slots: Mapping[str, Slot],
+    device_map: Mapping[str, int | str],
+    dtype: torch.dtype | None,
+    offload_folder: str | os.PathLike[str] | None,
+    offload_buffers: bool,
+) -> OffloadStore:
+    """Load every slot that has an entry: resident ones on their device, disk ones recorded in the returned store
+    (and set to meta)."""
+    main = execution_device(device_map)
+    store = OffloadStore()
+    resident: dict[str, list[Slot]] = {}
+    convert: dict[str, list[Slot]] = {}
+    for name, slot in slots.items():
+        if slot.entry is None:
+            continue
+        dtype_to = target_dtype(slot.original, dtype)
+        if placement(name, slot.is_param, device_map, main, offload_buffers) == DISK:
+            set_tensor(
+                slot.module, slot.local, torch.empty(slot.original.shape, dtype=dtype_to, device="meta"), slot.is_param
+            )
+            if str(dtype_to) == str(_ST_DTYPES.get(slot.entry.dtype)):
+                store.disk[name] = DiskTensor(slot.entry.file, slot.entry.key, dtype_to)
+            else:
+                convert.setdefault(slot.entry.file, []).append(slot)
+        else:
+            resident.setdefault(slot.entry.file, []).append(slot)
+    loaded: dict[tuple[int, str], Any] = {}  # (original tensor, device) -> loaded parameter/buffer (tied weights)
+    for file, items in resident.items():
+        for chunk in _chunks(items):
+            # a chunk with a conversion or an accelerator copy is copied whole, so no CPU view keeps its map (and
+            # the pages read for the others) alive
+            copy = any(
+                str(target_dtype(s.original, dtype)) != str(_ST_DTYPES.get(s.entry.dtype))
+                or placement(s.name, s.is_param, device_map, main, offload_buffers)
+                not in (OFFLOAD, torch.device("cpu"))
+                for s in chunk
+                if s.entry is not None
+            )
+            with safe_open(file, framework="pt", device="cpu") as fh:
+                for slot in chunk:
+                    assert slot.entry is not None
+                    where = placement(slot.name, slot.is_param, device_map, main, offload_buffers)
+                    where = torch.device("cpu") if where == OFFLOAD else where
+                    assert isinstance(where, torch.device)
+                    key = (id(slot.original), str(where))
+                    if key in loaded:
+                        holder = slot.module._parameters if slot.is_param else slot.module._buffers
+                        holder[slot.local] = loaded[key]
+                        continue
+                    tensor = fh.get_tensor(slot.entry.key)
+                    dtype_to = target_dtype(slot.original, dtype)
+                    if tensor.dtype != dtype_to:
+                        tensor = tensor.to(dtype_to)
+                    elif copy and where.type == "cpu":
+                        tensor = tensor.clone()
+                    set_tensor(slot.module, slot.local, tensor.to(where), slot.is_param, slot.original.requires_grad)
+                    holder = slot.module._parameters if slot.is_param else slot.module._buffers
+                    loaded[key] = holder[slot.local]
+    if convert:
+        assert offload_folder is not None
+        for file, items in convert.items():
+            for chunk in _chunks(items):
+                with safe_open(file, framework="pt", device="cpu") as fh:
+                    for slot in chunk:
+                        assert slot.entry is not None
+                        target = os.path.join(offload_folder, f"{slot.name}.safetensors")
+                        dtype_to = target_dtype(slot.original, dtype)
+                        save_file({slot.name: fh.get_tensor(slot.entry.key).to(dtype_to).contiguous()}, target)
+                        store.disk[slot.name] = DiskTensor(target, slot.name, dtype_to)
+    if offload_folder is not None and store.disk:
+        store.write_index(offload_folder)
+    return store
+
+
+_ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def _still_meta(model: nn.Module, store: OffloadStore) -> None:
+    left = [n for n, s in model_slots(model).items() if s.original.is_meta and n not in store]
+    if left:
+        raise CheckpointMismatch(
+            f"{len(left)} tensor(s) are still on the meta device after loading (not in the checkpoint), first: "
+            f"{', '.join(left[:5])}; build the model with init_empty_weights(include_buffers=False) so buffers "
+            "computed at construction keep their values"
+        )
+
+
+# ---- dispatch --------------------------------------------------------------------------------------------------------
+
+
+def _dispatch(
+    model: nn.Module,
+    device_map: Mapping[str, int | str],
+    store: OffloadStore,
+    offload_buffers: bool,
+    main: torch.device | None = None,
+) -> nn.Module:
+    """Attach the hooks: offloaded tensors loaded just in time on the main device; inputs moved to each entry's
+    device when more than one device computes."""
+    main = main or execution_device(device_map)
+    remove_hooks(model)
+    handles: list[Any] = []
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        own: dict[str, str] = {}
+        for local, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            if tensor is None:
+                continue
+            full = prefix + local
+            is_param = local in module._parameters
+            if placement(full, is_param, device_map, main, offload_buffers) == OFFLOAD and not tensor.is_meta:
+                store.cpu[full] = tensor.detach()
+                set_tensor(module, local, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"), is_param)
+            if full in store:
+                own[local] = full
+        if own:
+            hook = OffloadHook(module, own, store, main)
+            handles.append(module.register_forward_pre_hook(hook.pre))
+            handles.append(module.register_forward_hook(hook.post, always_call=True))
+    run_on = {main if d in ("cpu", DISK) else torch_device(d) for d in device_map.values()}
+    if run_on != {torch.device("cpu")}:
+        modules = dict(model.named_modules())
+        for name, device in device_map.items():
+            if name in modules:
+                target = main if device in ("cpu", DISK) else torch_device(device)
+                handles.append(modules[name].register_forward_pre_hook(inputs_to(target), with_kwargs=True))
+        handles += attach_io_same_device(model)
+    model._accel_bigmodel_hooks = handles  # type: ignore[assignment]
+    model.hf_device_map = dict(device_map)  # type: ignore[assignment]  # what transformers and users read
+    return model
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: Mapping[str, Device],
+    main_device: Device | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    offload_buffers: bool = False,
+) -> nn.Module:
+    """Dispatch a model whose weights are loaded (or on meta for ``"disk"`` entries, with ``offload_dir`` holding
+    the ``index.json`` that :func:`load_checkpoint_in_model` wrote): resident tensors are moved to their device,
+    ``"cpu"`` entries are offloaded to CPU memory when an accelerator computes, ``"disk"`` entries are written to
+    ``offload_dir`` (or found there) and read at each forward. Offloaded modules run on ``main_device`` (default:
+    the first accelerator of the map, else the CPU)."""
+    dmap = OrderedDict((name, normalize_device(d)) for name, d in device_map.items())
+    check_device_map(model, dmap, None, None)
+    main = execution_device(dmap) if main_device is None else torch_device(normalize_device(main_device))
+    store = OffloadStore()
+    index: dict[str, Any] = {}
+    if offload_dir is not None and os.path.isfile(os.path.join(offload_dir, "index.json")):
+        with open(os.path.join(offload_dir, "index.json")) as fh:
+            index = json.load(fh)
+    for name, slot in model_slots(model).items():
+        where = placement(name, slot.is_param, dmap, main, offload_buffers)
+        tensor = slot.original
+        if where == DISK:
+            if tensor.is_meta:
+                if name not in index:
+                    raise DeviceMapError(
+                        f"{name} is on meta and not in {offload_dir}/index.json: load it with "
+                        "load_checkpoint_in_model(..., offload_folder=...) first"
+                    )
+                info = index[name]
+                store.disk[name] = DiskTensor(
+                    info["safetensors_file"], info["weight_name"], getattr(torch, info["dtype"])
+                )
+                continue
+            if offload_dir is None:
+                raise DeviceMapError(f"device_map puts {name} on disk: pass offload_dir=DIR (a folder for its weights)")
+            os.makedirs(offload_dir, exist_ok=True)
+            target = os.path.join(offload_dir, f"{name}.safetensors")
+            save_file({name: tensor.detach().cpu().contiguous()}, target)
+            store.disk[name] = DiskTensor(target, name, tensor.dtype)
+            set_tensor(
+                slot.module, slot.local, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"), slot.is_param
+            )
+        elif not tensor.is_meta:
+            where = torch.device("cpu") if where == OFFLOAD else where
+            if tensor.device != where:
+                set_tensor(slot.module, slot.local, tensor.detach().to(where), slot.is_param, tensor.requires_grad)
+    if offload_dir is not None and store.disk:
+        store.write_index(offload_dir)
+    return _dispatch(model, dmap, store, offload_buffers, main)
+
+
+# ---- the entry points ------------------------------------------------------------------------------------------------
+
+
+def _resolve_map(
+    model: nn.Module,
+    device_map: str | Mapping[str, Device] | None,
+    max_memory: Mapping[Device, int | str] | None,
+    no_split: list[str] | None,
+    dtype: torch.dtype | None,
+) -> tuple[OrderedDict[str, int | str], bool]:
+    if isinstance(device_map, str):
+        if device_map not in AUTO_MAPS:
+            raise DeviceMapError(f"device_map={device_map!r} is not one of {', '.join(AUTO_MAPS)} or a dict")
+        budgets: Mapping[Any, int | str] | None = max_memory
+        if device_map != "sequential":
+            budgets = get_balanced_memory(model, max_memory, no_split, dtype, low_zero=device_map == "balanced_low_0")
+        return infer_auto_device_map(model, budgets, no_split, dtype), True
+    if device_map is None:
+        first = next((t.device for t in model.parameters() if not t.is_meta), torch.device("cpu"))
+        return OrderedDict([("", normalize_device(first))]), False
+    dmap = OrderedDict((name, normalize_device(d)) for name, d in device_map.items())
+    check_device_map(model, dmap, max_memory, dtype)
+    return dmap, False
+
+
+def _check_offload_folder(
+    model: nn.Module,
+    device_map: Mapping[str, int | str],
+    offload_folder: Any,
+    inferred: bool,
+    max_memory: Mapping[Device, int | str] | None,
+    dtype: torch.dtype | None,
+) -> None:
+    on_disk = [n for n, d in device_map.items() if d == DISK]
+    if not on_disk:
+        return
+    if offload_folder is None:
+        sizes = compute_module_sizes(model, dtype=dtype)
+        total = sum(sizes.get(n, 0) for n in on_disk)
+        why = ""
+        if inferred:
+            budgets = ", ".join(f"{d}: {human(b)}" for d, b in get_max_memory(max_memory).items())
+            why = f" because the model ({human(sizes[''])}) exceeds max_memory ({budgets})"
+        raise DeviceMapError(
+            f"device_map puts {human(total)} of weights on disk (from {on_disk[0]!r} on){why}: pass "
+            "offload_folder=DIR, or raise max_memory"
+        )
+    os.makedirs(offload_folder, exist_ok=True)
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, Device] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    strict: bool = False,
+) -> None:
+    """Stream ``checkpoint`` into ``model``: each tensor onto its ``device_map`` device; ``"disk"`` tensors stay on
+    meta and are recorded in ``offload_folder/index.json`` (for :func:`dispatch_model`). ``offload_state_dict`` is
+    accepted for Accelerate compatibility: loading always streams, so there is nothing to offload."""
+    del offload_state_dict
+    dtype_ = _dtype(dtype)
+    index = CheckpointIndex(checkpoint)
+    slots = match(model, index, strict)
+    dmap, _ = _resolve_map(model, device_map, None, None, dtype_)
+    _check_offload_folder(model, dmap, offload_folder, False, None, dtype_)
+    store = _load(model, slots, dmap, dtype_, offload_folder, offload_buffers)
+    _still_meta(model, store)  # _load wrote offload_folder/index.json for dispatch_model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: str | Mapping[str, Device] | None = None,
+    max_memory: Mapping[Device, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    strict: bool = False,
+) -> nn.Module:
+    """Load a safetensors checkpoint into ``model`` (typically built under :func:`init_empty_weights`) and dispatch
+    it over ``device_map``: ``"auto"``/``"balanced"``/``"balanced_low_0"``/``"sequential"`` (computed with
+    :func:`infer_auto_device_map` from ``max_memory``) or a dict ``{module name: device}`` (checked against
+    ``max_memory`` when given). Weights are streamed one tensor at a time; ``"cpu"`` entries are offloaded to CPU
+    memory when an accelerator computes, ``"disk"`` entries are read at each forward (``offload_folder`` required).
+    Returns ``model``, whose ``hf_device_map`` is the device map used."""
+    del offload_state_dict  # Accelerate's RAM-saving option: loading always streams here
+    dtype_ = _dtype(dtype)
+    index = CheckpointIndex(checkpoint)
+    slots = match(model, index, strict)
+    dmap, inferred = _resolve_map(model, device_map, max_memory, no_split_module_classes, dtype_)
+    _check_offload_folder(model, dmap, offload_folder, inferred, max_memory, dtype_)
+    store = _load(model, slots, dmap, dtype_, offload_folder, offload_buffers)
+    _still_meta(model, store)
+    return _dispatch(model, dmap, store, offload_buffers)

@@ -1,0 +1,40 @@
+"""``accel estimate-memory`` rows for DistributedDataParallel (no torch import).
+
+Every process holds the whole model: fp32 weights, fp32 gradients and fp32 optimizer state (autocast leaves them
+fp32 for bf16/fp16/fp8). DDP's reducer also keeps its gradient buckets, one more fp32 copy of the trainable
+gradients, unless ``ddp_gradient_as_bucket_view`` makes the gradients views into them.
+"""
+
+from __future__ import annotations
+
+from accel.memory import MemoryQuery, MemoryRow, ModelSummary, replicated
+
+
+def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    out = []
+    for dtype in query.dtypes:
+        states = replicated(model, query)
+        buckets = 4 * model.trainable_numel
+        out.append(
+            MemoryRow(
+                "DDP",
+                "default",
+                dtype,
+                query.num_processes,
+                states.parameters,
+                states.gradients + buckets,
+                states.optimizer,
+            )
+        )
+        out.append(
+            MemoryRow(
+                "DDP",
+                "gradient_as_bucket_view",
+                dtype,
+                query.num_processes,
+                states.parameters,
+                states.gradients,
+                states.optimizer,
+            )
+        )
+    return out

@@ -1,0 +1,367 @@
+"""accel-plugin-parallel: the entry-point module. Cheap to import: no torch here (see ``strategy.py``).
+
+Trains on an N-dimensional device mesh built from Accelerate's ``parallelism_config`` sizes: data-parallel
+replication (``dp_replicate``), data-parallel sharding (``dp_shard``, FSDP2), context parallel (``cp``) and tensor
+parallel (``tp``). It takes part when selected (``--plugin parallel``, Accelerate's ``--use_parallelism_config``,
+``Kernel(plugins=["parallel"])``) or when ``Kernel(parallelism_config=...)`` is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
+from accel.hardware import nvidia_gpus
+
+if TYPE_CHECKING:
+    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+
+NAME = "parallel"
+accel_components = ["accel_parallel.strategy:ParallelStrategy"]
+
+#: The mesh dimensions in Accelerate's order (``ParallelismConfig._get_mesh``): outermost first, tp innermost.
+DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
+#: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
+FIELDS = (
+    "dp_replicate_size",
+    "dp_shard_size",
+    "tp_size",
+    "cp_size",
+    "cp_backend",
+    "sp_size",
+    "sp_backend",
+    "tp_handler",
+    "cp_handler",
+    "sp_handler",
+    "device_mesh",
+)
+#: Tensor-parallel styles a plan may name (Hugging Face's names for the same ``torch.distributed.tensor.parallel``
+#: styles are accepted: ``colwise_rep``, ``rowwise_rep``, ``sequence_parallel``).
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "rowwise_rep",
+    "colwise_gather_output",
+    "embedding_rowwise",
+    "sequence",
+    "sequence_parallel",
+)
+
+
+def _sp_size_one(value: Any) -> str | None:
+    return (
+        None
+        if value == 1
+        else (
+            "is sequence parallelism (DeepSpeed ALST/Ulysses), which accel-plugin-parallel "
+            "does not provide; use parallelism_config_cp_size for long sequences"
+        )
+    )
+
+
+def _tp_plan(value: Any) -> str | None:
+    bad = sorted(str(s) for s in value.values() if str(s) not in TP_STYLES)
+    return f"names unknown tensor-parallel style(s) {', '.join(bad)} (known: {', '.join(TP_STYLES)})" if bad else None
+
+
+@hookimpl
+def accel_add_options(options: Options) -> None:
+    def size(dim: str, what: str) -> None:
+        name = f"parallelism_config_{dim}_size"
+        options.add(
+            name,
+            type="int",
+            default=1,
+            minimum=1,
+            config_key=f"parallelism_config.{name}",
+            env=(name.upper(),),
+            help=what,
+        )
+
+    size(
+        "dp_replicate",
+        "Mesh dimension dp_replicate: processes holding full replicas of the (dp_shard-sharded) "
+        "model, gradients all-reduced (HSDP with dp_shard > 1).",
+    )
+    size(
+        "dp_shard",
+        "Mesh dimension dp_shard: processes over which parameters, gradients and optimizer state are sharded (FSDP2).",
+    )
+    size(
+        "tp",
+        "Mesh dimension tp: processes that split each layer's weights (tensor parallel); they read the same batch.",
+    )
+    size(
+        "cp",
+        "Mesh dimension cp: processes that split each sequence (context parallel, CUDA only); they read the "
+        "same batch.",
+    )
+    options.add(
+        "parallelism_config_cp_backend",
+        default="torch",
+        choices=("torch",),
+        config_key="parallelism_config.parallelism_config_cp_backend",
+        env=("PARALLELISM_CONFIG_CP_BACKEND",),
+        help="Context-parallel backend (torch's context_parallel).",
+    )
+    options.add(
+        "parallelism_config_cp_comm_strategy",
+        default="allgather",
+        choices=("allgather", "alltoall"),
+        config_key="parallelism_config.parallelism_config_cp_comm_strategy",
+        env=("PARALLELISM_CONFIG_CP_COMM_STRATEGY",),
+        help="How context-parallel attention exchanges keys and values (torch's rotate method).",
+    )
+    options.add(
+        "parallelism_config_sp_size",
+        type="int",
+        default=1,
+        minimum=1,
+        check=_sp_size_one,
+        config_key="parallelism_config.parallelism_config_sp_size",
+        env=("PARALLELISM_CONFIG_SP_SIZE",),
+        help="Accelerate's DeepSpeed sequence-parallel size; only 1 is accepted.",
+    )
+    options.add(
+        "parallelism_config_sp_backend",
+        default="deepspeed",
+        choices=("deepspeed",),
+        cli=False,
+        config_key="parallelism_config.parallelism_config_sp_backend",
+        help="Accelerate's sequence-parallel backend (accepted, unused: sp_size is 1).",
+    )
+    options.add(
+        "parallelism_config_tp_plan",
+        type="mapping",
+        default=None,
+        check=_tp_plan,
+        config_key="parallelism_config.parallelism_config_tp_plan",
+        help="Tensor-parallel plan: JSON object of module-name patterns (fnmatch, e.g. 'layers.*.mlp.up_proj') "
+        "to styles (colwise, rowwise, colwise_rep, rowwise_rep, embedding_rowwise, sequence). "
+        "Default: the model's Hugging Face tp_plan (base_model_tp_plan and its head's).",
+    )
+    options.add(
+        "parallelism_config",
+        type="mapping",
+        default=None,
+        cli=False,
+        config_key="parallelism_config.parallelism_config_object",
+        help="Kernel argument: Accelerate's ParallelismConfig (or a dict of its fields); its sizes win over "
+        "the parallelism_config_* flags and file keys.",
+    )
+
+
+@hookimpl
+def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
+    return nvidia_gpus(env)
+
+
+@hookimpl
+def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
+    """Rows of ``accel estimate-memory`` for each mesh shape (arithmetic only, see ``accel_parallel.memory``)."""
+    from accel_parallel.memory import rows
+
+    return rows(model, query)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshPlan:
+    """The mesh sizes, in :data:`DIMS` order, and what each rank's coordinates are. No torch needed."""
+
+    sizes: tuple[int, int, int, int]  # dp_replicate, dp_shard, cp, tp
+
+    @property
+    def world(self) -> int:
+        out = 1
+        for s in self.sizes:
+            out *= s
+        return out
+
+    def size(self, dim: str) -> int:
+        return self.sizes[DIMS.index(dim)]
+
+    @property
+    def dp_size(self) -> int:
+        return self.size("dp_replicate") * self.size("dp_shard")
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The coordinate of ``rank`` along each dimension (row-major, as ``init_device_mesh`` lays ranks out)."""
+        out: dict[str, int] = {}
+        for dim, s in reversed(list(zip(DIMS, self.sizes, strict=True))):
+            out[dim] = rank % s
+            rank //= s
+        return {d: out[d] for d in DIMS}
+
+    def dp_index(self, rank: int) -> int:
+        """Which data shard ``rank`` reads: its position on the data-parallel dims (dp_replicate x dp_shard)."""
+        c = self.coords(rank)
+        return c["dp_replicate"] * self.size("dp_shard") + c["dp_shard"]
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """The ranks that form each group along ``dim`` (they differ only in their ``dim`` coordinate)."""
+        found: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world):
+            c = self.coords(rank)
+            found.setdefault(tuple(v for d, v in c.items() if d != dim), []).append(rank)
+        return list(found.values())
+
+    def describe(self) -> list[str]:
+        """Lines for ``accel launch --dry-run``: every dimension with its size and groups, and the data shards."""
+        lines = [
+            "mesh: "
+            + " x ".join(f"{d}={s}" for d, s in zip(DIMS, self.sizes, strict=True))
+            + f" ({self.world} processes)"
+        ]
+        for dim in DIMS:
+            if self.size(dim) > 1:
+                lines.append(
+                    f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim))
+                )
+        shards: dict[int, list[int]] = {}
+        for rank in range(self.world):
+            shards.setdefault(self.dp_index(rank), []).append(rank)
+        lines.append(
+            f"  data shards ({self.dp_size}): "
+            + " ".join(f"{i}:[" + ",".join(map(str, r)) + "]" for i, r in sorted(shards.items()))
+        )
+        return lines
+
+
+def _field(obj: Mapping[str, Any], name: str) -> Any:
+    value = obj.get(name)
+    return obj.get(f"parallelism_config_{name}") if value is None else value
+
+
+def mesh_plan(settings: Settings) -> MeshPlan:
+    """The mesh sizes: ``Kernel(parallelism_config=...)`` (Accelerate's object or a dict) wins for the sizes it
+    holds; the rest come from the ``parallelism_config_*`` options (flags, file, environment)."""
+    given: Mapping[str, Any] = settings.get("parallelism_config") or {}
+    unknown = sorted(k for k in given if k not in FIELDS and k.removeprefix("parallelism_config_") not in FIELDS)
+    if unknown:
+        raise UsageError(
+            f"Kernel(parallelism_config=...) has unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS[:6])}"
+        )
+    sp = _field(given, "sp_size")
+    if sp not in (None, 1):
+        raise UsageError(f"parallelism_config sp_size={sp}: {_sp_size_one(sp)}")
+    sizes = []
+    for dim in DIMS:
+        value = _field(given, f"{dim}_size")
+        if value is None:
+            value = settings[f"parallelism_config_{dim}_size"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"parallelism_config {dim}_size must be a whole number >= 1, got {value!r}")
+        sizes.append(value)
+    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]))
+
+
+def check_plan(plan: MeshPlan, world: int, where: str) -> None:
+    if plan.world != world:
+        raise UsageError(
+            f"{where}: parallelism_config sizes dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
+            f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
+            f"process(es); make the product equal the number of processes (--num_processes {plan.world})"
+        )
+
+
+def cp_refusal(settings: Settings, cuda: bool) -> str | None:
+    """Why context parallelism cannot run here, or None. torch's ``context_parallel`` rewrites scaled dot-product
+    attention into ring attention built on CUDA-only SDPA kernels (flash / memory-efficient / cuDNN)."""
+    if settings["cpu"] or not cuda:
+        return (
+            "parallelism_config_cp_size > 1 needs CUDA: torch's context_parallel shards scaled dot-product "
+            'attention only for its CUDA kernels; on the CPU torch fails with "NotImplementedError: Operator '
+            "aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
+            'registered."; set parallelism_config_cp_size 1 or run on CUDA GPUs'
+        )
+    return None
+
+
+def _given(settings: Settings) -> bool:
+    keys = [f"parallelism_config_{d}_size" for d in DIMS] + ["parallelism_config"]
+    return any(settings.sources.get(k, "default") != "default" for k in keys)
+
+
+@hookimpl
+def accel_activate(settings: Settings) -> object | None:
+    given = _given(settings)
+    if not settings.is_selected(NAME):
+        if settings.sources.get("parallelism_config", "default") != "default":
+            pass  # Kernel(parallelism_config=...) is Accelerate's way to ask for it: take part
+        elif given and settings.selected:
+            raise UsageError(
+                f"parallelism_config sizes are set, but {', '.join(settings.selected)} is selected; "
+                "N-D parallelism needs --plugin parallel (or --use_parallelism_config), which applies "
+                "FSDP2 itself on the data-parallel dims"
+            )
+        elif given and any(settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in DIMS):
+            raise UsageError(
+                "parallelism_config sizes given, but plugin 'parallel' is not selected; add "
+                "--plugin parallel (or --use_parallelism_config, or Kernel(plugins=['parallel']))"
+            )
+        else:
+            return None
+    plan = mesh_plan(settings)
+    where = "accel launch" if settings.phase == "launch" else "Kernel()"
+    check_plan(plan, settings.world_size, where)
+    if plan.size("cp") > 1:
+        why = cp_refusal(settings, nvidia_gpus(settings.env) is not None)
+        if why:
+            raise UsageError(why)
+    if settings.mixed_precision not in ("no", "bf16"):
+        raise UsageError(
+            f"mixed_precision={settings.mixed_precision} is not supported with --plugin parallel; use "
+            "bf16 (FSDP's MixedPrecisionPolicy) or no"
+        )
+    from accel_parallel.strategy import ParallelStrategy
+
+    return ParallelStrategy(settings, plan)
+
+
+def load_sharded(
+    kernel: Any,
+    directory: str | os.PathLike[str],
+    *,
+    model: Any,
+    optimizer: Any = None,
+    model_key: str = "model",
+    optimizer_key: str = "optimizer",
+) -> None:
+    """Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin
+    parallel``, on any mesh (any sizes, any number of processes, one included): torch.distributed.checkpoint
+    reshards them. Use it to continue on a different mesh (``load_state`` also restores per-process random states
+    and dataloader positions, so it needs the same number of processes). Call it on every process after
+    ``prepare``; the keys are the checkpoint's item names (``model``, ``optimizer``, ``model_1``, ...)."""
+    from pathlib import Path
+
+    from accel_parallel.strategy import ParallelStrategy
+
+    comp = next((c for c in kernel.components if isinstance(c, ParallelStrategy)), None)
+    if comp is None:
+        raise UsageError("load_sharded needs a Kernel running with --plugin parallel")
+    comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
+
+
+def context_parallel(
+    kernel: Any,
+    buffers: list[Any] | None = None,
+    buffer_seq_dims: list[int] | None = None,
+    no_restore_buffers: set[Any] | None = None,
+) -> Any:
+    """Accelerate's ``maybe_context_parallel``: the context in which the forward and backward of one batch run with
+    their sequence split over the ``cp`` dimension. ``buffers`` (input ids, labels, position ids...) are split in
+    place along ``buffer_seq_dims`` and restored on exit (except ``no_restore_buffers``); scaled dot-product
+    attention inside becomes ring attention. Without context parallelism (cp size 1, or another strategy) it is
+    a no-op context, so one script runs either way."""
+    import contextlib
+
+    from accel_parallel.strategy import ParallelStrategy
+
+    comp = next((c for c in kernel.components if isinstance(c, ParallelStrategy)), None)
+    if comp is None or comp.plan.size("cp") == 1:
+        return contextlib.nullcontext()
+    return comp.context_parallel(buffers or [], buffer_seq_dims or [], no_restore_buffers or set())
