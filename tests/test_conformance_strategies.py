@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from accel.testing.conformance import StrategyConformance
 
 #: Where DeepSpeed builds its CPU ops (the shm communication op) once, as tests/test_deepspeed.py does.
