@@ -37,7 +37,7 @@ lint: setup
 	@status=0; \
 	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
 	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
-	echo "mypy"; $(BIN)/mypy kernel/src/accel $(wildcard plugins/*/src/accel_*) || status=1; \
+	echo "mypy"; $(BIN)/mypy kernel/src/accel $(filter-out %.egg-info,$(wildcard plugins/*/src/accel_*)) || status=1; \
 	exit $$status
 
 test-fast: setup

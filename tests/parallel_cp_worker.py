@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accel import Kernel
 from torch import nn
+
+from accel import Kernel
 
 B, S, D, H, V, STEPS = 2, 64, 32, 4, 50, 4
 

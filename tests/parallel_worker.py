@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 
 import torch
-from accel import Kernel
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
 
 STEPS = 6
 GLOBAL_BATCH = 8

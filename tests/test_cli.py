@@ -131,7 +131,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(env, tmp_path):
     out = result.stdout
     assert "active plugins: ddp (strategy)" in out
     # which plugin answers each hook
-    assert re.search(r"^  accel_wrap_model: ddp:strategy \(then accel\)$", out, re.M), out
+    assert re.search(r"^  accel_prepare_training: ddp:strategy \(then accel\)$", out, re.M), out
     assert re.search(r"^  accel_backward: accel$", out, re.M), out
     assert re.search(r"^  accel_detect_hardware: each of ddp, accel$", out, re.M), out
     # the exact launcher command, with the script and its arguments

@@ -190,3 +190,24 @@ def test_kernel_refuses_it_with_the_reason(env, kwargs):
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert line.startswith("USAGE ") and MISMATCH in line, line
     assert "ERROR! Intel" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("provides, refused", [({"distributed", "sharding"}, True), ({"distributed"}, False)])
+def test_strategies_are_refused_by_their_sharding_declaration_not_their_name(provides, refused):
+    """The component refuses a strategy that declares ``sharding`` (whatever its name) and accepts one that does not
+    (it then goes on to import IPEX, which fails here for another reason)."""
+    from types import SimpleNamespace
+
+    from accel import Component, UsageError
+    from accel.options import Settings, resolve
+    from accel.plugins import Plugins
+    from accel_ipex.optimizer import IpexOptimizer
+
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": "ipex"})
+    values, sources = resolve(plugins.options(), kwargs={}, env={})
+    component = IpexOptimizer(Settings(values, sources, world_size=1, phase="run", env={}))
+    strategy = Component()
+    strategy.name, strategy.role, strategy.provides = "anyname", "strategy", frozenset(provides)
+    with pytest.raises(UsageError) as info:
+        component.accel_setup(SimpleNamespace(components=[strategy, component]))
+    assert ("cannot be combined with the 'anyname' strategy" in str(info.value)) == refused, info.value

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from accel import Kernel, UsageError
 from accel_parallel import MeshPlan
 

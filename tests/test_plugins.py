@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -76,7 +78,7 @@ def test_broken_plugins_are_reported_and_isolated(env):
     assert misspelt["status"] == "failed"
     assert "unknown hook 'accel_add_option'" in misspelt["reason"] and "accel_add_options" in misspelt["reason"]
     assert leaky["status"] == "failed"
-    assert "accel_wrap_model at module level" in leaky["reason"]
+    assert "accel_prepare_dataloader at module level" in leaky["reason"]
     assert all(found[n]["hooks"] == [] for n in ("broken", "misspelt", "leaky"))
     # the others keep working
     assert found["hello"]["status"] == "active" and found["ddp"]["status"] == "active"
@@ -191,7 +193,7 @@ def test_selecting_a_disabled_plugin_is_an_error(env, extra, args, needles):
     [
         ("broken", ["plugin 'broken'", "accel-plugin-broken 0.1.0", "RuntimeError: accel_broken cannot be imported"]),
         ("misspelt", ["plugin 'misspelt'", "unknown hook 'accel_add_option'"]),
-        ("leaky", ["plugin 'leaky'", "accel_wrap_model at module level"]),
+        ("leaky", ["plugin 'leaky'", "accel_prepare_dataloader at module level"]),
     ],
 )
 def test_requesting_a_failed_plugin_is_one_line(env, name, needles):
@@ -217,13 +219,64 @@ def test_component_with_misspelt_hook_is_an_error_naming_the_plugin():
         role = "observer"
 
         @hookimpl
-        def accel_wrap_modle(self, kernel, model):
+        def accel_prepare_trainin(self, kernel, models):
             return None
 
     plugin = module("typo", accel_activate=hookimpl(lambda settings: Typo()))
     plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("typo", plugin)])
-    with pytest.raises(PluginError, match=r"plugin 'typo'.*'accel_wrap_modle'.*did you mean `accel_wrap_model`"):
+    with pytest.raises(PluginError, match=r"plugin 'typo'.*'accel_prepare_trainin'.*did you mean `accel_prepare_training`"):
         plugins.activate(_settings(plugins))
+
+
+@pytest.fixture(scope="module")
+def badcomponent_site() -> Path:
+    return install("badcomponent")
+
+
+def test_component_class_with_misspelt_hook_is_failed_at_discovery(tmp_path, badcomponent_site):
+    env = clean_env(tmp_path, PYTHONPATH=pythonpath(badcomponent_site), COLUMNS="250")
+    row = rows(run(["plugins", "--json"], env))["badcomponent"]
+    assert row["status"] == "failed", row
+    assert "Typo implements unknown hook 'accel_prepare_trainin'" in row["reason"], row
+    assert "did you mean `accel_prepare_training`" in row["reason"], row
+    one_error(run(["launch", "--plugin", "badcomponent", PROBE], env), "plugin 'badcomponent'", "accel_prepare_trainin")
+
+
+class Defaults(Component):
+    @hookimpl
+    def accel_log(self, kernel, values, step=None):
+        return None
+
+
+def test_implementation_argument_with_a_default_is_refused_naming_plugin_hook_and_argument(monkeypatch):
+    holder = module("defaults_components", Defaults=Defaults)
+    monkeypatch.setitem(__import__("sys").modules, "accel_defaults_components", holder)
+    listed = module("listed", accel_components=["accel_defaults_components:Defaults"],
+                    accel_activate=hookimpl(lambda settings: None))
+    at_module = module("atmodule", accel_add_options=hookimpl(lambda options=None: None))
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("listed", listed), ("atmodule", at_module)])
+    for name, hook, arg in (("listed", "accel_log", "step"), ("atmodule", "accel_add_options", "options")):
+        rec = plugins.records[name]
+        assert rec.status == "failed", rec
+        assert f"{hook} gives argument {arg!r} a default value" in rec.reason and "remove the default" in rec.reason
+    # a component that is not listed in accel_components is checked when Kernel() registers it
+    plugin = module("unlisted", accel_activate=hookimpl(lambda settings: Defaults()))
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("unlisted", plugin)])
+    with pytest.raises(PluginError, match=r"plugin 'unlisted': Defaults.accel_log gives argument 'step' a default"):
+        plugins.activate(_settings(plugins))
+
+
+@pytest.mark.parametrize("name, extra, cause", [
+    ("broken", {}, "plugin 'broken' is installed but failed: import failed: RuntimeError"),
+    ("hello", {"ACCEL_DISABLE_PLUGINS": "hello"}, "plugin 'hello' is installed but disabled: disabled by "
+     "ACCEL_DISABLE_PLUGINS"),
+])
+def test_log_with_a_tracker_that_cannot_be_used_names_the_real_cause(env, name, extra, cause):
+    script = f"from accel import Kernel, UsageError\ntry:\n    Kernel(log_with={name!r})\nexcept UsageError as e:\n    print(e)"
+    proc = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and cause in proc.stdout, proc
+    assert "did you mean" not in proc.stdout and "no published plugin" not in proc.stdout, proc
 
 
 def test_option_declared_twice_names_both_plugins():

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from accel import Kernel
 from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from estimate_model import net  # noqa: E402

@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.contract import HardwareInfo, LaunchPlan, Topology
+from accel.contract import HardwareInfo, ItemRecord, LaunchPlan, Topology
 from accel.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -97,20 +98,7 @@ def accel_model_init_context(kernel: Kernel) -> contextlib.AbstractContextManage
 def accel_prepare_training(
     kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]]:
-    hook = kernel.plugins.pm.hook
-    wrapped = [hook.accel_wrap_model(kernel=kernel, model=m) for m in models]
-    opts = [hook.accel_wrap_optimizer(kernel=kernel, optimizer=o) for o in optimizers]
-    return wrapped, opts, list(schedulers)
-
-
-@hookimpl(trylast=True)
-def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module:
-    return model.to(kernel.device)
-
-
-@hookimpl(trylast=True)
-def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    return optimizer
+    return [m.to(kernel.device) for m in models], list(optimizers), list(schedulers)
 
 
 @hookimpl(trylast=True)
@@ -156,3 +144,30 @@ def accel_clip_grad_norm(
 @hookimpl(trylast=True)
 def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, Any]:
     return kernel.unwrap_model(model).state_dict()
+
+
+# ---- checkpoints: the kernel's own items, written and read in its own format (accel.checkpoint) ----------------
+
+
+@hookimpl(trylast=True)
+def accel_state_items(kernel: Kernel) -> dict[str, Any]:
+    from accel.checkpoint import kernel_items
+
+    return kernel_items(kernel)
+
+
+@hookimpl(trylast=True)
+def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool) -> dict[str, ItemRecord]:
+    # called last, once the plugins' claims are agreed between processes: writes every item nobody claimed
+    from accel.checkpoint import write_unclaimed
+
+    return write_unclaimed(kernel, directory, asynchronous)
+
+
+@hookimpl(trylast=True)
+def accel_load_state(
+    kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+) -> list[str]:
+    from accel.checkpoint import restore_own
+
+    return restore_own(kernel, items, directory, records)

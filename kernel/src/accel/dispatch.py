@@ -1,14 +1,27 @@
-"""Per-step hooks resolved once: the kernel calls ``accel_backward``, ``accel_optimizer_step``, ``accel_zero_grad``,
+"""How the kernel calls hooks: always through pluggy's hook callers, so every hook obeys the contract's calling rules.
+
+- ``pm.hook.<name>(**kwargs)``: pluggy's own call (first answer wins, or every answer), wrappers included.
+- :func:`each_implementation`: for the hooks where the kernel must know *which* plugin answered, or must keep going
+  when one implementation raises (discovery hooks, tracking, teardown, checkpoint state): one pluggy call per
+  implementation, made through ``pm.subset_hook_caller`` with every other non-wrapper implementation left out. So
+  each implementation runs once, the kernel knows whose answer (or exception) it holds, and every wrapper of the
+  hook (``@hookimpl(wrapper=True)``) runs around each of those calls and sees its result (a list of at most one
+  answer for a broadcast hook).
+- Per-step hooks (:class:`HotHooks`): see below.
+
+:class:`PluginManager` is pluggy's manager, counting the call monitors added to it (``add_hookcall_monitoring``,
+``enable_tracing``): no private attribute of pluggy is read. ``ACCEL_TRACE_PLUGINS=1`` turns on pluggy's tracing
+(:func:`trace_to_stderr`), which prints every hook call, its arguments and its result to stderr.
+
+Per-step hooks resolved once: the kernel calls ``accel_backward``, ``accel_optimizer_step``, ``accel_zero_grad``,
 ``accel_no_sync``, ``accel_clip_grad_norm`` and ``accel_unscale_gradients`` on (nearly) every training step. Which
 implementations answer them cannot change after the components are registered (at ``Kernel()``), so the kernel
 looks them up once (again at each ``prepare``) and calls them directly instead of going through pluggy's dispatch
-every step (bench/hook_cost.py measures the difference).
-
-The semantics are pluggy's: implementations in pluggy's call order (tryfirst ... trylast, the latest registered
-first within each group), each given only the arguments it names; for ``firstresult`` hooks the first non-``None``
-answer wins, ``accel_unscale_gradients`` calls every implementation. A hook with a wrapper implementation keeps pluggy's own dispatch, and so does any hook while pluggy's call
-monitoring or tracing is on (``PluginManager.add_hookcall_monitoring``/``enable_tracing``), so tools that watch hook
-calls still see every one.
+every step (bench/hook_cost.py measures the difference). The semantics are pluggy's: implementations in pluggy's
+call order (tryfirst ... trylast, the latest registered first within each group), each given only the arguments it
+names; for ``firstresult`` hooks the first non-``None`` answer wins, ``accel_unscale_gradients`` calls every
+implementation. A hook with a wrapper implementation keeps pluggy's own dispatch, and so does every hook while a
+call monitor is on (tracing included) when the hooks are resolved, so tools that watch hook calls see every one.
 
 Where only the kernel's own default answers ``accel_backward``, ``accel_optimizer_step`` and ``accel_zero_grad``
 (no plugin takes part, nobody watches), the kernel skips the hook altogether and makes the default's plain PyTorch
@@ -17,21 +30,96 @@ call itself (``HotHooks.plain_backward``/``plain_optimizer``): one Python call f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pluggy
 
+from accel import hookspecs
 from accel.options import KERNEL
 
 HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync", "accel_clip_grad_norm")
 HOT_BROADCAST_HOOKS = ("accel_unscale_gradients",)  # everyone answers; results unused
 
 
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager for the ``accel`` hooks, which knows whether someone watches hook calls (``monitors``: the
+    call monitors added with ``add_hookcall_monitoring``/``enable_tracing`` and not undone yet)."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.add_hookspecs(hookspecs)
+        self.monitors = 0
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
+        undo = super().add_hookcall_monitoring(before, after)
+        self.monitors += 1
+        done = False
+
+        def undo_and_count() -> None:
+            nonlocal done
+            undo()
+            if not done:
+                done = True
+                self.monitors -= 1
+
+        return undo_and_count
+
+
+def trace_to_stderr(pm: pluggy.PluginManager) -> Callable[[], None]:
+    """pluggy's tracing of every hook call (name, arguments, result), written to stderr. Returns the undo."""
+    pm.trace.root.setwriter(sys.stderr.write)
+    return pm.enable_tracing()
+
+
+class Implementation:
+    """One non-wrapper implementation of a hook, callable on its own through pluggy (with the hook's wrappers)."""
+
+    __slots__ = ("impl", "caller", "firstresult")
+
+    def __init__(self, impl: pluggy.HookImpl, caller: pluggy.HookCaller, firstresult: bool) -> None:
+        self.impl, self.caller, self.firstresult = impl, caller, firstresult
+
+    @property
+    def plugin(self) -> Any:
+        """The plugin object (a module or a component) that implements the hook."""
+        return self.impl.plugin
+
+    @property
+    def plugin_name(self) -> str:
+        """The name the plugin is registered under (``"ddp"``, ``"ddp:strategy"``, ``"accel"`` for the kernel)."""
+        return self.impl.plugin_name
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """This implementation's answer, or ``None`` when it answered nothing (or a wrapper took its answer away).
+        Exceptions propagate (through the wrappers, which see them as pluggy throws them)."""
+        result = self.caller(**kwargs)
+        if self.firstresult:
+            return result
+        return result[0] if result else None
+
+
+def each_implementation(pm: pluggy.PluginManager, name: str) -> Iterator[Implementation]:
+    """Every non-wrapper implementation of hook ``name`` in pluggy's call order, each callable on its own through
+    pluggy: ``for one in each_implementation(pm, "accel_save_state"): answer = one(kernel=k, ...)``. Every wrapper of
+    the hook runs around each call; pluggy's tracing and call monitors see each call. Use it where the kernel needs
+    to know which plugin answered or must isolate one plugin's failure; call ``pm.hook.<name>`` otherwise."""
+    caller = getattr(pm.hook, name)
+    firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
+    impls = [impl for impl in reversed(caller.get_hookimpls()) if not (impl.wrapper or impl.hookwrapper)]
+    for impl in impls:
+        others = [other.plugin for other in impls if other.plugin is not impl.plugin]
+        yield Implementation(impl, pm.subset_hook_caller(name, others), firstresult)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-step hooks
+
+
 def _monitored(pm: pluggy.PluginManager) -> bool:
-    """Whether someone watches hook calls (pluggy swaps the manager's inner executor for that)."""
-    inner = getattr(pm, "_inner_hookexec", None)
-    return inner is not None and getattr(inner, "__name__", "") != "_multicall"
+    """Whether someone watches hook calls (only accel's :class:`PluginManager` can tell)."""
+    return getattr(pm, "monitors", 0) > 0
 
 
 def _plan(pm: pluggy.PluginManager, caller: Any) -> list[tuple[Callable[..., Any], tuple[str, ...]]] | None:

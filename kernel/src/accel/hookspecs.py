@@ -9,7 +9,12 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
   name (for the tracking hooks, ``accel_end_training`` and ``accel_teardown`` it is warned about and the others
   still run, so logging never stops training).
 - *wrapper*: any hook may also be implemented with ``@hookimpl(wrapper=True)`` to act around the others
-  (e.g. a precision plugin unscales gradients before the strategy clips them).
+  (e.g. a precision plugin unscales gradients before the strategy clips them). Every hook call goes through
+  pluggy (:mod:`accel.dispatch`), so wrappers run on every hook. Where the kernel calls the implementations of a
+  hook one at a time (the discovery hooks, tracking, ``accel_end_training``, ``accel_teardown`` and the checkpoint
+  state hooks), a wrapper runs around each of those calls and sees that implementation's result (a list of at most
+  one answer); elsewhere around the whole call. ``ACCEL_TRACE_PLUGINS=1`` prints every hook call to stderr
+  (pluggy's tracing).
 
 There are two kinds of implementers:
 
@@ -23,7 +28,21 @@ There are two kinds of implementers:
    installed plugin never changes a run it was not chosen for.
 
 Rules inherited from pluggy: an implementation may accept any subset of a hook's arguments, but must not give them
-default values (arguments with defaults are never passed). Misspelt hook names are an error naming the plugin.
+default values (pluggy does not pass such arguments, so the implementation would always get its default): a plugin
+that does is refused, naming the plugin, the hook and the argument. Misspelt hook names are an error naming the
+plugin. Both are checked when plugins are discovered, for the module and for the component classes it lists in
+``accel_components`` (``accel plugins`` shows such a plugin as failed), and again for each component ``Kernel()``
+registers.
+
+Roles are declared, never negotiated through call order:
+
+- A strategy that realises a precision itself (FSDP's ``MixedPrecisionPolicy``, DeepSpeed's bf16/fp16 engine, XLA's
+  autocast) lists it in its ``provides`` (``"precision:bf16"``). When the run's ``mixed_precision`` is one of those,
+  the kernel leaves the precision component out of the run (it answers no hook: no autocast, no grad scaler, no
+  fp8 layers); otherwise the precision component is in charge of precision.
+- A strategy that shards parameters over processes declares ``"sharding"`` in ``provides``, so components that
+  change parameters in ways a sharding strategy cannot take (IPEX's prepacked weights) can refuse it by that
+  declaration rather than by the strategy's name.
 """
 
 from __future__ import annotations
@@ -281,34 +300,19 @@ def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
 def accel_prepare_training(
     kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """Set up models, optimizers and schedulers *together* (a DeepSpeed engine needs all three; FSDP must swap the
-    optimizer's parameters after sharding).
+    """The strategy's one entry point in ``prepare()``: place and wrap the models (a data-parallel or sharding
+    wrapper), adapt the optimizers to them (ZeRO, parameter swaps after sharding) and keep or replace the
+    schedulers, *together* (a DeepSpeed engine needs all three; FSDP must swap the optimizer's parameters after
+    sharding).
 
-    When: ``prepare()``, once per call, with the objects of that call. ``dataloaders`` are the DataLoaders of the
-    same call, in call order and not yet prepared (they are prepared right after): read them, do not change them
-    (a strategy that must know the per-process batch size, like DeepSpeed's micro-batch size, takes it here).
-    Who: first answer wins; the default calls ``accel_wrap_model`` for each model, then ``accel_wrap_optimizer``
-    for each optimizer, and keeps schedulers. Returns the three lists (models, optimizers, schedulers), same
-    lengths and order.
-    """
-
-
-@hookspec(firstresult=True)
-def accel_wrap_model(kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module | None:
-    """Place a model on the device and wrap it for the strategy (a data-parallel or sharding wrapper).
-
-    When: by the default ``accel_prepare_training``, once per model. Who: first answer wins (strategy);
-    default: ``model.to(kernel.device)``. Returns the module the user will call.
-    """
-
-
-@hookspec(firstresult=True)
-def accel_wrap_optimizer(kernel: Kernel, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
-    """Adapt an optimizer to the wrapped models (ZeRO, parameter swaps).
-
-    When: by the default ``accel_prepare_training``, once per optimizer, after every model was wrapped. Who: first
-    answer wins; default: the optimizer unchanged. The Kernel then wraps the result so that ``step``
-    and ``zero_grad`` follow gradient accumulation.
+    When: ``prepare()``, once per call, with the objects of that call (possibly empty lists), after
+    ``accel_transform_model``. ``dataloaders`` are the DataLoaders of the same call, in call order and not yet
+    prepared (they are prepared right after): read them, do not change them (a strategy that must know the
+    per-process batch size, like DeepSpeed's micro-batch size, takes it here). Who: first answer wins (strategy);
+    other components act around it with ``@hookimpl(wrapper=True)`` (IPEX optimizes the pairs before, a precision
+    plugin records the optimizers after); default: each model moved to ``kernel.device``, optimizers and
+    schedulers unchanged. Returns the three lists (models, optimizers, schedulers), same lengths and order; the
+    kernel then wraps each optimizer so that ``step`` and ``zero_grad`` follow gradient accumulation.
     """
 
 
@@ -328,9 +332,12 @@ def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] 
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
-    When: once, at the end of ``Kernel()``. Who: first answer wins; a strategy that realises the precision natively
-    (FSDP's MixedPrecisionPolicy, DeepSpeed's bf16) answers ``contextlib.nullcontext`` to keep the precision
-    plugin out; the precision plugin answers its autocast; default: ``None`` (no context, models are not wrapped).
+    When: once, at the end of ``Kernel()``. Who: first answer wins. The precision component answers its autocast
+    (and sets up what goes with it, such as a grad scaler). A strategy answers only for a precision it declares in
+    ``provides`` (then the kernel has left the precision component out): its own autocast (XLA), or
+    ``contextlib.nullcontext`` where the precision lives in the wrapped model (FSDP's ``MixedPrecisionPolicy``,
+    DeepSpeed's engine). Default: ``None``. With an answer, each prepared model is wrapped so its forward runs
+    under the context and returns floating-point outputs in fp32; with ``None`` models are not wrapped.
     """
 
 
@@ -338,8 +345,9 @@ def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] 
 # Training step. Answers must be consistent for a given object. ``accel_backward``, ``accel_optimizer_step``,
 # ``accel_zero_grad``, ``accel_no_sync``, ``accel_clip_grad_norm`` and ``accel_unscale_gradients`` run every step,
 # so the kernel resolves their implementations once (at Kernel() and again at each prepare(), accel/dispatch.py)
-# and calls them directly, in pluggy's order and with pluggy's rules (first answer wins; everyone for unscale). A hook that has a wrapper implementation, or a manager with call monitoring or
-# tracing on at that moment, keeps pluggy's dispatch. Register components through accel_activate, not later.
+# and calls them directly, in pluggy's order and with pluggy's rules (first answer wins; everyone for unscale). A
+# hook that has a wrapper implementation, or any hook while call monitoring or tracing is on at that moment, keeps
+# pluggy's dispatch. Register components through accel_activate, not later.
 
 
 @hookspec(firstresult=True)
@@ -414,9 +422,13 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
     ``{"grad_scaler": scaler}``.
 
     When: ``save_state`` and ``load_state``, on every process. Who: everyone; a key given by two plugins, or one of
-    the kernel's keys (below), is an error naming both. Unless a plugin claims it in ``accel_save_state``, the kernel
-    writes the item from the main process (its state must be the same on every process) and the manifest records
-    the plugin that gave it, so loading without that plugin says which plugin to install.
+    the kernel's keys, is an error naming both. The kernel's own default implementation, called last, gives the
+    kernel's keys (``model``..., ``optimizer``..., ``scheduler``..., ``dataloader``..., ``custom_<i>``, ``gradients``,
+    ``rng``, ``kernel``). Unless a plugin claims it in ``accel_save_state``, the kernel writes the item from the main
+    process (its state must be the same on every process) and the manifest records the plugin that gave it, so
+    loading without that plugin says which plugin to install. The three state hooks are called once per
+    implementing component, through pluggy (``subset_hook_caller``), so that each answer is known to be that
+    component's: a wrapper implementation wraps each component's call and sees its answer.
     """
 
 
@@ -438,7 +450,8 @@ def accel_save_state(
     returns ``{key: ItemRecord(plugin=..., format=..., files=...)}`` for the keys it wrote. ``files`` are paths
     relative to ``directory`` (a directory name covers everything below it); the records of all processes are
     merged (union of files), so each process lists what it wrote. ``plugin`` and ``version`` are filled in by the
-    kernel. The kernel writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``) and records
+    kernel. The kernel's own default implementation, called last (after the plugins' claims are agreed between
+    processes), writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``); the kernel records
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
     unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
     files that ``accel.checkpoint.load_weights_only`` accepts.
@@ -461,8 +474,9 @@ def accel_load_state(
     When: ``load_state``, on every process, after the kernel checked the checkpoint against the run (every file
     listed with its size and nothing else present; no plugin missing; no item missing or extra; per-process items
     saved by as many processes; the kernel-written models' parameter names and shapes) and before it restores its
-    own items (random states last). Who: every component named by a record; it returns the keys it restored, and
-    a key it leaves out is an error. A record naming a plugin that is not active is an error, raised before
+    own items (random states last: the kernel's default implementation, called last, restores the records naming
+    ``"accel"``). Who: every component named by a record; it returns the keys it restored, and a key it leaves
+    out is an error. A record naming a plugin that is not active is an error, raised before
     anything is loaded, naming the plugin (and ``pip install ...`` when it is a published one).
     """
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import functools
 import gc
-import inspect
 import json
 import os
 import sys
@@ -33,10 +31,12 @@ from accel.compat import (
 )
 from accel.contract import Topology
 from accel.data import PreparedDataLoader, skip_first_batches
-from accel.dispatch import HotHooks
+from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError
 from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
+from accel.prepared import AutocastModule, GradientState, PreparedOptimizer, PreparedScheduler, _Accumulate
+from accel.process_ops import ProcessOpsMixin
 from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, user_stacklevel
 
@@ -45,298 +45,8 @@ _ARGUMENTS = ("mixed_precision", "gradient_accumulation_steps", "cpu", "log_with
               "plugins")
 
 
-class GradientState:
-    """Shared between the Kernel and its dataloaders: whether this step syncs and where the epoch is."""
 
-    def __init__(self) -> None:
-        self.sync_gradients = True
-        self.step = 0
-        self.active: list[PreparedDataLoader] = []
-        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
-        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
-        self.end_of_dataloader = False
-
-    def enter(self, loader: PreparedDataLoader) -> None:
-        self.active.append(loader)
-        self.refresh()
-
-    def leave(self, loader: PreparedDataLoader) -> None:
-        if loader in self.active:
-            self.active.remove(loader)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
-        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
-
-    @property
-    def remainder(self) -> int:
-        return self.active[-1].remainder if self.active else 0
-
-
-class _Accumulate:
-    """The context ``Kernel.accumulate`` returns (a small class: it runs on every training step, where a generator
-    based context manager costs several times more)."""
-
-    __slots__ = ("kernel", "models", "stack")
-
-    def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
-        self.kernel, self.models = kernel, models
-        self.stack: contextlib.ExitStack[bool | None] | None = None
-
-    def __enter__(self) -> None:
-        kernel = self.kernel
-        state = kernel.gradient_state
-        state.step += 1
-        end = state.end_of_dataloader
-        state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
-        if end:
-            state.step = 0
-        if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
-            with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
-                for model in self.models:
-                    stack.enter_context(kernel.no_sync(model))
-                self.stack = stack.pop_all()
-
-    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
-        stack = self.stack
-        if stack is None:
-            return False
-        self.stack = None
-        return bool(stack.__exit__(kind, value, traceback))
-
-
-class PreparedOptimizer(torch.optim.Optimizer):
-    """Wraps a user optimizer: ``step`` and ``zero_grad`` act only on steps that sync gradients, and go through the
-    active plugins (grad scaler, DeepSpeed engine, ...). ``step_was_skipped`` tells whether the last step was
-    skipped (inf/NaN gradients). Every other attribute is the wrapped optimizer's, read and written through (a
-    schedule-free optimizer's ``train()``/``eval()``, ``optimizer.foo = x``)."""
-
-    def __init__(self, kernel: Kernel, optimizer: torch.optim.Optimizer):  # noqa: D107 - no super().__init__ on purpose
-        own = self.__dict__
-        own["optimizer"] = optimizer
-        own["kernel"] = kernel
-        own["step_was_skipped"] = False
-
-    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
-        if name in _PREPARED_OPTIMIZER_OWN:
-            raise AttributeError(name)
-        return getattr(self.__dict__["optimizer"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _PREPARED_OPTIMIZER_OWN or hasattr(type(self), name):  # the wrapper's own (step, state, ...)
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.__dict__["optimizer"], name, value)
-
-    def __delattr__(self, name: str) -> None:
-        if name in self.__dict__:
-            object.__delattr__(self, name)
-        else:
-            delattr(self.__dict__["optimizer"], name)
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self) -> Any:  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: Any) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def defaults(self) -> Any:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: Any) -> None:
-        self.optimizer.defaults = value
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        kernel = self.kernel
-        if not kernel.gradient_state.sync_gradients:
-            return
-        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
-            if set_to_none:
-                self.optimizer.zero_grad()  # the default: a call without keywords is cheaper on every step
-            else:
-                self.optimizer.zero_grad(set_to_none=False)
-        else:
-            kernel._hot.zero_grad(kernel=kernel, optimizer=self.optimizer, set_to_none=set_to_none)
-
-    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        kernel = self.kernel
-        if not kernel.gradient_state.sync_gradients:
-            return
-        if closure is not None:
-            raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
-        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
-            self.optimizer.step()
-            if self.step_was_skipped:  # (a store through __setattr__ costs a Python call: only when it changes)
-                self.__dict__["step_was_skipped"] = False
-        else:
-            self.__dict__["step_was_skipped"] = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
-
-    def __repr__(self) -> str:
-        return f"Prepared{self.optimizer!r}"
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-
-_PREPARED_OPTIMIZER_OWN = frozenset({"optimizer", "kernel", "step_was_skipped"})
-
-
-def _forward_to_optimizer(name: str) -> Callable[..., Any]:
-    def forward(self: PreparedOptimizer, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.optimizer, name)(*args, **kwargs)
-
-    forward.__name__ = forward.__qualname__ = name
-    return forward
-
-
-# torch.optim.Optimizer's other public methods (hook registration, ...) act on the wrapped optimizer: the wrapper
-# never ran Optimizer.__init__, so it has none of the state they would touch on itself.
-for _name, _value in vars(torch.optim.Optimizer).items():
-    if not _name.startswith("_") and inspect.isfunction(_value) and _name not in vars(PreparedOptimizer):
-        setattr(PreparedOptimizer, _name, _forward_to_optimizer(_name))
-
-
-class PreparedScheduler:
-    """Wraps an LR scheduler so it steps as it does under Accelerate (``scheduler_steps="accelerate"``, the
-    default): a scheduler built for ``len(dataloader) * epochs`` batches *before* ``prepare`` ends on time.
-
-    - It steps only when the optimizer stepped: not on accumulation steps (there it only counts ``_step_count``,
-      as Accelerate's ``adjust_scheduler`` does) and not after a step skipped for inf/NaN gradients.
-    - On a step it steps ``num_processes`` times, since each process saw ``1/num_processes`` of the batches the
-      schedule was built from; once with ``split_batches`` (the batches are split, not dealt). A scheduler with
-      ``total_steps`` (``OneCycleLR``) stops at its end instead of raising.
-    - ``Kernel(step_scheduler_with_optimizer=False)``: every call steps once, as written.
-
-    ``scheduler_steps="per_optimizer_step"`` steps once per optimizer step whatever the number of processes: a
-    schedule counted in optimizer steps (``num_training_steps`` from the prepared dataloader's length). Every other
-    attribute is the wrapped scheduler's, read and written through."""
-
-    def __init__(self, kernel: Kernel, scheduler: Any, optimizers: Sequence[PreparedOptimizer]):
-        own = self.__dict__
-        own["scheduler"] = scheduler
-        own["kernel"] = kernel
-        inner = getattr(scheduler, "optimizer", None)
-        own["optimizers"] = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
-        per_optimizer_step = kernel.settings["scheduler_steps"] == "per_optimizer_step"
-        #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
-        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.data_parallel_size
-        own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
-        own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        kernel = self.kernel
-        scheduler = self.scheduler
-        if not kernel.step_scheduler_with_optimizer:
-            scheduler.step(*args, **kwargs)
-            return
-        if not kernel.gradient_state.sync_gradients:
-            if self._count_accumulation and hasattr(scheduler, "_step_count"):
-                scheduler._step_count += 1
-            return
-        for optimizer in self.optimizers:
-            if optimizer.step_was_skipped:
-                return
-        repeat = self._repeat
-        if repeat == 1 and not self._limited:
-            scheduler.step(*args, **kwargs)
-            return
-        for _ in range(repeat):
-            if self._limited and scheduler._step_count > scheduler.total_steps:
-                break  # OneCycleLR raises past its last step; Accelerate stops it there
-            scheduler.step(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
-        if name in ("scheduler", "kernel", "optimizers"):
-            raise AttributeError(name)
-        return getattr(self.__dict__["scheduler"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__ or hasattr(type(self), name):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.__dict__["scheduler"], name, value)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
-
-
-class AutocastModule(torch.nn.Module):
-    """Runs the wrapped module's forward under the precision plugin's autocast and returns float outputs in fp32.
-    ``unwrap_model`` returns the user's module without it."""
-
-    def __init__(self, module: torch.nn.Module, context: Callable[[], contextlib.AbstractContextManager[Any]]):
-        super().__init__()
-        self.module = module
-        self._context = context
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with self._context():
-            out = self.module(*args, **kwargs)
-        return _to_fp32(out)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["module"], name)
-
-
-def _to_fp32(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
-    if isinstance(obj, dict):
-        return type(obj)({k: _to_fp32(v) for k, v in obj.items()})
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_fp32(v) for v in obj)
-    return obj
-
-
-def _recursive(fn: Callable[[torch.Tensor], Any]) -> Callable[[Any], Any]:
-    """Apply a tensor function over nested lists/tuples/dicts of tensors."""
-
-    def apply(data: Any) -> Any:
-        if isinstance(data, torch.Tensor):
-            return fn(data)
-        if isinstance(data, Mapping):
-            return type(data)({k: apply(v) for k, v in data.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
-        if isinstance(data, tuple) and hasattr(data, "_fields"):
-            return type(data)(*(apply(v) for v in data))
-        if isinstance(data, (list, tuple)):
-            return type(data)(apply(v) for v in data)
-        raise TypeError(f"expected tensors (or lists/tuples/dicts of tensors), got {type(data).__name__}")
-
-    return apply
-
-
-class Kernel(TrackingMixin):
+class Kernel(ProcessOpsMixin, TrackingMixin):
     """The training-loop companion. ``Kernel().prepare(model, optimizer, dataloader, scheduler)``, then
     ``kernel.backward(loss)``; the same script runs on one CPU process or many, with any installed plugin.
 
@@ -435,7 +145,7 @@ class Kernel(TrackingMixin):
         self._failed: set[Any] = set()  # plugin names (trackers) and (plugin, hook) pairs that raised
         self._warned: set[str] = set()
         self._torn_down = False
-        self._leaders: list[int] | None = None  # gather_for_metrics: the first process of each data shard
+        self._leaders = None  # gather_for_metrics: the first process of each data shard
         self.plugins.activate(self.settings)
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
@@ -576,8 +286,10 @@ class Kernel(TrackingMixin):
 
     def __repr__(self) -> str:
         comps = ", ".join(f"{c.name}:{c.role}" for c in self.plugins.components) or "none"
-        return (f"Kernel(process {self.process_index}/{self.num_processes}, device={self.device}, "
-                f"mixed_precision={self.mixed_precision}, plugins=[{comps}])")
+        own = self.__dict__  # also while Kernel() is still asking the plugins (hook tracing prints the kernel)
+        where = f"process {own['topology'].process_index}/{own['topology'].num_processes}" if "topology" in own else "starting"
+        return (f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
+                f"plugins=[{comps}])")
 
     # ---- prepare ------------------------------------------------------------------------------------------
 
@@ -734,190 +446,6 @@ class Kernel(TrackingMixin):
         """The mixed-precision context of the active plugins (a no-op without one)."""
         return self._autocast() if self._autocast is not None else contextlib.nullcontext()
 
-    # ---- processes ----------------------------------------------------------------------------------------
-
-    def wait_for_everyone(self) -> None:
-        self.collectives.barrier()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine (on the local main process)."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """The main process runs the block first (e.g. downloads), then the others."""
-        yield from self._first(self.is_main_process)
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        yield from self._first(self.is_local_main_process)
-
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            self.wait_for_everyone()
-        yield
-        if leader:
-            self.wait_for_everyone()
-
-    def on_main_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``fn`` on the main process only (returns None elsewhere)."""
-        return self.on_process(fn, process_index=0)
-
-    def on_local_main_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return self.on_local_process(fn, local_process_index=0)
-
-    def on_last_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return self.on_process(fn, process_index=self.num_processes - 1)
-
-    def on_process(self, fn: Callable[..., Any] | None = None, *, process_index: int = 0) -> Any:
-        if fn is None:
-            return functools.partial(self.on_process, process_index=process_index)
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return fn(*args, **kwargs) if self.process_index == process_index else None
-
-        return run
-
-    def on_local_process(self, fn: Callable[..., Any] | None = None, *, local_process_index: int = 0) -> Any:
-        if fn is None:
-            return functools.partial(self.on_local_process, local_process_index=local_process_index)
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return fn(*args, **kwargs) if self.local_process_index == local_process_index else None
-
-        return run
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of a list, tuple, dict of sequences or tensor (the first
-        ``len % N`` processes get one more). ``apply_padding`` repeats the last element so all shares are equal."""
-        n, r = self.num_processes, self.process_index
-        if n == 1:
-            yield inputs
-            return
-
-        def split(seq: Any) -> Any:
-            size, extra = divmod(len(seq), n)
-            start = r * size + min(r, extra)
-            end = start + size + (1 if r < extra else 0)
-            part = seq[start:end]
-            if apply_padding and extra and r >= extra:
-                pad = seq[-1:]
-                part = torch.cat([part, pad]) if isinstance(part, torch.Tensor) else part + type(part)(pad)
-            return part
-
-        if isinstance(inputs, Mapping):
-            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
-        else:
-            yield split(inputs)
-
-    # ---- collectives on nested data -----------------------------------------------------------------------
-
-    def gather(self, tensor: Any) -> Any:
-        """Gather tensors (or nested structures of them) from all processes and concatenate on dim 0, in process
-        order. Works when processes hold different numbers of rows."""
-        if self.num_processes == 1:
-            return tensor
-        return _recursive(self._gather_one)(tensor)
-
-    def _shard_leaders(self) -> list[int]:
-        """The first process of each data shard, in shard order (collective the first time)."""
-        if self._leaders is None:
-            shards = self.collectives.all_gather_object(self.data_parallel_index)
-            self._leaders = [shards.index(i) for i in range(self.data_parallel_size)]
-        return list(self._leaders)
-
-    def _gather_one(self, tensor: torch.Tensor, keep: list[int] | None = None) -> torch.Tensor:
-        if tensor.ndim == 0:
-            tensor = tensor[None]
-        tensor = tensor.contiguous()
-        sizes = [int(s.item()) for s in self.collectives.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device))]
-        top = max(sizes)
-        if top != tensor.shape[0]:
-            pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
-            tensor = torch.cat([tensor, pad])
-        parts = self.collectives.all_gather(tensor)
-        pairs = list(zip(parts, sizes, strict=True))
-        return torch.cat([p[:s] for p, s in (pairs if keep is None else [pairs[i] for i in keep])])
-
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Gather picklable objects; lists are concatenated, other objects collected in a list."""
-        parts = self.collectives.all_gather_object(obj)
-        if all(isinstance(p, list) for p in parts):
-            return [x for p in parts for x in p]
-        return parts
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """``gather`` for evaluation: on the last batch of an epoch, drops the samples that even batching
-        duplicated, so the result over an epoch has exactly ``len(dataset)`` items."""
-        tensors_only = True
-        try:
-            _recursive(lambda t: t)(input_data)
-        except TypeError:
-            tensors_only = False
-        if self.data_parallel_size != self.num_processes:  # one process's values per data shard
-            keep = self._shard_leaders()
-            parts = self.collectives.all_gather_object(input_data) if (use_gather_object or not tensors_only) else None
-            if parts is not None:
-                parts = [parts[i] for i in keep]
-                data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
-            else:
-                data = _recursive(lambda t: self._gather_one(t, keep))(input_data)
-        else:
-            data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
-        state = self.gradient_state
-        if state.end_of_dataloader and state.remainder > 0:
-            if isinstance(data, list) and not tensors_only:
-                return data[: state.remainder]
-            return _recursive(lambda t: t[: state.remainder])(data)
-        return data
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """All-reduce (``"sum"``, ``"mean"``, ``"max"`` or ``"none"``) tensors of a nested structure, then
-        multiply by ``scale``. Returns new tensors; inputs are not modified."""
-        if reduction not in ("sum", "mean", "max", "none"):
-            raise ValueError(f"reduction must be sum, mean, max or none, got {reduction!r}")
-
-        def one(t: torch.Tensor) -> torch.Tensor:
-            t = t.clone()
-            if reduction != "none" and self.num_processes > 1:
-                self.collectives.all_reduce(t, "max" if reduction == "max" else "sum")
-                if reduction == "mean":
-                    t = t / self.num_processes
-            return t * scale if scale != 1.0 else t
-
-        return _recursive(one)(tensor)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        """Pad tensors along ``dim`` to the largest size over all processes, so they can be gathered."""
-
-        def one(t: torch.Tensor) -> torch.Tensor:
-            if self.num_processes == 1 or t.ndim == 0:
-                return t
-            d = dim % t.ndim
-            sizes = self.collectives.all_gather(torch.tensor([t.shape[d]], device=t.device))
-            top = max(int(s.item()) for s in sizes)
-            if top == t.shape[d]:
-                return t
-            shape = list(t.shape)
-            shape[d] = top - t.shape[d]
-            pad = t.new_full(shape, pad_index)
-            return torch.cat([pad, t] if pad_first else [t, pad], dim=d)
-
-        return _recursive(one)(tensor)
-
-    def broadcast(self, data: Any, from_process: int = 0) -> Any:
-        """Tensors of process ``from_process`` on every process (in place); other objects via pickling."""
-        if self.num_processes == 1:
-            return data
-        try:
-            return _recursive(lambda t: self.collectives.broadcast(t.contiguous(), from_process))(data)
-        except TypeError:
-            return self.collectives.broadcast_object(data, from_process)
-
     # ---- saving -------------------------------------------------------------------------------------------
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = True) -> None:
@@ -1036,20 +564,20 @@ class Kernel(TrackingMixin):
         skipped from then on (a tracker that raises is skipped for every tracking hook; teardown per hook).
         Trackers run on the main process unless they set ``main_process_only = False``. ``trackers=True`` calls
         only tracker components, ``False`` only the others, ``None`` everyone."""
-        for impl in reversed(getattr(self.plugins.pm.hook, hook_name).get_hookimpls()):
-            tracker = getattr(impl.plugin, "role", None) == "tracker"
+        for one in each_implementation(self.plugins.pm, hook_name):
+            tracker = getattr(one.plugin, "role", None) == "tracker"
             if trackers is not None and tracker != trackers:
                 continue
-            key: Any = impl.plugin_name if tracker else (impl.plugin_name, hook_name)
+            key: Any = one.plugin_name if tracker else (one.plugin_name, hook_name)
             if key in self._failed:
                 continue
-            if tracker and getattr(impl.plugin, "main_process_only", True) and not self.is_main_process:
+            if tracker and getattr(one.plugin, "main_process_only", True) and not self.is_main_process:
                 continue
             try:
-                impl.function(*[kwargs[a] for a in impl.argnames])
+                one(**kwargs)
             except Exception as exc:  # logging and teardown must never stop training
                 self._failed.add(key)
-                who = f"tracker {impl.plugin.name!r}" if tracker else f"plugin {impl.plugin_name!r}"
+                who = f"tracker {one.plugin.name!r}" if tracker else f"plugin {one.plugin_name!r}"
                 warnings.warn(f"{who} failed in {hook_name} and is skipped from now on: "
                               f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
 

@@ -27,6 +27,7 @@ import pluggy
 
 from accel import hookspecs
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
+from accel.dispatch import PluginManager, each_implementation, trace_to_stderr
 from accel.errors import PluginError, UsageError
 from accel.options import (
     KERNEL,
@@ -110,8 +111,9 @@ class Plugins:
         """Discover and import plugins. ``extra`` registers (name, module-or-object) pairs directly (tests)."""
         env = os.environ if env is None else env
         disabled, allow = plugin_filter(env, blocked)
-        pm = pluggy.PluginManager(hookspecs.PROJECT)
-        pm.add_hookspecs(hookspecs)
+        pm = PluginManager()
+        if env.get("ACCEL_TRACE_PLUGINS", "").strip().lower() not in ("", "0", "false", "no"):
+            trace_to_stderr(pm)
         from accel import defaults
 
         pm.register(defaults, name=KERNEL)
@@ -164,18 +166,11 @@ class Plugins:
         except Exception as exc:  # pluggy rejects wrong argument names, duplicate names, ...
             refuse(f"invalid hook implementation: {exc}")
             return
-        callers = pm.get_hookcallers(module) or []
-        specs = [n for n in dir(hookspecs) if n.startswith("accel_")]
-        unknown = [c.name for c in callers if not c.has_spec()]
-        if unknown:  # what pm.check_pending() reports, said with a did-you-mean
-            refuse("; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in sorted(unknown)))
+        problem = contract_problem(pm, module, "")
+        if problem:
+            refuse(problem)
             return
-        try:
-            pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            refuse(f"invalid hook implementation: {exc}")
-            return
-        hooks = sorted(caller.name for caller in callers)
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(module) or [])
         runtime = [h for h in hooks if h not in hookspecs.DISCOVERY_HOOKS]
         if runtime:
             refuse(
@@ -183,13 +178,19 @@ class Plugins:
                 "Component returned by accel_activate"
             )
             return
+        classes = component_classes(module)
+        for cls in classes:  # checked now, as Kernel() would check them, so `accel plugins` shows the plugin failed
+            problem = class_problem(cls)
+            if problem:
+                refuse(problem)
+                return
         rec.module = module
-        rec.hooks = hooks + component_hooks(module)
-        for impl in pm.hook.accel_unavailable_reason.get_hookimpls():
-            if impl.plugin is not module:
+        rec.hooks = hooks + component_hooks(classes)
+        for one in each_implementation(pm, "accel_unavailable_reason"):
+            if one.plugin is not module:
                 continue
             try:
-                reason = impl.function()
+                reason = one()
             except (Exception, SystemExit) as exc:
                 refuse(f"accel_unavailable_reason failed: {describe_exception(exc)}")
                 return
@@ -223,23 +224,23 @@ class Plugins:
         launch that runs only gcloud here)."""
         results = []
         unusable = {r.name for r in self.all_records if r.status == "unavailable" and hook != "accel_activate"}
-        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
-            if impl.plugin_name in unusable:
+        for one in each_implementation(self.pm, hook):
+            name = one.plugin_name
+            if name in unusable:
                 continue
-            args = [kwargs[a] for a in impl.argnames]
             try:
-                results.append((impl.plugin_name, impl.function(*args)))
+                results.append((name, one(**kwargs)))
             except UsageError as exc:
-                raise UsageError(f"{exc}" if impl.plugin_name == KERNEL else f"plugin {impl.plugin_name!r}: {exc}") from None
+                raise UsageError(f"{exc}" if name == KERNEL else f"plugin {name!r}: {exc}") from None
             except KeyboardInterrupt:
                 raise
             except (Exception, SystemExit) as exc:
-                if impl.plugin_name != KERNEL and isolate is not None and isolate(impl.plugin_name):
-                    self.fail(impl.plugin_name, f"{hook} failed: {describe_exception(exc)}")
+                if name != KERNEL and isolate is not None and isolate(name):
+                    self.fail(name, f"{hook} failed: {describe_exception(exc)}")
                     continue
                 if isinstance(exc, PluginError):
                     raise
-                raise PluginError(f"plugin {impl.plugin_name!r} failed in {hook}: {describe_exception(exc)}") from exc
+                raise PluginError(f"plugin {name!r} failed in {hook}: {describe_exception(exc)}") from exc
         return results
 
     def fail(self, name: str, reason: str) -> None:
@@ -261,20 +262,20 @@ class Plugins:
             options = Options()
             core_options(options)
             failures: list[tuple[str, str]] = []
-            for impl in reversed(self.pm.hook.accel_add_options.get_hookimpls()):
-                options.current_plugin = impl.plugin_name
+            for one in each_implementation(self.pm, "accel_add_options"):
+                name = options.current_plugin = one.plugin_name
                 try:
-                    impl.function(*[{"options": options}[a] for a in impl.argnames])
+                    one(options=options)
                 except PluginError:
                     raise
                 except KeyboardInterrupt:
                     raise
                 except (Exception, SystemExit) as exc:
-                    if impl.plugin_name == KERNEL or impl.plugin_name not in self.records:
-                        raise PluginError(f"plugin {impl.plugin_name!r} failed in accel_add_options: "
+                    if name == KERNEL or name not in self.records:
+                        raise PluginError(f"plugin {name!r} failed in accel_add_options: "
                                           f"{describe_exception(exc)}") from exc
-                    failures.append((impl.plugin_name, f"accel_add_options failed: {describe_exception(exc)}"))
-                    options.remove_plugin(impl.plugin_name)
+                    failures.append((name, f"accel_add_options failed: {describe_exception(exc)}"))
+                    options.remove_plugin(name)
             options.current_plugin = KERNEL
             self._options = options
             for name, reason in failures:
@@ -339,20 +340,21 @@ class Plugins:
                     raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used here: "
                                      f"{rec.reason}")
                 raise UsageError(f"plugin {name!r} was selected but does not take part with these settings")
+        strategy = next((c for c in found if c.role == "strategy"), None)
+        if strategy is not None and f"precision:{settings.mixed_precision}" in strategy.provides:
+            found = [c for c in found if c.role != "precision"]  # the strategy realises this precision itself
         self._check_capabilities(settings, found)
         order = {role: i for i, role in enumerate(EXCLUSIVE_ROLES)}
         found.sort(key=lambda c: order.get(c.role, len(order)), reverse=True)  # LIFO: strategy asked first
-        specs = [n for n in dir(hookspecs) if n.startswith("accel_")]
         for comp in found:
             try:
                 self.pm.register(comp, name=f"{comp.name}:{comp.role}")
             except pluggy.PluginValidationError as exc:
                 raise PluginError(f"plugin {comp.name!r}: {one_line(exc)}") from None
-            unknown = [c.name for c in self.pm.get_hookcallers(comp) or [] if not c.has_spec()]
-            if unknown:
-                raise PluginError(f"plugin {comp.name!r}: {type(comp).__name__} implements unknown hook(s) "
-                                  + ", ".join(f"{n!r}{did_you_mean(n, specs)}" for n in sorted(unknown)))
-        try:
+            problem = contract_problem(self.pm, comp, type(comp).__name__)
+            if problem:
+                raise PluginError(f"plugin {comp.name!r}: {problem}")
+        try:  # anything else registered with a hook the contract lacks (objects registered directly, in tests)
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(f"plugin {self.pm.get_name(exc.plugin)!r}: {one_line(exc)}") from None
@@ -395,6 +397,9 @@ class Plugins:
             if any(capability in c.provides for c in found):
                 continue
             names = providers_of(capability)
+            own = capability.partition(":")[2]  # "tracker:x": a plugin named x that cannot be used says why
+            if own in self.records and self.records[own].status != "loaded" and own not in names:
+                names.append(own)
             usable = [n for n in names if n in self.records and self.records[n].status == "loaded"]
             if usable:
                 hint = f"select one with --plugin {usable[0]}"
@@ -432,16 +437,59 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def component_hooks(module: Any) -> list[str]:
-    """Runtime hooks implemented by the component classes a plugin module lists in ``accel_components``
-    (optional; strings ``"package.module:Class"``), for ``accel plugins``. Importing them must not import torch."""
-    names: list[str] = []
+def hook_names() -> list[str]:
+    """Every hook of the contract."""
+    return [n for n in dir(hookspecs) if n.startswith("accel_")]
+
+
+def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | None:
+    """What breaks the contract in a registered plugin's (a module's, ``what=""``, or a component class's, ``what`` its
+    name) implementations, in one line, or ``None``: a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument given a
+    default value (pluggy never passes those: the implementation would silently always get its default)."""
+    callers = pm.get_hookcallers(plugin) or []
+    unknown = sorted(c.name for c in callers if not c.has_spec())
+    if unknown:
+        specs = hook_names()
+        lead = f"{what} implements " if what else ""
+        return lead + "; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in unknown)
+    for caller in sorted(callers, key=lambda c: c.name):
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and impl.kwargnames:
+                return (f"{what + '.' if what else ''}{caller.name} gives argument {impl.kwargnames[0]!r} a default value, and hook "
+                        "arguments with defaults are never passed (it would always get its default); remove "
+                        "the default")
+    return None
+
+
+def class_problem(cls: type) -> str | None:
+    """:func:`contract_problem` for a component class, found by registering the class itself in a scratch manager
+    (pluggy reads the same methods from the class as from its instances)."""
+    scratch = PluginManager()
+    try:
+        scratch.register(cls, name=cls.__qualname__)
+    except pluggy.PluginValidationError as exc:
+        return f"{cls.__name__}: invalid hook implementation: {exc}"
+    return contract_problem(scratch, cls, cls.__name__)
+
+
+def component_classes(module: Any) -> list[type]:
+    """The component classes a plugin module lists in ``accel_components`` (optional; strings
+    ``"package.module:Class"``) that import; importing them must not import torch. Used to validate them at
+    discovery and list their hooks in ``accel plugins``."""
+    classes: list[type] = []
     for spec in getattr(module, "accel_components", ()):
         try:
             mod_name, _, cls_name = spec.partition(":")
-            cls = getattr(__import__(mod_name, fromlist=[cls_name]), cls_name)
+            classes.append(getattr(__import__(mod_name, fromlist=[cls_name]), cls_name))
         except (Exception, SystemExit):
             continue
+    return classes
+
+
+def component_hooks(classes: Iterable[type]) -> list[str]:
+    """Runtime hooks implemented by component classes, for ``accel plugins``."""
+    names: list[str] = []
+    for cls in classes:
         for attr in dir(cls):
             if attr.startswith("accel_") and hasattr(getattr(cls, attr), hookspecs.PROJECT + "_impl"):
                 names.append(attr)

@@ -205,7 +205,8 @@ class TrackingMixin:
             self.call_isolated("accel_end_training", kernel=self, trackers=True)
 
     def _warn_unsupported(self, hook: str, what: str) -> None:
-        answering = {impl.plugin_name for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()}
+        answering = {impl.plugin_name for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()
+                     if not (impl.wrapper or impl.hookwrapper)}  # a wrapper alone logs nothing
         if not answering:
             names = ", ".join(c.name for c in self.trackers)
             self._warn_once(hook, f"kernel.{what}(): none of the active trackers ({names}) can log this; "

@@ -277,48 +277,46 @@ def _count(n: int) -> str:
 
 
 def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) -> None:
-    """One table per dtype, in the terminal's width: the strategy and its options fold, the numbers do not."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console()
-    console.print(
-        f"`{escape(model.name)}`: {_count(model.numel)} parameters ({_count(model.trainable_numel)} "
-        f"trainable), {format_bytes(4 * model.numel)} in fp32; largest layer `{escape(model.largest_layer)}`: "
-        f"{_count(model.largest_layer_numel)}",
-        highlight=False,
+    """One plain-text table per dtype: the strategy and its options left-aligned, the byte counts right-aligned,
+    columns two spaces apart (so ``re.split(r"\\s{2,}", line)`` reads a row back)."""
+    print(
+        f"`{model.name}`: {_count(model.numel)} parameters ({_count(model.trainable_numel)} trainable), "
+        f"{format_bytes(4 * model.numel)} in fp32; largest layer `{model.largest_layer}`: "
+        f"{_count(model.largest_layer_numel)}"
     )
-    console.print(
+    print(
         f"Memory per process for {query.num_processes} process(es) with {query.optimizer}: parameters + "
-        "gradients + optimizer state, activations not included.",
-        highlight=False,
+        "gradients + optimizer state, activations not included."
     )
+    columns = ("strategy", "params", "grads", "optim", "total", "CPU", "gathered")
     for dtype in query.dtypes:
-        shown = [r for r in rows if r.supported and r.dtype == dtype]
         title = "fp32 (no mixed precision)" if dtype == "fp32" else f"mixed precision {dtype}"
-        table = Table(title=f"{title}; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)")
-        table.add_column("strategy", overflow="fold", min_width=24)
-        for column in ("params", "grads", "optim", "total", "CPU", "gathered"):
-            table.add_column(column, justify="right", no_wrap=True)
-        for row in shown:
+        table: list[tuple[str, ...]] = [columns]
+        for row in (r for r in rows if r.supported and r.dtype == dtype):
             label = row.strategy if row.options == "-" else f"{row.strategy}: {row.options}"
             values = (row.parameters, row.gradients, row.optimizer, row.total, row.cpu, row.gathered)
-            table.add_row(escape(label), *(short_bytes(v) if v or i < 4 else "-" for i, v in enumerate(values)))
-        console.print(table)
+            table.append((label, *(short_bytes(v) if v or i < 4 else "-" for i, v in enumerate(values))))
+        widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+        print(f"\n{title}; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)")
+        for n, line in enumerate(table):
+            cells = [line[0].ljust(widths[0])] + [cell.rjust(w) for cell, w in zip(line[1:], widths[1:], strict=True)]
+            print("  ".join(cells).rstrip())
+            if n == 0:
+                print("  ".join("-" * w for w in widths))
     refused: dict[tuple[str, str, str], list[str]] = {}
     for row in rows:
         if not row.supported:
             refused.setdefault((row.strategy, row.options, row.note), []).append(row.dtype)
+    if refused:
+        print()
     for (strategy, options, note), dtypes in refused.items():
         what = strategy if options == "-" else f"{strategy} {options}"
-        console.print(f"not supported: {escape(what)} ({','.join(dtypes)}): {escape(note)}", highlight=False)
-    console.print(
-        "CPU: moved to host memory by offloading. gathered: the largest layer a sharding strategy gathers at "
-        "once in forward/backward (on top of the total). Precision: bf16/fp16/fp8 train under autocast with fp32 weights (the master weights), fp32 "
-        "gradients and optimizer state, except where a strategy trains 16-bit weights (16-bit weights and "
-        "gradients + fp32 master weights, counted under optimizer).",
-        highlight=False,
+        print(f"not supported: {what} ({','.join(dtypes)}): {note}")
+    print(
+        "\nCPU: moved to host memory by offloading. gathered: the largest layer a sharding strategy gathers at "
+        "once in forward/backward (on top of the total). Precision: bf16/fp16/fp8 train under autocast with fp32 "
+        "weights (the master weights), fp32 gradients and optimizer state, except where a strategy trains 16-bit "
+        "weights (16-bit weights and gradients + fp32 master weights, counted under optimizer)."
     )
 
 

@@ -1,9 +1,9 @@
 """The mixed-precision component: autocast for the forward of prepared models, a gradient scaler for fp16,
 torchao float8 layers for fp8. torch is imported inside methods so the CLI can list and launch without it.
 
-The component answers ``accel_autocast`` only when no strategy answered before it. A strategy that realises the
-precision natively (FSDP's MixedPrecisionPolicy, DeepSpeed's bf16/fp16) answers ``accel_autocast`` itself, so this
-component is never asked, and then stays out of every other hook too (no scaler, no fp8 layers): ``in_charge``.
+When it is part of a run it is in charge of precision: a strategy that realises the precision itself (FSDP's
+MixedPrecisionPolicy, DeepSpeed's bf16/fp16) declares it (``"precision:bf16"`` in its ``provides``), and the kernel
+then leaves this component out of the run altogether (no autocast, no scaler, no fp8 layers).
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ class AmpPrecision(Component):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.mode = settings.mixed_precision
-        self.in_charge = False  # set when the kernel asks us for the autocast context (no strategy answered)
         self.scaler: Any = None  # torch.amp.GradScaler for fp16
         self._optimizers: list[weakref.ref[Any]] = []
         self._unscaled: set[int] = set()  # optimizers unscaled since the last scaler.update()
@@ -93,7 +92,6 @@ class AmpPrecision(Component):
         problem = device_problem(self.mode, device, emulate=bool(self.settings["fp8_emulate"]))
         if problem:
             raise UsageError(problem)
-        self.in_charge = True
         if self.mode == "fp16":
             s = self.settings
             self.scaler = torch.amp.GradScaler(
@@ -111,7 +109,7 @@ class AmpPrecision(Component):
     def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:
         """fp8: swap ``nn.Linear`` layers for torchao ``Float8Linear`` in place (same parameters), before the
         model is compiled or wrapped."""
-        if self.mode != "fp8" or not self.in_charge or model in self._converted:
+        if self.mode != "fp8" or model in self._converted:
             return
         import torch
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training

@@ -10,7 +10,6 @@ from accel.hardware import nvidia_gpus
 
 if TYPE_CHECKING:
     from accel.memory import MemoryQuery, MemoryRow, ModelSummary
-
     from accel_ddp.handlers import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 NAME = "ddp"

@@ -114,7 +114,12 @@ class DDPStrategy(ProcessGroupComponent):
     # ---- models -------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_wrap_model(self, kernel: Kernel, model: torch.nn.Module) -> torch.nn.Module:
+    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
+                               schedulers: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+        return [self.wrap_model(m) for m in models], list(optimizers), list(schedulers)
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model on this process's device, wrapped in DistributedDataParallel when it has trainable parameters."""
         from torch.nn.parallel import DistributedDataParallel
 
         model = model.to(self.device)

@@ -6,18 +6,12 @@ from typing import Any
 
 import torch
 
+from accel.nested import map_tensors
+
 
 def cast_floats(data: Any, dtype: torch.dtype) -> Any:
     """Floating-point tensors of a nested structure cast to ``dtype``; everything else unchanged."""
-    if isinstance(data, torch.Tensor):
-        return data.to(dtype) if data.is_floating_point() else data
-    if isinstance(data, dict):
-        return type(data)({k: cast_floats(v, dtype) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(cast_floats(v, dtype) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(cast_floats(v, dtype) for v in data)
-    return data
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, data)
 
 
 class DeepSpeedModel(torch.nn.Module):

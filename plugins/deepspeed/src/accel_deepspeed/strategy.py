@@ -103,7 +103,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     """Processes, device, engine, training step, checkpoints and launch for DeepSpeed runs."""
 
     role = "strategy"
-    provides = frozenset({"distributed", "precision:bf16", "precision:fp16"})
+    provides = frozenset({"distributed", "sharding", "precision:bf16", "precision:fp16"})  # realised by the engine
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -200,9 +200,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Any:
-        # The engine realises bf16/fp16 itself (low-precision weights, fp32 master weights): no autocast, but an
-        # answer, so a precision plugin's autocast stays out; the kernel still returns fp32 outputs.
-        return contextlib.nullcontext if kernel.mixed_precision != "no" else None
+        # The engine realises bf16/fp16 itself (low-precision weights, fp32 master weights; declared in provides,
+        # so the kernel left the precision plugin out): no autocast, but prepared models still return fp32 outputs.
+        return contextlib.nullcontext if f"precision:{kernel.mixed_precision}" in self.provides else None
 
 
     @hookimpl

@@ -27,7 +27,7 @@ class FSDPStrategy(ProcessGroupComponent):
     """Answers for a fully sharded run (FSDP2). Activated only when selected (``--plugin fsdp``)."""
 
     role = "strategy"
-    provides = frozenset({"distributed", "precision:bf16"})
+    provides = frozenset({"distributed", "sharding", "precision:bf16"})  # bf16: realised here, not by amp
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -65,7 +65,8 @@ class FSDPStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
-        # bf16 is realised by MixedPrecisionPolicy inside fully_shard: no autocast, and no precision plugin.
+        # bf16 (declared in provides, so the kernel left the precision plugin out) is realised by
+        # MixedPrecisionPolicy inside fully_shard: no autocast, but prepared models still return fp32 outputs.
         return contextlib.nullcontext if self.settings.mixed_precision == "bf16" else None
 
     # ---- prepare ------------------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ after those three.
 - bf16 (``mixed_precision="bf16"``): ``ipex.optimize(dtype=torch.bfloat16)`` stores the weights in bf16 with fp32
   master weights (split into bf16 top halves and the optimizer's bf16 "trail" halves for fused optimizers, a full fp32
   copy otherwise). The forward must then run under CPU/XPU autocast: the precision plugin's (accel-plugin-amp) when
-  it is active, which is asked first, or else this component's ``accel_autocast`` (the same
+  one is active (it is in charge of precision), or else this component's ``accel_autocast`` (the same
   ``torch.autocast(device, dtype=torch.bfloat16)``). So ipex provides ``precision:bf16`` on its own.
+- Strategies: one process or a strategy that keeps every parameter whole on each process (ddp). A strategy that
+  declares ``"sharding"`` in its ``provides`` (fsdp, deepspeed) would shard IPEX's prepacked, split bf16 weights:
+  refused.
 - Device: the Intel GPU (XPU) where torch sees one (the kernel's and DDP's device choice already follow
   ``torch.accelerator``); ``ipex_config.use_xpu`` makes its absence an error. A CUDA device is refused.
 """
@@ -35,11 +38,6 @@ if TYPE_CHECKING:
     import torch
 
     from accel.kernel import Kernel
-
-#: Strategies ipex.optimize is known to combine with (it runs before them, on the unwrapped model). Sharding
-#: strategies (fsdp, deepspeed) would shard IPEX's prepacked, split bf16 weights: refused. None = one process.
-SUPPORTED_STRATEGIES = ("ddp",)
-
 
 def _describe(obj: Any) -> str:
     return type(obj).__name__
@@ -89,7 +87,7 @@ class IpexOptimizer(Component):
 
     @hookimpl
     def accel_setup(self, kernel: Kernel) -> None:
-        other = [c.name for c in kernel.components if c.role == "strategy" and c.name not in SUPPORTED_STRATEGIES]
+        other = [c.name for c in kernel.components if c.role == "strategy" and "sharding" in c.provides]
         if other:
             raise UsageError(f"plugin 'ipex' runs on one process or with ddp; it cannot be combined with the "
                              f"{other[0]!r} strategy (it would shard IPEX's prepacked weights)")
@@ -106,8 +104,9 @@ class IpexOptimizer(Component):
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
-        """bf16 when no precision plugin answered first: IPEX's bf16 weights need the forward under autocast."""
-        if not self.bf16:
+        """bf16 when no precision component is active (one is in charge of precision): IPEX's bf16 weights need
+        the forward under autocast."""
+        if not self.bf16 or any(c.role == "precision" for c in kernel.components):
             return None
         import torch
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 

@@ -144,21 +144,17 @@ class XLARandomState:
 def to_cpu(obj: Any, memo: dict[int, Any] | None = None) -> Any:
     """``obj`` with every tensor copied to the CPU (nested dicts/lists/tuples); a tensor that appears twice (tied
     weights) becomes one CPU tensor, so the kernel's writer still sees it as tied."""
-    import torch
+
+    from accel.nested import map_tensors
 
     memo = {} if memo is None else memo
-    if isinstance(obj, torch.Tensor):
-        key = id(obj)
-        if key not in memo:
-            memo[key] = obj.detach().to("cpu")
-        return memo[key]
-    if isinstance(obj, Mapping):
-        return {k: to_cpu(v, memo) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(to_cpu(v, memo) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_cpu(v, memo) for v in obj)
-    return obj
+
+    def copy(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in memo:
+            memo[id(tensor)] = tensor.detach().to("cpu")
+        return memo[id(tensor)]
+
+    return map_tensors(copy, obj)
 
 
 class XLAStrategy(Component):

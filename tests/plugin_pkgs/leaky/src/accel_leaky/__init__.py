@@ -9,5 +9,5 @@ from accel import hookimpl
 
 
 @hookimpl
-def accel_wrap_model(kernel: Any, model: Any) -> Any:
-    return model
+def accel_prepare_dataloader(kernel: Any, dataloader: Any) -> Any:
+    return dataloader

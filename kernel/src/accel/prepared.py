@@ -1,0 +1,289 @@
+"""The objects ``Kernel.prepare`` hands back around the user's: the optimizer and scheduler wrappers, the
+autocast module wrapper, and the gradient-accumulation state they share (re-exported by :mod:`accel.kernel`)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accel.data import PreparedDataLoader
+from accel.errors import UsageError
+from accel.nested import map_tensors
+
+#: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
+
+if TYPE_CHECKING:
+    from accel.kernel import Kernel
+
+
+class GradientState:
+    """Shared between the Kernel and its dataloaders: whether this step syncs and where the epoch is."""
+
+    def __init__(self) -> None:
+        self.sync_gradients = True
+        self.step = 0
+        self.active: list[PreparedDataLoader] = []
+        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
+        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
+        self.end_of_dataloader = False
+
+    def enter(self, loader: PreparedDataLoader) -> None:
+        self.active.append(loader)
+        self.refresh()
+
+    def leave(self, loader: PreparedDataLoader) -> None:
+        if loader in self.active:
+            self.active.remove(loader)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
+        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        return self.active[-1].remainder if self.active else 0
+
+
+class _Accumulate:
+    """The context ``Kernel.accumulate`` returns (a small class: it runs on every training step, where a generator
+    based context manager costs several times more)."""
+
+    __slots__ = ("kernel", "models", "stack")
+
+    def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
+        self.kernel, self.models = kernel, models
+        self.stack: contextlib.ExitStack[bool | None] | None = None
+
+    def __enter__(self) -> None:
+        kernel = self.kernel
+        state = kernel.gradient_state
+        state.step += 1
+        end = state.end_of_dataloader
+        state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
+        if end:
+            state.step = 0
+        if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
+            with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
+                for model in self.models:
+                    stack.enter_context(kernel.no_sync(model))
+                self.stack = stack.pop_all()
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
+        stack = self.stack
+        if stack is None:
+            return False
+        self.stack = None
+        return bool(stack.__exit__(kind, value, traceback))
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """Wraps a user optimizer: ``step`` and ``zero_grad`` act only on steps that sync gradients, and go through the
+    active plugins (grad scaler, DeepSpeed engine, ...). ``step_was_skipped`` tells whether the last step was
+    skipped (inf/NaN gradients). Every other attribute is the wrapped optimizer's, read and written through (a
+    schedule-free optimizer's ``train()``/``eval()``, ``optimizer.foo = x``)."""
+
+    def __init__(self, kernel: Kernel, optimizer: torch.optim.Optimizer):  # noqa: D107 - no super().__init__ on purpose
+        own = self.__dict__
+        own["optimizer"] = optimizer
+        own["kernel"] = kernel
+        own["step_was_skipped"] = False
+
+    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
+        if name in _PREPARED_OPTIMIZER_OWN:
+            raise AttributeError(name)
+        return getattr(self.__dict__["optimizer"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PREPARED_OPTIMIZER_OWN or hasattr(type(self), name):  # the wrapper's own (step, state, ...)
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__dict__["optimizer"], name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self.__dict__:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.__dict__["optimizer"], name)
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> Any:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> Any:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: Any) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        kernel = self.kernel
+        if not kernel.gradient_state.sync_gradients:
+            return
+        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
+            if set_to_none:
+                self.optimizer.zero_grad()  # the default: a call without keywords is cheaper on every step
+            else:
+                self.optimizer.zero_grad(set_to_none=False)
+        else:
+            kernel._hot.zero_grad(kernel=kernel, optimizer=self.optimizer, set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        kernel = self.kernel
+        if not kernel.gradient_state.sync_gradients:
+            return
+        if closure is not None:
+            raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
+        if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
+            self.optimizer.step()
+            if self.step_was_skipped:  # (a store through __setattr__ costs a Python call: only when it changes)
+                self.__dict__["step_was_skipped"] = False
+        else:
+            self.__dict__["step_was_skipped"] = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
+
+    def __repr__(self) -> str:
+        return f"Prepared{self.optimizer!r}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+_PREPARED_OPTIMIZER_OWN = frozenset({"optimizer", "kernel", "step_was_skipped"})
+
+
+def _forward_to_optimizer(name: str) -> Callable[..., Any]:
+    def forward(self: PreparedOptimizer, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.optimizer, name)(*args, **kwargs)
+
+    forward.__name__ = forward.__qualname__ = name
+    return forward
+
+
+# torch.optim.Optimizer's other public methods (hook registration, ...) act on the wrapped optimizer: the wrapper
+# never ran Optimizer.__init__, so it has none of the state they would touch on itself.
+for _name, _value in vars(torch.optim.Optimizer).items():
+    if not _name.startswith("_") and inspect.isfunction(_value) and _name not in vars(PreparedOptimizer):
+        setattr(PreparedOptimizer, _name, _forward_to_optimizer(_name))
+
+
+class PreparedScheduler:
+    """Wraps an LR scheduler so it steps as it does under Accelerate (``scheduler_steps="accelerate"``, the
+    default): a scheduler built for ``len(dataloader) * epochs`` batches *before* ``prepare`` ends on time.
+
+    - It steps only when the optimizer stepped: not on accumulation steps (there it only counts ``_step_count``,
+      as Accelerate's ``adjust_scheduler`` does) and not after a step skipped for inf/NaN gradients.
+    - On a step it steps ``num_processes`` times, since each process saw ``1/num_processes`` of the batches the
+      schedule was built from; once with ``split_batches`` (the batches are split, not dealt). A scheduler with
+      ``total_steps`` (``OneCycleLR``) stops at its end instead of raising.
+    - ``Kernel(step_scheduler_with_optimizer=False)``: every call steps once, as written.
+
+    ``scheduler_steps="per_optimizer_step"`` steps once per optimizer step whatever the number of processes: a
+    schedule counted in optimizer steps (``num_training_steps`` from the prepared dataloader's length). Every other
+    attribute is the wrapped scheduler's, read and written through."""
+
+    def __init__(self, kernel: Kernel, scheduler: Any, optimizers: Sequence[PreparedOptimizer]):
+        own = self.__dict__
+        own["scheduler"] = scheduler
+        own["kernel"] = kernel
+        inner = getattr(scheduler, "optimizer", None)
+        own["optimizers"] = [o for o in optimizers if o.optimizer is inner] or list(optimizers)
+        per_optimizer_step = kernel.settings["scheduler_steps"] == "per_optimizer_step"
+        #: scheduler steps per optimizer step; Accelerate's rule also counts accumulation steps in _step_count
+        own["_repeat"] = 1 if (per_optimizer_step or kernel.split_batches) else kernel.data_parallel_size
+        own["_count_accumulation"] = not per_optimizer_step and kernel._data.adjust_scheduler
+        own["_limited"] = hasattr(scheduler, "total_steps")  # OneCycleLR: raises when stepped past its end
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        kernel = self.kernel
+        scheduler = self.scheduler
+        if not kernel.step_scheduler_with_optimizer:
+            scheduler.step(*args, **kwargs)
+            return
+        if not kernel.gradient_state.sync_gradients:
+            if self._count_accumulation and hasattr(scheduler, "_step_count"):
+                scheduler._step_count += 1
+            return
+        for optimizer in self.optimizers:
+            if optimizer.step_was_skipped:
+                return
+        repeat = self._repeat
+        if repeat == 1 and not self._limited:
+            scheduler.step(*args, **kwargs)
+            return
+        for _ in range(repeat):
+            if self._limited and scheduler._step_count > scheduler.total_steps:
+                break  # OneCycleLR raises past its last step; Accelerate stops it there
+            scheduler.step(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
+        if name in ("scheduler", "kernel", "optimizers"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["scheduler"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__ or hasattr(type(self), name):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.__dict__["scheduler"], name, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+
+class AutocastModule(torch.nn.Module):
+    """Runs the wrapped module's forward under the precision plugin's autocast and returns float outputs in fp32.
+    ``unwrap_model`` returns the user's module without it."""
+
+    def __init__(self, module: torch.nn.Module, context: Callable[[], contextlib.AbstractContextManager[Any]]):
+        super().__init__()
+        self.module = module
+        self._context = context
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self._context():
+            out = self.module(*args, **kwargs)
+        return _to_fp32(out)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["module"], name)
+
+
+def _to_fp32(obj: Any) -> Any:
+    """Half-precision float tensors of a nested output (named tuples included) cast to fp32."""
+    return map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, obj)

@@ -1,0 +1,241 @@
+"""The Kernel's process control and collectives on nested data (mixed into :class:`accel.Kernel`):
+``wait_for_everyone``, ``main_process_first``, ``on_*process``, ``split_between_processes``, ``gather``,
+``gather_object``, ``gather_for_metrics``, ``reduce``, ``pad_across_processes``, ``broadcast``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accel.nested import map_tensors
+
+#: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
+
+if TYPE_CHECKING:
+    from accel.contract import Collectives
+    from accel.prepared import GradientState
+
+
+class ProcessOpsMixin:
+    """Process control and collectives of :class:`accel.Kernel` (every method runs on the Kernel, which sets
+    these attributes and answers these properties)."""
+
+    collectives: Collectives
+    gradient_state: GradientState
+    _leaders: list[int] | None  # gather_for_metrics: the first process of each data shard, learnt once
+
+    @property
+    def num_processes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def process_index(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def local_process_index(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def data_parallel_index(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def data_parallel_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def is_main_process(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def is_local_main_process(self) -> bool:
+        raise NotImplementedError
+
+    # ---- processes ----------------------------------------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        self.collectives.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block first (e.g. downloads), then the others."""
+        yield from self._first(self.is_main_process)
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        yield from self._first(self.is_local_main_process)
+
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def on_main_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``fn`` on the main process only (returns None elsewhere)."""
+        return self.on_process(fn, process_index=0)
+
+    def on_local_main_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return self.on_local_process(fn, local_process_index=0)
+
+    def on_last_process(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return self.on_process(fn, process_index=self.num_processes - 1)
+
+    def on_process(self, fn: Callable[..., Any] | None = None, *, process_index: int = 0) -> Any:
+        if fn is None:
+            return functools.partial(self.on_process, process_index=process_index)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if self.process_index == process_index else None
+
+        return run
+
+    def on_local_process(self, fn: Callable[..., Any] | None = None, *, local_process_index: int = 0) -> Any:
+        if fn is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if self.local_process_index == local_process_index else None
+
+        return run
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of a list, tuple, dict of sequences or tensor (the first
+        ``len % N`` processes get one more). ``apply_padding`` repeats the last element so all shares are equal."""
+        n, r = self.num_processes, self.process_index
+        if n == 1:
+            yield inputs
+            return
+
+        def split(seq: Any) -> Any:
+            size, extra = divmod(len(seq), n)
+            start = r * size + min(r, extra)
+            end = start + size + (1 if r < extra else 0)
+            part = seq[start:end]
+            if apply_padding and extra and r >= extra:
+                pad = seq[-1:]
+                part = torch.cat([part, pad]) if isinstance(part, torch.Tensor) else part + type(part)(pad)
+            return part
+
+        if isinstance(inputs, Mapping):
+            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
+        else:
+            yield split(inputs)
+
+    # ---- collectives on nested data -----------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Gather tensors (or nested structures of them) from all processes and concatenate on dim 0, in process
+        order. Works when processes hold different numbers of rows."""
+        if self.num_processes == 1:
+            return tensor
+        return map_tensors(self._gather_one, tensor, strict=True)
+
+    def _shard_leaders(self) -> list[int]:
+        """The first process of each data shard, in shard order (collective the first time)."""
+        if self._leaders is None:
+            shards = self.collectives.all_gather_object(self.data_parallel_index)
+            self._leaders = [shards.index(i) for i in range(self.data_parallel_size)]
+        return list(self._leaders)
+
+    def _gather_one(self, tensor: torch.Tensor, keep: list[int] | None = None) -> torch.Tensor:
+        if tensor.ndim == 0:
+            tensor = tensor[None]
+        tensor = tensor.contiguous()
+        sizes = [int(s.item()) for s in self.collectives.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device))]
+        top = max(sizes)
+        if top != tensor.shape[0]:
+            pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
+            tensor = torch.cat([tensor, pad])
+        parts = self.collectives.all_gather(tensor)
+        pairs = list(zip(parts, sizes, strict=True))
+        return torch.cat([p[:s] for p, s in (pairs if keep is None else [pairs[i] for i in keep])])
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather picklable objects; lists are concatenated, other objects collected in a list."""
+        parts = self.collectives.all_gather_object(obj)
+        if all(isinstance(p, list) for p in parts):
+            return [x for p in parts for x in p]
+        return parts
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather`` for evaluation: on the last batch of an epoch, drops the samples that even batching
+        duplicated, so the result over an epoch has exactly ``len(dataset)`` items."""
+        tensors_only = True
+        try:
+            map_tensors(lambda t: t, input_data, strict=True)
+        except TypeError:
+            tensors_only = False
+        if self.data_parallel_size != self.num_processes:  # one process's values per data shard
+            keep = self._shard_leaders()
+            parts = self.collectives.all_gather_object(input_data) if (use_gather_object or not tensors_only) else None
+            if parts is not None:
+                parts = [parts[i] for i in keep]
+                data = [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else parts
+            else:
+                data = map_tensors(lambda t: self._gather_one(t, keep), input_data, strict=True)
+        else:
+            data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
+        state = self.gradient_state
+        if state.end_of_dataloader and state.remainder > 0:
+            if isinstance(data, list) and not tensors_only:
+                return data[: state.remainder]
+            return map_tensors(lambda t: t[: state.remainder], data, strict=True)
+        return data
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce (``"sum"``, ``"mean"``, ``"max"`` or ``"none"``) tensors of a nested structure, then
+        multiply by ``scale``. Returns new tensors; inputs are not modified."""
+        if reduction not in ("sum", "mean", "max", "none"):
+            raise ValueError(f"reduction must be sum, mean, max or none, got {reduction!r}")
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            t = t.clone()
+            if reduction != "none" and self.num_processes > 1:
+                self.collectives.all_reduce(t, "max" if reduction == "max" else "sum")
+                if reduction == "mean":
+                    t = t / self.num_processes
+            return t * scale if scale != 1.0 else t
+
+        return map_tensors(one, tensor, strict=True)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad tensors along ``dim`` to the largest size over all processes, so they can be gathered."""
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            if self.num_processes == 1 or t.ndim == 0:
+                return t
+            d = dim % t.ndim
+            sizes = self.collectives.all_gather(torch.tensor([t.shape[d]], device=t.device))
+            top = max(int(s.item()) for s in sizes)
+            if top == t.shape[d]:
+                return t
+            shape = list(t.shape)
+            shape[d] = top - t.shape[d]
+            pad = t.new_full(shape, pad_index)
+            return torch.cat([pad, t] if pad_first else [t, pad], dim=d)
+
+        return map_tensors(one, tensor, strict=True)
+
+    def broadcast(self, data: Any, from_process: int = 0) -> Any:
+        """Tensors of process ``from_process`` on every process (in place); other objects via pickling."""
+        if self.num_processes == 1:
+            return data
+        try:
+            return map_tensors(lambda t: self.collectives.broadcast(t.contiguous(), from_process), data, strict=True)
+        except TypeError:
+            return self.collectives.broadcast_object(data, from_process)
