@@ -111,7 +111,7 @@ def test_the_unchanged_tracker_template_passes_the_new_checks(site: Path, tmp_pa
 
 STRATEGY = "strategy.py"
 SYNC_LINE = "        if kernel.sync_gradients and kernel.num_processes > 1:\n"
-WRAP_RETURN = "        self.models.append(model)\n        return model\n"
+WRAP_RETURN = "            self.models.append(model)\n        return list(models), list(optimizers), list(schedulers)\n"
 OWN_WRAPPER = '''        import copy
 
         import torch
@@ -126,9 +126,9 @@ OWN_WRAPPER = '''        import copy
             def forward(self, *args: Any, **kwargs: Any) -> Any:
                 return self.inner(*args, **kwargs)
 
-        wrapper = AvgdpModule(model)
-        self.models.append(wrapper)
-        return wrapper
+        wrappers = [AvgdpModule(model) for model in models]
+        self.models.extend(wrappers)
+        return wrappers, list(optimizers), list(schedulers)
 '''
 
 
