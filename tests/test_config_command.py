@@ -40,16 +40,10 @@ def env(tmp_path: Path, shadow: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def fake_backends(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Test plugins that ask DeepSpeed's and dynamo's questions, pip-installed into a --target directory. Put it
-    first on PYTHONPATH: they are discovered through their entry points and shadow real accel-plugin-deepspeed /
-    accel-plugin-dynamo installations (same distribution names)."""
-    target = tmp_path_factory.mktemp("fake_backends")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "--target", str(target),
-                    str(FIXTURES / "fake_deepspeed"), str(FIXTURES / "fake_dynamo")],
-                   check=True, capture_output=True)
-    return target
+def backends_shadow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every published plugin hidden but ddp and the real accel-plugin-deepspeed and accel-plugin-dynamo (installed
+    editable by `make setup`), whose `accel config` questions the DeepSpeed test answers."""
+    return hide_plugins(tmp_path_factory.mktemp("shadow_backends"), keep=("ddp", "deepspeed", "dynamo"))
 
 
 def accel(args: list[str], env: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
@@ -143,9 +137,9 @@ def test_config_multi_node_questions(env: dict[str, str], tmp_path: Path) -> Non
     assert not (Path(env["ACCEL_HOME"]) / "default_config.yaml").exists()
 
 
-def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], fake_backends: Path) -> None:
-    """The DeepSpeed and dynamo questions come from a plugin through `accel_config_questions`."""
-    env = dict(env, PYTHONPATH=f"{fake_backends}{os.pathsep}{env['PYTHONPATH']}")  # the fakes first: they win
+def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], backends_shadow: Path) -> None:
+    """The DeepSpeed and dynamo questions come from the real plugins through `accel_config_questions`."""
+    env = dict(env, PYTHONPATH=str(backends_shadow))
     term = Terminal(env)
     machine = term.menu("Which type of machine are you using", r"TPU \(XLA\) \(not installed: pip install accel-plugin-xla\)")
     assert "multi-GPU" in machine
@@ -170,6 +164,7 @@ def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], fake_back
     term.answer("Which mode do you want to use", DOWN + "\r")  # reduce-overhead
     term.answer("fullgraph mode", "y")
     term.answer("dynamic shape tracing", "n")
+    term.answer("regional compilation", "y")
     term.answer("How many processes should be used", CLEAR + "4\r")
     term.answer(r"What GPU\(s\) \(by id\)", CLEAR + "0,1,2,3\r")
     term.answer("Do you wish to use mixed precision", "\r")
@@ -183,7 +178,8 @@ def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], fake_back
         "zero3_init_flag": True,
     }
     assert data["dynamo_config"] == {"dynamo_backend": "inductor", "dynamo_mode": "reduce-overhead",
-                                     "dynamo_use_fullgraph": True, "dynamo_use_dynamic": False}
+                                     "dynamo_use_fullgraph": True, "dynamo_use_dynamic": False,
+                                     "dynamo_use_regional_compilation": True}
     assert data["num_processes"] == 4 and data["gpu_ids"] == "0,1,2,3" and data["use_cpu"] is False
     # The plugin's keys validate and show where they came from.
     shown = json.loads(accel(["config", "show", "--json"], env).stdout)["settings"]

@@ -165,6 +165,7 @@ def test_split_between_processes_on_two_processes(checks: dict[str, Any]) -> Non
     assert (c0["split_list"], c1["split_list"]) == ([0, 1, 2], [3, 4])
     assert (c0["split_list_padded"], c1["split_list_padded"]) == ([0, 1, 2], [3, 4, 4])
     assert (c0["split_tensor"], c1["split_tensor"]) == ([0, 1, 2], [3, 4, 5])
+    assert (c0["split_tensor_padded"], c1["split_tensor_padded"]) == ([0, 1, 2], [3, 4, 4])
     assert c0["split_dict"] == {"a": [1, 2], "b": [0, 1]} and c1["split_dict"] == {"a": [3, 4], "b": [2, 3]}
 
 
@@ -210,6 +211,13 @@ def test_even_batches_gives_equal_full_batches(checks: dict[str, Any], case: str
     assert all(len(b) == bs for b in b0["batches"] + b1["batches"])  # completed from the start of the data
     seen = [i for b in b0["batches"] + b1["batches"] for i in b]
     assert set(seen) == set(range(n))
+    # only the padding is seen twice, and it is taken from the start of the data
+    padding = len(seen) - n
+    assert 0 <= padding < 2 * bs
+    repeated = sorted(seen)
+    for i in range(n):
+        repeated.remove(i)
+    assert repeated == sorted(i % n for i in range(padding))
     if n % (2 * bs) == 0:  # divisible: disjoint shards, nothing repeated; rank r takes batches r, r+2, ...
         assert sorted(seen) == list(range(n))
         for r, b in enumerate((b0, b1)):
@@ -246,6 +254,10 @@ def test_shuffled_and_iterable_loaders_on_two_processes(checks: dict[str, Any]) 
     assert b0["gathered"] == b1["gathered"] and sorted(b0["gathered"]) == list(range(10))
     assert b0["gathered"] != list(range(10))  # shuffled, with the same permutation on both processes
     assert not set(b0["batches"][0]) & set(b1["batches"][0])
+    for e0, e1 in zip(b0["epochs"], b1["epochs"], strict=True):  # each process iterates its slice: batches r, r+2, ...
+        order = [i for pair in zip(e0["batches"], e1["batches"], strict=True) for b in pair for i in b]
+        assert order[:10] == e0["gathered"] == e1["gathered"]
+    assert b0["epochs"][0]["gathered"] != b0["epochs"][1]["gathered"]  # reshuffled in each epoch
     for mode in ("even", "uneven"):
         i0, i1 = (checks["ranks"][r]["sharding"][f"{mode}_iterable_10_3"] for r in (0, 1))
         assert sorted(i0["gathered"]) == list(range(10)) and i0["gathered"] == i1["gathered"]
@@ -258,6 +270,8 @@ def test_accumulate_all_reduces_once_per_optimizer_step(checks: dict[str, Any]) 
         assert acc["model_type"] == "DistributedDataParallel"
         expected_sync = [False, False, False, True, False, False, False, True, False, True]
         assert acc["syncs"] == expected_sync
+        # local gradients differ between processes until the all-reduce, then they are identical
+        assert acc["grads_equal_across_processes"] == expected_sync
         assert acc["optimizer_steps"] == 3
         # The comm hook fired exactly on the sync micro-batches (4, 8 and the last one): one all-reduce per step.
         assert acc["hook_calls"] == [4, 8, 10]
@@ -373,10 +387,16 @@ def test_no_python_runs_an_executable_under_torchrun(tmp_path: Path, reference: 
 
 @multiprocess
 def test_failing_script_makes_accel_launch_fail(tmp_path: Path) -> None:
-    proc = run([str(ACCEL), "launch", "-n", "2", str(SCRIPTS / "train_equiv.py"), str(tmp_path / "out"),
-                "--exit_code", "3"], clean_env(tmp_path / "home"), expect_ok=False)
+    """A script that fails on every attempt: tried once more (--max_restarts 1), then the launch fails with its code."""
+    out = tmp_path / "out"
+    proc = run([str(ACCEL), "launch", "-n", "2", "--max_restarts", "1", "--monitor_interval", "0.2",
+                str(SCRIPTS / "train_equiv.py"), str(out), "--exit_code", "3"], clean_env(tmp_path / "home"),
+               expect_ok=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "exits with 3 on purpose" in proc.stderr
+    for r in (0, 1):
+        assert (out / f"attempts_rank{r}.txt").read_text().splitlines() == ["restart 0", "restart 1"]
+    assert not list(out.glob("rank*.json"))
 
 
 # ---- SLURM -----------------------------------------------------------------------------------------------------

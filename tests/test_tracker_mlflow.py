@@ -54,13 +54,13 @@ class TestMLflowConformance(TrackerConformance):
     def environment(self, tmp_path: Path) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.uri}
 
-    def read_scalars(self, tmp_path: Path, project: str) -> dict[str, dict[int, float]]:
-        scalars: dict[str, dict[int, float]] = {}
+    def read_series(self, tmp_path: Path, project: str) -> dict[str, list[tuple[int, float]]]:
+        series: dict[str, list[tuple[int, float]]] = {}
         for run in runs_of(self.uri, project, tmp_path.name):
             for key in run.data.metrics:
-                for m in client(self.uri).get_metric_history(run.info.run_id, key):
-                    scalars.setdefault(key, {})[m.step] = m.value
-        return scalars
+                history = client(self.uri).get_metric_history(run.info.run_id, key)
+                series.setdefault(key, []).extend((m.step, m.value) for m in sorted(history, key=lambda m: m.timestamp))
+        return series
 
     def read_config(self, tmp_path: Path, project: str) -> dict[str, str]:
         (run,) = runs_of(self.uri, project, tmp_path.name)

@@ -37,9 +37,9 @@ class TestTensorBoardConformance(TrackerConformance):
     name = "tensorboard"
     backend_modules = ("tensorboard", "torch.utils.tensorboard")
 
-    def read_scalars(self, tmp_path: Path, project: str) -> dict[str, dict[int, float]]:
+    def read_series(self, tmp_path: Path, project: str) -> dict[str, list[tuple[int, float]]]:
         acc = accumulator(tmp_path / "project" / project)
-        return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
     def read_config(self, tmp_path: Path, project: str) -> dict[str, str]:
         return hparams(accumulator(tmp_path / "project" / project))

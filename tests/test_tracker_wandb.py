@@ -55,14 +55,14 @@ class TestWandbConformance(TrackerConformance):
     def environment(self, tmp_path: Path) -> dict[str, str]:
         return offline_env(tmp_path)
 
-    def read_scalars(self, tmp_path: Path, project: str) -> dict[str, dict[int, float]]:
-        scalars: dict[str, dict[int, float]] = {}
+    def read_series(self, tmp_path: Path, project: str) -> dict[str, list[tuple[int, float]]]:
+        series: dict[str, list[tuple[int, float]]] = {}
         for run in runs(tmp_path, project):
             for row in run["history"]:
                 for key, value in row.items():
                     if not key.startswith("_") and isinstance(value, (int, float)):
-                        scalars.setdefault(key, {})[row["_step"]] = value
-        return scalars
+                        series.setdefault(key, []).append((row["_step"], value))
+        return series
 
     def read_config(self, tmp_path: Path, project: str) -> dict[str, str]:
         (run,) = runs(tmp_path, project)

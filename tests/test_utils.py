@@ -1,7 +1,7 @@
 """accel.utils and the Kernel utilities of issue 16: set_seed, tqdm, find_executable_batch_size, LocalSGD, the
 kwargs handlers (Kernel(kwargs_handlers=...)), Kernel.profile, set_trigger/check_trigger and the ddp plugin's
 communication hooks. Single-process tests first; then one `accel launch -n 2` (ddp, gloo) of
-tests/ddp_scripts/utils_checks.py read by the multi-process tests."""
+tests/scripts/utils_checks.py read by the multi-process tests."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from accel import UsageError
 from accel.testing import imported_modules, run_launch
 
-SCRIPTS = Path(__file__).parent / "ddp_scripts"
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_import_accel_utils_imports_no_torch_numpy_or_tqdm() -> None:

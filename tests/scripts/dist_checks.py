@@ -85,6 +85,8 @@ def collectives(kernel: Kernel) -> dict[str, Any]:
         res["split_list_padded"] = part
     with kernel.split_between_processes(torch.arange(6)) as part:
         res["split_tensor"] = part
+    with kernel.split_between_processes(torch.arange(5), apply_padding=True) as part:
+        res["split_tensor_padded"] = part
     with kernel.split_between_processes({"a": [1, 2, 3, 4], "b": torch.arange(4)}) as part:
         res["split_dict"] = part
     return res
@@ -150,18 +152,24 @@ def coordination(kernel: Kernel) -> dict[str, Any]:
     return res
 
 
-def shard(kernel: Kernel, n: int, batch_size: int, shuffle: bool = False, iterable: bool = False) -> dict[str, Any]:
+def shard(kernel: Kernel, n: int, batch_size: int, shuffle: bool = False, iterable: bool = False,
+          epochs: int = 1) -> dict[str, Any]:
     """Iterate a prepared loader over arange(n); record this process's batches and what gather_for_metrics
-    returned. A collective runs every step, so a process that ran out of batches would hang the others."""
+    returned (the first epoch's, and what gather_for_metrics returned in each epoch). A collective runs every
+    step, so a process that ran out of batches would hang the others."""
     ds: Any = Stream(n) if iterable else TensorDataset(torch.arange(n))
     dl = kernel.prepare(DataLoader(ds, batch_size=batch_size, shuffle=shuffle))
-    batches, gathered = [], []
-    for batch in dl:
-        x = batch if iterable else batch[0]
-        batches.append(x.tolist())
-        gathered.extend(kernel.gather_for_metrics(x).tolist())
-        kernel.reduce(torch.tensor([len(x)]), "sum")  # another collective per step
-    return {"batches": batches, "len": None if iterable else len(dl), "gathered": gathered}
+    per_epoch = []
+    for _ in range(epochs):
+        batches, gathered = [], []
+        for batch in dl:
+            x = batch if iterable else batch[0]
+            batches.append(x.tolist())
+            gathered.extend(kernel.gather_for_metrics(x).tolist())
+            kernel.reduce(torch.tensor([len(x)]), "sum")  # another collective per step
+        per_epoch.append((batches, gathered))
+    return {"batches": per_epoch[0][0], "len": None if iterable else len(dl), "gathered": per_epoch[0][1],
+            "epochs": [{"batches": b, "gathered": g} for b, g in per_epoch]}
 
 
 def sharding(even: Kernel, uneven: Kernel) -> dict[str, Any]:
@@ -170,7 +178,7 @@ def sharding(even: Kernel, uneven: Kernel) -> dict[str, Any]:
     for name, (n, bs) in cases.items():
         res[f"even_{name}"] = shard(even, n, bs)
         res[f"uneven_{name}"] = shard(uneven, n, bs)
-    res["even_shuffle_10_3"] = shard(even, 10, 3, shuffle=True)
+    res["even_shuffle_10_3"] = shard(even, 10, 3, shuffle=True, epochs=2)
     res["even_iterable_10_3"] = shard(even, 10, 3, iterable=True)
     res["uneven_iterable_10_3"] = shard(uneven, 10, 3, iterable=True)
     return res
@@ -215,12 +223,14 @@ def accumulation(k: int) -> dict[str, Any]:
         return fut.then(lambda f: f.value()[0])
 
     model.register_comm_hook(state, counting_hook)
-    syncs, norms, opt_steps = [], [], 0
+    syncs, norms, grads_equal, opt_steps = [], [], [], 0
     for xb, yb in dl:
         state["step"] += 1
         with kernel.accumulate(model):
             kernel.backward(nn.functional.mse_loss(model(xb), yb))
             syncs.append(kernel.sync_gradients)
+            grads = kernel.gather(torch.cat([p.grad.flatten() for p in model.parameters()])[None])
+            grads_equal.append(all(torch.equal(g, grads[0]) for g in grads.unbind(0)))
             norm = kernel.clip_grad_norm_(model.parameters(), 0.1)
             after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
             norms.append([None if norm is None else float(norm), float(after)])
@@ -233,6 +243,7 @@ def accumulation(k: int) -> dict[str, Any]:
         "model_type": type(model).__name__,
         "hook_calls": calls,
         "syncs": syncs,
+        "grads_equal_across_processes": grads_equal,
         "norms": norms,
         "optimizer_steps": opt_steps,
         "params_equal_everywhere": bool(all(torch.equal(p, params) for p in

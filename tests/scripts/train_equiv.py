@@ -80,6 +80,9 @@ def main() -> None:
     # steps: accel's per-optimizer-step rule, not Accelerate's (which steps N times per optimizer step).
     kernel = Kernel(plugins=args.plugin, scheduler_steps="per_optimizer_step")
     if args.exit_code is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with (args.out / f"attempts_rank{kernel.process_index}.txt").open("a") as fh:
+            fh.write(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}\n")
         print(f"process {kernel.process_index} exits with {args.exit_code} on purpose", file=sys.stderr)
         sys.exit(args.exit_code)
     if args.fail_once is not None and kernel.is_main_process and not args.fail_once.exists():

@@ -27,13 +27,13 @@ class TestJsonlConformance(TrackerConformance):
 
     name = "jsonl"
 
-    def read_scalars(self, tmp_path: Path, project: str) -> dict[str, dict[int, float]]:
-        scalars: dict[str, dict[int, float]] = {}
+    def read_series(self, tmp_path: Path, project: str) -> dict[str, list[tuple[int, float]]]:
+        series: dict[str, list[tuple[int, float]]] = {}
         for event in events(tmp_path, project):
             if event["event"] == "log":
                 for key, value in event["values"].items():
-                    scalars.setdefault(key, {})[event["step"]] = value
-        return scalars
+                    series.setdefault(key, []).append((event["step"], value))
+        return series
 
     def read_config(self, tmp_path: Path, project: str) -> dict[str, str]:
         return flat(events(tmp_path, project)[0]["config"])

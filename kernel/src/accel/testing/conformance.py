@@ -8,8 +8,8 @@ In your plugin's tests::
         name = "mytracker"                 # the entry-point name
         backend_modules = ("mybackend",)   # must not be imported by the entry-point module
 
-        def read_scalars(self, tmp_path, project):   # what your backend recorded: {key: {step: value}}
-            ...
+        def read_series(self, tmp_path, project):    # what your backend recorded, every point in order:
+            ...                                       # {key: [(step, value), ...]}, duplicates kept
 
         def read_config(self, tmp_path, project):    # the recorded hyper-parameters, flattened with "/"
             ...
@@ -17,12 +17,18 @@ In your plugin's tests::
 pytest collects the inherited ``test_*`` methods. The Kernel used in the tests has ``project_dir=tmp_path /
 "project"`` and only your plugin registered; override :meth:`TrackerConformance.init_kwargs` and
 :meth:`TrackerConformance.environment` to point the backend somewhere (a server, offline mode).
+
+The suites check behaviour, not only answers: a tracker's records are read back and must hold each logged point
+exactly once, in order, and no file under the test's directory may stay open after ``end_training()``; a
+strategy's local gradients must stay local on the micro-batches that do not synchronise (and agree after the
+ones that do), and ``unwrap_model`` must return the very module object the user prepared.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -77,6 +83,23 @@ class BrokenTrackerPlugin:
         return self.component if "broken" in (settings.get("log_with") or []) else None
 
 
+def open_files_under(directory: Path) -> list[str]:
+    """The files under ``directory`` this process holds open (from ``/proc/self/fd``; skips where there is none)."""
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("no /proc/self/fd on this system: open files cannot be listed")
+    root = os.path.realpath(directory)
+    found = []
+    for fd in os.listdir(fds):
+        try:
+            target = os.readlink(fds / fd)
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        if target.startswith(root + os.sep):
+            found.append(os.path.relpath(target, root))
+    return sorted(found)
+
+
 def _accel_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
@@ -118,9 +141,15 @@ class TrackerConformance(_PluginChecks):
         """Environment variables the backend needs in the test (offline mode, a tracking URI)."""
         return {}
 
+    def read_series(self, tmp_path: Path, project: str) -> dict[str, list[tuple[int, float]]]:
+        """Every point the backend recorded for the run(s) of ``project``, read back from the backend itself:
+        ``{key: [(step, value), ...]}`` in the order recorded, duplicates kept (a tracker writing a row twice must
+        show it here)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement read_series(tmp_path, project)")
+
     def read_scalars(self, tmp_path: Path, project: str) -> dict[str, dict[int, float]]:
-        """What the backend recorded for the run(s) of ``project``: ``{key: {step: value}}``."""
-        raise NotImplementedError
+        """``{key: {step: value}}``, from :meth:`read_series`."""
+        return {key: dict(points) for key, points in self.read_series(tmp_path, project).items()}
 
     def read_config(self, tmp_path: Path, project: str) -> dict[str, str]:
         """The hyper-parameters recorded for ``project``, nested keys joined with "/", values as strings."""
@@ -153,12 +182,18 @@ class TrackerConformance(_PluginChecks):
             kernel.log({"loss": loss_at(step), "accuracy": step / 10}, step=step)
 
     def _check_scalars(self, tmp_path: Path, project: str) -> None:
-        scalars = self.read_scalars(tmp_path, project)
-        assert set(scalars) >= {"loss", "accuracy"}, f"recorded keys: {sorted(scalars)}"
-        assert sorted(scalars["loss"]) == list(range(STEPS))
-        for step in range(STEPS):
-            assert math.isclose(scalars["loss"][step], loss_at(step), rel_tol=1e-6)
-            assert math.isclose(scalars["accuracy"][step], step / 10, rel_tol=1e-6, abs_tol=1e-9)
+        """Each of the STEPS ``kernel.log`` calls recorded exactly once, in order, with its step and value."""
+        series = self.read_series(tmp_path, project)
+        assert set(series) >= {"loss", "accuracy"}, f"recorded keys: {sorted(series)}"
+        for key, value_at in (("loss", loss_at), ("accuracy", lambda step: step / 10)):
+            steps = [step for step, _ in series[key]]
+            assert len(steps) == STEPS, (
+                f"{key!r}: {len(steps)} points recorded for {STEPS} kernel.log() calls (steps {steps}); "
+                "each call must be recorded exactly once")
+            assert steps == list(range(STEPS)), f"{key!r}: recorded steps {steps}, logged 0..{STEPS - 1} in order"
+            for step, value in series[key]:
+                assert math.isclose(value, value_at(step), rel_tol=1e-6, abs_tol=1e-9), \
+                    f"{key!r} at step {step}: recorded {value}, logged {value_at(step)}"
 
     # ---- the suite --------------------------------------------------------------------------------------------
 
@@ -186,6 +221,18 @@ class TrackerConformance(_PluginChecks):
         for key, value in EXPECTED_CONFIG.items():
             assert key in config, f"hyper-parameter {key!r} not recorded; recorded: {sorted(config)}"
             assert str(config[key]) == value, f"{key}: {config[key]!r} != {value!r}"
+
+    def test_end_training_closes_its_files(self, tmp_path: Path) -> None:
+        """After ``end_training()`` the tracker holds no file open under the test's directory (so everything it
+        wrote is flushed and complete), and what it wrote reads back once per logged point."""
+        kernel = self.kernel(tmp_path)
+        self._log_steps(kernel, tmp_path, "closed")
+        kernel.end_training()
+        still_open = open_files_under(tmp_path)
+        assert not still_open, (
+            f"after end_training() this process still holds open {still_open}: close (and so flush) the "
+            "backend's files in accel_end_training")
+        self._check_scalars(tmp_path, "closed")
 
     def test_get_tracker_unwraps_to_native_run(self, tmp_path: Path) -> None:
         kernel = self.kernel(tmp_path)
@@ -271,9 +318,19 @@ class StrategyConformance(_PluginChecks):
     launch_args: tuple[str, ...] = ()
     tolerance: float = 1e-5
 
+    #: False for a strategy that keeps gradients in its own buffers (DeepSpeed's engine): the user's module then
+    #: holds none after backward, and the per-micro-batch gradient comparison has nothing to read.
+    gradients_visible: bool = True
+    #: Seconds the two-process training may take (a backend that compiles ops on first use needs more).
+    timeout: float = 240
+
     def registered(self) -> list[str]:
         """The plugins allowed in the launched run (an ``ACCEL_PLUGINS`` allow-list)."""
         return [self.name]
+
+    def environment(self, tmp_path: Path) -> dict[str, str]:
+        """Environment variables the launched processes need (e.g. where a backend builds its ops)."""
+        return {}
 
     def test_dry_run_selects_it(self, tmp_path: Path) -> None:
         script = tmp_path / "train.py"
@@ -289,7 +346,8 @@ class StrategyConformance(_PluginChecks):
 
         out = tmp_path / "out"
         run_launch(["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
-                   num_processes=self.num_processes, registered=self.registered(), home=tmp_path / "home")
+                   num_processes=self.num_processes, registered=self.registered(), home=tmp_path / "home",
+                   env=self.environment(tmp_path), timeout=self.timeout)
         reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
         expected = reference_weights()
         n = self.num_processes
@@ -298,7 +356,18 @@ class StrategyConformance(_PluginChecks):
             assert r["num_processes"] == n
             assert r["is_main_process"] == (r["process_index"] == 0)
             assert r["optimizer_steps"] == 3
-            assert r["unwrapped_type"] == "Linear", "unwrap_model must return the user's module"
+            assert r["unwrapped_is_original"], (
+                f"unwrap_model(prepared) returned a {r['unwrapped_type']}, not the torch.nn.Linear object passed to "
+                "prepare(): it must return the user's own module (the kernel keeps it; a strategy's wrapper must "
+                "not replace it)")
+            assert r["unwrapped_computes_like_prepared"], (
+                "unwrap_model(prepared) returned a module that computes differently from the prepared model: the "
+                "strategy's wrapper trains its own module, not the user's (a wrapper must hold the user's module "
+                "itself, so that unwrap_model, get_state_dict and save_model see the trained weights)")
+            assert not _same(r["weights"], r["initial_weights"]), (
+                "the module unwrap_model(prepared) returns kept its initial weights through training: the strategy "
+                "trains something other than the user's module (a copy inside its own wrapper class?); a wrapper "
+                "must hold the user's module itself")
             for got, want in zip(r["weights"], expected, strict=True):
                 assert math.isclose(got, want, rel_tol=self.tolerance, abs_tol=self.tolerance), (r["weights"], expected)
             assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), \
@@ -310,3 +379,42 @@ class StrategyConformance(_PluginChecks):
             assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
             assert r["broadcast"] == [0.0, 0.0]
         assert reports[0]["state_dict_keys"] == ["bias", "weight"]
+        check_gradient_sync(reports, self.gradients_visible)
+
+
+def _same(a: list[float], b: list[float]) -> bool:
+    if len(a) != len(b):
+        return False
+    return all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-7) for x, y in zip(a, b, strict=True))
+
+
+def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool = True) -> None:
+    """Under ``kernel.accumulate``, each process keeps its own gradients on the micro-batches that do not
+    synchronise (they saw other samples, so they differ), and all hold the same gradients after the micro-batch
+    that does. Micro-batches where the user's module holds no gradients (kept in a strategy's buffers) are not
+    compared; with ``gradients_visible`` at least one must be."""
+    n = len(reports)
+    flags = [[s["sync"] for s in r["micro_steps"]] for r in reports]
+    assert all(f == flags[0] for f in flags), f"processes disagree on sync_gradients: {flags}"
+    expected = [(i + 1) % 2 == 0 for i in range(len(flags[0]))]  # strategy_check's ACCUMULATION is 2
+    assert flags[0] == expected, f"sync_gradients per micro-batch: {flags[0]}, expected {expected}"
+    if n < 2:
+        return  # one process: nothing to synchronise with
+    compared = 0
+    for i, sync in enumerate(flags[0]):
+        grads = [r["micro_steps"][i]["grads"] for r in reports]
+        if any(g is None for g in grads):
+            continue
+        compared += 1
+        agree = all(_same(g, grads[0]) for g in grads[1:])
+        if sync:
+            assert agree, f"micro-batch {i} synchronises, yet the {n} processes hold different gradients after it"
+        else:
+            assert not agree, (
+                f"micro-batch {i} does not synchronise (kernel.sync_gradients is False inside accumulate()), yet "
+                f"the {n} processes hold identical gradients after it: the strategy synchronised gradients on "
+                "every micro-batch; skip the all-reduce while kernel.sync_gradients is False (answer "
+                "accel_no_sync, or test kernel.sync_gradients in accel_backward)")
+    assert compared or not gradients_visible, (
+        "the user's module held no gradients after any backward, so their synchronisation could not be checked; "
+        "set gradients_visible = False if the strategy keeps them in its own buffers")

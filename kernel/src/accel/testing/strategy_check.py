@@ -4,6 +4,10 @@
 data set with gradient accumulation, exercises the collectives, and writes ``OUT_DIR/process<i>.json``. Built so
 that the result does not depend on how batches are spread over processes: one optimizer step per epoch whose
 gradient is the full-batch gradient, so the final weights equal :func:`reference_weights`.
+
+It also records, after each micro-batch's backward, the gradients the user's module holds (every process sees other
+samples, so they differ between processes until a step synchronises them), and whether ``unwrap_model`` gives back
+the very module object that was prepared.
 """
 
 from __future__ import annotations
@@ -50,6 +54,27 @@ def reference_weights() -> list[float]:
     return [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
 
 
+def whole(tensor: Any) -> Any:
+    """``tensor`` itself, or all of it where it is a shard (a ``DTensor``: a collective, so every process calls
+    this at the same point)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def local_gradients(module: Any) -> list[float] | None:
+    """The gradients ``module``'s parameters hold now, flattened (a sharded ``DTensor`` is gathered whole: every
+    process calls this at the same point), or None where a parameter has none (a strategy may keep gradients in
+    its own buffers between synchronisations)."""
+    import torch
+
+    grads = []
+    for param in module.parameters():
+        grad = param.grad
+        if grad is None:
+            return None
+        grads.append(whole(grad).detach().float().flatten().cpu())
+    return [float(v) for v in torch.cat(grads)] if grads else None
+
+
 def main(argv: list[str]) -> int:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -65,15 +90,20 @@ def main(argv: list[str]) -> int:
     # ACCUMULATION micro-batches per process per epoch: each optimizer step sees every sample once.
     loader = DataLoader(TensorDataset(x, y), batch_size=SAMPLES // (n * ACCUMULATION))
     evaluation = DataLoader(TensorDataset(x, y), batch_size=5)  # uneven: tests even_batches + gather_for_metrics
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    model, optimizer, loader, evaluation = kernel.prepare(model, optimizer, loader, evaluation)
+    original = make_model()
+    user_class = type(original)  # a sharding strategy may swap in a subclass of it (FSDP2's FSDPLinear), in place
+    initial = [float(v) for v in torch.cat([p.detach().flatten() for p in original.parameters()])]
+    optimizer = torch.optim.SGD(original.parameters(), lr=LR)
+    model, optimizer, loader, evaluation = kernel.prepare(original, optimizer, loader, evaluation)
     steps = 0
+    micro_steps = []  # per micro-batch: did it synchronise, and the gradients the user's module held after backward
     for _ in range(EPOCHS):
         for xb, yb in loader:
             with kernel.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(xb), yb)
                 kernel.backward(loss)
+                micro_steps.append({"sync": kernel.sync_gradients,
+                                    "grads": local_gradients(kernel.unwrap_model(model))})
                 optimizer.step()
                 optimizer.zero_grad()
                 steps += int(kernel.sync_gradients)
@@ -84,7 +114,11 @@ def main(argv: list[str]) -> int:
             model(xb)
             targets.append(kernel.gather_for_metrics(yb).cpu())
     unwrapped = kernel.unwrap_model(model)
-    weights = torch.cat([p.detach().float().flatten().cpu() for p in unwrapped.parameters()])
+    with torch.no_grad():  # the module unwrap_model returns is the one that was trained: it computes the same
+        probe = x[:4].to(kernel.device)
+        same_outputs = bool(torch.allclose(model(probe).float(), unwrapped(probe).float(), rtol=1e-4, atol=1e-5))
+    weights = torch.cat([whole(p.detach()).float().flatten().cpu() for p in unwrapped.parameters()])
+    state_dict_keys = sorted(kernel.get_state_dict(model).keys())  # on every process: gathering may be a collective
     rank = torch.tensor([float(kernel.process_index + 1)], device=kernel.device)
     shared = torch.full((2,), float(kernel.process_index), device=kernel.device)
     report = {
@@ -96,12 +130,16 @@ def main(argv: list[str]) -> int:
         "optimizer_steps": steps,
         "weights": [float(v) for v in weights],
         "unwrapped_type": type(unwrapped).__name__,
+        "unwrapped_is_original": unwrapped is original and isinstance(unwrapped, user_class),
+        "unwrapped_computes_like_prepared": same_outputs,
+        "initial_weights": initial,
+        "micro_steps": micro_steps,
         "all_weights": [list(map(float, w)) for w in kernel.gather_object([weights.tolist()])],
         "gathered_targets": sorted(float(v) for v in torch.cat(targets).flatten()),
         "reduce_sum": float(kernel.reduce(rank, "sum").item()),
         "gather_ranks": [float(v) for v in kernel.gather(rank).cpu()],
         "broadcast": [float(v) for v in kernel.broadcast(shared, from_process=0).cpu()],
-        "state_dict_keys": sorted(kernel.get_state_dict(model).keys()) if kernel.is_main_process else [],
+        "state_dict_keys": state_dict_keys if kernel.is_main_process else [],
     }
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"process{kernel.process_index}.json"), "w", encoding="utf-8") as fh:
