@@ -70,8 +70,10 @@ def machine() -> str:
         except md.PackageNotFoundError:
             pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{date.today().isoformat()}; {platform.platform()}; {os.cpu_count()} CPU cores; Python "
-            f"{platform.python_version()}; {', '.join(versions)}; load average at start {load:.1f}")
+    return (
+        f"{date.today().isoformat()}; {platform.platform()}; {os.cpu_count()} CPU cores; Python "
+        f"{platform.python_version()}; {', '.join(versions)}; load average at start {load:.1f}"
+    )
 
 
 def write_section(name: str, body: str) -> None:
@@ -80,7 +82,7 @@ def write_section(name: str, body: str) -> None:
     text = DOCS.read_text(encoding="utf-8") if DOCS.exists() else "# Benchmarks\n"
     block = f"{begin}\n{body.rstrip()}\n{end}"
     if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOCS.write_text(text, encoding="utf-8")

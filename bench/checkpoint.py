@@ -73,8 +73,13 @@ def raw_round(model: nn.Module, path: Path, fsync: bool) -> tuple[float, float]:
     return t_save, t_load
 
 
-PARTS: dict[str, list[float]] = {"save: safetensors write": [], "save: fsync": [], "save: everything else": [],
-                                 "load: safetensors read + copy into the model": [], "load: everything else": []}
+PARTS: dict[str, list[float]] = {
+    "save: safetensors write": [],
+    "save: fsync": [],
+    "save: everything else": [],
+    "load: safetensors read + copy into the model": [],
+    "load: everything else": [],
+}
 
 
 @contextlib.contextmanager
@@ -88,8 +93,11 @@ def instrumented() -> Iterator[dict[str, float]]:
     spent = {"write": 0.0, "fsync": 0.0, "read": 0.0}
     originals = (st.save_file, ck.fsync_all, st.load_file, nn.Module.load_state_dict)
     # every module of the package that calls fsync_all (each imported the function by name)
-    users = [m for name, m in sorted(sys.modules.items())
-             if name.startswith("accel.checkpoint") and getattr(m, "fsync_all", None) is originals[1]]
+    users = [
+        m
+        for name, m in sorted(sys.modules.items())
+        if name.startswith("accel.checkpoint") and getattr(m, "fsync_all", None) is originals[1]
+    ]
 
     def wrap(fn, key):  # type: ignore[no-untyped-def]
         def inner(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -98,6 +106,7 @@ def instrumented() -> Iterator[dict[str, float]]:
                 return fn(*args, **kwargs)
             finally:
                 spent[key] += time.perf_counter() - start
+
         return inner
 
     st.save_file, timed_fsync = wrap(originals[0], "write"), wrap(originals[1], "fsync")
@@ -178,11 +187,19 @@ def async_measure(size_mb: int, repeats: int, base: Path) -> dict[str, Any]:
     rounds: dict[str, list[Any]] = {"sync": [], "async": [], "raw": [], "raw+fsync": []}
     variants = {"sync": sync, "async": asynchronous, "raw": lambda: raw(False), "raw+fsync": lambda: raw(True)}
     for i in range(repeats):
-        for name in (list(variants) if i % 2 == 0 else list(reversed(variants))):
+        for name in list(variants) if i % 2 == 0 else list(reversed(variants)):
             rounds[name].append(variants[name]())
     kernel.end_training()
-    return {"layers": len(model), "param_bytes": params, "checkpoint_bytes": checkpoint_bytes, "first_async": first,
-            "rounds": rounds, "repeats": repeats, "dir": os.fspath(base), "load_end": os.getloadavg()[0]}
+    return {
+        "layers": len(model),
+        "param_bytes": params,
+        "checkpoint_bytes": checkpoint_bytes,
+        "first_async": first,
+        "rounds": rounds,
+        "repeats": repeats,
+        "dir": os.fspath(base),
+        "load_end": os.getloadavg()[0],
+    }
 
 
 def async_report(result: dict[str, Any]) -> tuple[str, float]:
@@ -197,22 +214,29 @@ def async_report(result: dict[str, Any]) -> tuple[str, float]:
     def cells(values: list[float]) -> str:
         return f"{statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f}"
 
-    rows = ["| variant | median (s) | best (s) | worst (s) |", "|---|---|---|---|",
-            f"| synchronous `save_state` (write, fsync, publish) | {cells(sync)} |",
-            f"| `save_state(asynchronous=True)`: training loop blocked (copy to CPU memory) | {cells(blocked)} |",
-            f"| `save_state(asynchronous=True)`: call until published (`wait_for_save`) | {cells(published)} |",
-            f"| raw `safetensors.torch.save_file` of the same tensors | {cells(r['raw'])} |",
-            f"| raw `save_file` + `os.fsync` | {cells(r['raw+fsync'])} |"]
-    info = (f"Model: {result['layers']} x Linear(2048, 2048), {result['param_bytes'] / 2**20:.0f} MiB of fp32 "
-            f"parameters, Adam after one step: {result['checkpoint_bytes'] / 2**20:.0f} MiB of tensors per checkpoint. "
-            f"{result['repeats']} rounds, variants in alternating order; files on the disk of {result['dir']}; "
-            f"load average at the end {result['load_end']:.1f}.")
-    text = (f"{info}\n\n" + "\n".join(rows) + "\n\n"
-            f"Blocked / synchronous save, per round: median **{ratio:.1%}** (best {min(ratios):.1%}, worst "
-            f"{max(ratios):.1%}; goal: at most 10 %). The first asynchronous save of a run also allocates the CPU "
-            f"copies: it blocked {result['first_async'][0]:.2f} s (published after {result['first_async'][1]:.2f} s); "
-            "later saves refill the same memory (a fresh allocation is touched page by page, several times slower "
-            "than the copy). The price is one checkpoint's worth of CPU memory, held until `end_training`.")
+    rows = [
+        "| variant | median (s) | best (s) | worst (s) |",
+        "|---|---|---|---|",
+        f"| synchronous `save_state` (write, fsync, publish) | {cells(sync)} |",
+        f"| `save_state(asynchronous=True)`: training loop blocked (copy to CPU memory) | {cells(blocked)} |",
+        f"| `save_state(asynchronous=True)`: call until published (`wait_for_save`) | {cells(published)} |",
+        f"| raw `safetensors.torch.save_file` of the same tensors | {cells(r['raw'])} |",
+        f"| raw `save_file` + `os.fsync` | {cells(r['raw+fsync'])} |",
+    ]
+    info = (
+        f"Model: {result['layers']} x Linear(2048, 2048), {result['param_bytes'] / 2**20:.0f} MiB of fp32 "
+        f"parameters, Adam after one step: {result['checkpoint_bytes'] / 2**20:.0f} MiB of tensors per checkpoint. "
+        f"{result['repeats']} rounds, variants in alternating order; files on the disk of {result['dir']}; "
+        f"load average at the end {result['load_end']:.1f}."
+    )
+    text = (
+        f"{info}\n\n" + "\n".join(rows) + "\n\n"
+        f"Blocked / synchronous save, per round: median **{ratio:.1%}** (best {min(ratios):.1%}, worst "
+        f"{max(ratios):.1%}; goal: at most 10 %). The first asynchronous save of a run also allocates the CPU "
+        f"copies: it blocked {result['first_async'][0]:.2f} s (published after {result['first_async'][1]:.2f} s); "
+        "later saves refill the same memory (a fresh allocation is touched page by page, several times slower "
+        "than the copy). The price is one checkpoint's worth of CPU memory, held until `end_training`."
+    )
     return text, ratio
 
 
@@ -231,8 +255,11 @@ def async_main(args: argparse.Namespace) -> None:
     text, _ = async_report(result)
     print(text)
     if args.write:
-        write_section("checkpoint-async", "## Asynchronous save: time the training loop is blocked\n\n"
-                                          f"`python bench/checkpoint.py --async-save --write`; {header}\n\n{text}\n")
+        write_section(
+            "checkpoint-async",
+            "## Asynchronous save: time the training loop is blocked\n\n"
+            f"`python bench/checkpoint.py --async-save --write`; {header}\n\n{text}\n",
+        )
 
 
 def main() -> None:
@@ -283,37 +310,54 @@ def main() -> None:
         "| ratio raw / accel (median of per-round ratios) |",
         "|---|---|---|---|---|---|",
     ]
-    labels = (("raw", "raw safetensors (`save_file`; `load_file` + `load_state_dict`)"),
-              ("raw+fsync", "raw safetensors + `os.fsync` of the file"),
-              ("accel", "`save_state` + `load_state`"))
+    labels = (
+        ("raw", "raw safetensors (`save_file`; `load_file` + `load_state_dict`)"),
+        ("raw+fsync", "raw safetensors + `os.fsync` of the file"),
+        ("accel", "`save_state` + `load_state`"),
+    )
     for name, label in labels:
         saves = [r[0] for r in results[name]]
         loads = [r[1] for r in results[name]]
         totals = [total(name, i) for i in range(args.repeats)]
         ratios = [total(name, i) / total("accel", i) for i in range(args.repeats)]
         ratio = "" if name == "accel" else f"{statistics.median(ratios):.2f}x"
-        rows.append(f"| {label} | {statistics.median(saves):.2f} | {statistics.median(loads):.2f} "
-                    f"| {statistics.median(totals):.2f} | {min(totals):.2f} | {ratio} |")
+        rows.append(
+            f"| {label} | {statistics.median(saves):.2f} | {statistics.median(loads):.2f} "
+            f"| {statistics.median(totals):.2f} | {min(totals):.2f} | {ratio} |"
+        )
     disk = shutil.disk_usage(base if base.exists() else base.parent)
-    info = (f"Model: {len(model)} x Linear(2048, 2048), {nbytes / 2**20:.0f} MiB of fp32 tensors, SGD without state. "
-            f"{args.repeats} rounds, each running every variant once; files on the disk of {base} "
-            f"({disk.total / 2**30:.0f} GiB); warm page cache; load average at the end {os.getloadavg()[0]:.1f}.")
-    rows += ["", "Where `save_state` / `load_state` spend their time (median over the rounds):", "",
-             "| part | ms |", "|---|---|"]
+    info = (
+        f"Model: {len(model)} x Linear(2048, 2048), {nbytes / 2**20:.0f} MiB of fp32 tensors, SGD without state. "
+        f"{args.repeats} rounds, each running every variant once; files on the disk of {base} "
+        f"({disk.total / 2**30:.0f} GiB); warm page cache; load average at the end {os.getloadavg()[0]:.1f}."
+    )
+    rows += [
+        "",
+        "Where `save_state` / `load_state` spend their time (median over the rounds):",
+        "",
+        "| part | ms |",
+        "|---|---|",
+    ]
     rows += [f"| {part} | {statistics.median(values) * 1e3:.0f} |" for part, values in PARTS.items()]
     overhead = statistics.median(PARTS["save: everything else"]) + statistics.median(PARTS["load: everything else"])
     fsync = statistics.median(PARTS["save: fsync"])
-    rows += ["", f"Reading: besides the tensor I/O that raw safetensors does too, `save_state` + `load_state` spend "
-                 f"{overhead * 1e3:.0f} ms (manifest, JSON, random states, checks, renames) and {fsync * 1e3:.0f} ms "
-                 "in fsync, which is what makes a crash leave a complete checkpoint; against raw safetensors that "
-                 "also fsyncs, the two do the same work. The timings on a shared machine vary from run to run "
-                 "(see the load average); the per-round ratio is the steadier figure."]
+    rows += [
+        "",
+        f"Reading: besides the tensor I/O that raw safetensors does too, `save_state` + `load_state` spend "
+        f"{overhead * 1e3:.0f} ms (manifest, JSON, random states, checks, renames) and {fsync * 1e3:.0f} ms "
+        "in fsync, which is what makes a crash leave a complete checkpoint; against raw safetensors that "
+        "also fsyncs, the two do the same work. The timings on a shared machine vary from run to run "
+        "(see the load average); the per-round ratio is the steadier figure.",
+    ]
     table = "\n".join(rows)
     print(info)
     print(table)
     if args.write:
-        write_section("checkpoint", "## Checkpoints: `save_state` + `load_state` vs raw safetensors\n\n"
-                                    f"`python bench/checkpoint.py --write`; {header}\n\n{info}\n\n{table}\n")
+        write_section(
+            "checkpoint",
+            "## Checkpoints: `save_state` + `load_state` vs raw safetensors\n\n"
+            f"`python bench/checkpoint.py --write`; {header}\n\n{info}\n\n{table}\n",
+        )
     kernel.end_training()
     sys.exit(0)
 

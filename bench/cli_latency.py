@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 
-def commands(accel: str, accelerate: str | None, python: str, accelerate_python: str | None) -> list[tuple[str, list[str]]]:
+def commands(
+    accel: str, accelerate: str | None, python: str, accelerate_python: str | None
+) -> list[tuple[str, list[str]]]:
     rows = [
         ("accel --help", [accel, "--help"]),
         ("accel launch --help", [accel, "launch", "--help"]),
@@ -70,14 +72,18 @@ def main() -> int:
     accelerate_python = str(Path(args.accelerate).with_name("python")) if args.accelerate else None
     rows = commands(args.accel, args.accelerate, sys.executable, accelerate_python)
     times, cpu = measure(rows, args.runs)
-    print(f"{platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
-          f"{args.runs} runs each after one warm-up, round-robin\n")
+    print(
+        f"{platform.platform()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
+        f"{args.runs} runs each after one warm-up, round-robin\n"
+    )
     print("| command | wall median (s) | wall min (s) | wall max (s) | CPU median (s) |")
     print("|---|---|---|---|---|")
     for name, _ in rows:
         values = times[name]
-        print(f"| `{name}` | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} "
-              f"| {statistics.median(cpu[name]):.3f} |")
+        print(
+            f"| `{name}` | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} "
+            f"| {statistics.median(cpu[name]):.3f} |"
+        )
     return 0
 
 

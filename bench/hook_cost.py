@@ -39,9 +39,11 @@ def main() -> None:
     implementations: Counter[str] = Counter()
     for name in HOT_HOOKS + HOT_BROADCAST_HOOKS:  # count implementation runs: wrap each implementation's function
         for impl in getattr(pm.hook, name).get_hookimpls():
+
             def counted(*args: Any, _f: Callable[..., Any] = impl.function, _n: str = name, **kwargs: Any) -> Any:
                 implementations[_n] += 1
                 return _f(*args, **kwargs)
+
             impl.function = counted
     model = nn.Linear(8, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -62,18 +64,24 @@ def main() -> None:
     fresh = Kernel(cpu=True)
     hot = HotHooks(fresh.plugins.pm)
     inner = torch.optim.SGD(nn.Linear(8, 2).parameters(), lr=0.1)
-    via_pluggy = per_call_us(lambda: fresh.plugins.pm.hook.accel_zero_grad(kernel=fresh, optimizer=inner, set_to_none=True))
+    via_pluggy = per_call_us(
+        lambda: fresh.plugins.pm.hook.accel_zero_grad(kernel=fresh, optimizer=inner, set_to_none=True)
+    )
     via_resolved = per_call_us(lambda: hot.zero_grad(kernel=fresh, optimizer=inner, set_to_none=True))
     direct = per_call_us(lambda: inner.zero_grad(set_to_none=True))
-    print(json.dumps({
-        "steps": steps,
-        "gradient_accumulation_steps": 2,
-        "pluggy_dispatches_per_step": {k: v / steps for k, v in sorted(dispatches.items())},
-        "implementations_per_step": {k: v / steps for k, v in sorted(implementations.items())},
-        "zero_grad_via_pluggy_us": via_pluggy,
-        "zero_grad_resolved_us": via_resolved,
-        "zero_grad_direct_us": direct,
-    }))
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "gradient_accumulation_steps": 2,
+                "pluggy_dispatches_per_step": {k: v / steps for k, v in sorted(dispatches.items())},
+                "implementations_per_step": {k: v / steps for k, v in sorted(implementations.items())},
+                "zero_grad_via_pluggy_us": via_pluggy,
+                "zero_grad_resolved_us": via_resolved,
+                "zero_grad_direct_us": direct,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

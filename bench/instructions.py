@@ -54,7 +54,9 @@ def phases() -> dict[str, Callable[[int], Any]]:
 
             out["parts|iterate the user's DataLoader"] = step_loop.runner(nothing, plain, False)
             out["parts|iterate a prepared DataLoader"] = step_loop.runner(nothing, prepared, False)
-            out["parts|iterate a prepared DataLoader, device_placement=False"] = step_loop.runner(nothing, unplaced, False)
+            out["parts|iterate a prepared DataLoader, device_placement=False"] = step_loop.runner(
+                nothing, unplaced, False
+            )
             out["parts|the user's DataLoader inside accumulate()"] = step_loop.runner(context, plain, False)
     return out
 
@@ -75,8 +77,16 @@ def measure() -> dict[str, Any]:
         return {"skipped": "valgrind is not installed"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg"
-        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--dump-before=os_getppid*",
-               f"--callgrind-out-file={out}", sys.executable, __file__, "--worker"]
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--separate-threads=yes",
+            "--dump-before=os_getppid*",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--worker",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
         if proc.returncode != 0:
             raise RuntimeError(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")

@@ -107,8 +107,16 @@ STRATEGIES = {
 #: label -> accel launch arguments, 4 ranks (``--mesh``)
 MESH_STRATEGIES = {
     "ddp": ["-n", "4", "--plugin", "ddp"],
-    "parallel, dp_shard=2 x tp=2": ["-n", "4", "--plugin", "parallel", "--parallelism_config_dp_shard_size", "2",
-                                    "--parallelism_config_tp_size", "2"],
+    "parallel, dp_shard=2 x tp=2": [
+        "-n",
+        "4",
+        "--plugin",
+        "parallel",
+        "--parallelism_config_dp_shard_size",
+        "2",
+        "--parallelism_config_tp_size",
+        "2",
+    ],
 }
 
 
@@ -118,54 +126,86 @@ def run_strategy(launch_args: list[str], args: argparse.Namespace) -> list[dict[
         out = Path(tmp) / "rows.json"
         env = {**os.environ, "ACCEL_HOME": tmp, "OMP_NUM_THREADS": "1"}
         n = [] if "-n" in launch_args else ["-n", "2"]
-        cmd = [accel, "launch", "-q", *n, *launch_args, __file__, "--worker", str(out),
-               "--hidden", str(args.hidden), "--layers", str(args.layers)]
+        cmd = [
+            accel,
+            "launch",
+            "-q",
+            *n,
+            *launch_args,
+            __file__,
+            "--worker",
+            str(out),
+            "--hidden",
+            str(args.hidden),
+            "--layers",
+            str(args.layers),
+        ]
         subprocess.run(cmd, check=True, env=env)
         return json.loads(out.read_text())
 
 
 def table(results: dict[str, list[dict[str, int]]]) -> str:
     model_mb = results["ddp"][0]["model_bytes"] / MB
-    lines = [f"Model: {model_mb:.0f} MiB of fp32 parameters, AdamW, 2 CPU ranks (gloo), after one step. "
-             "Bytes of the tensors each rank holds; peak RSS from /proc/self/status (VmHWM).", "",
-             "| strategy | rank | parameters (MiB) | gradients (MiB) | optimizer state (MiB) | params + optimizer (MiB) "
-             "| peak RSS (MiB) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Model: {model_mb:.0f} MiB of fp32 parameters, AdamW, 2 CPU ranks (gloo), after one step. "
+        "Bytes of the tensors each rank holds; peak RSS from /proc/self/status (VmHWM).",
+        "",
+        "| strategy | rank | parameters (MiB) | gradients (MiB) | optimizer state (MiB) | params + optimizer (MiB) "
+        "| peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for strategy, rows in results.items():
         for r in rows:
-            lines.append(f"| {strategy} | {r['rank']} | {r['param_bytes'] / MB:.1f} | {r['grad_bytes'] / MB:.1f} | "
-                         f"{r['optim_bytes'] / MB:.1f} | {(r['param_bytes'] + r['optim_bytes']) / MB:.1f} | "
-                         f"{r['peak_rss_bytes'] / MB:.0f} |")
+            lines.append(
+                f"| {strategy} | {r['rank']} | {r['param_bytes'] / MB:.1f} | {r['grad_bytes'] / MB:.1f} | "
+                f"{r['optim_bytes'] / MB:.1f} | {(r['param_bytes'] + r['optim_bytes']) / MB:.1f} | "
+                f"{r['peak_rss_bytes'] / MB:.0f} |"
+            )
 
     def worst(s: str, field: str) -> int:
-        return max(r[field] for r in results[s]) if field != "p+o" else max(
-            r["param_bytes"] + r["optim_bytes"] for r in results[s])
+        return (
+            max(r[field] for r in results[s])
+            if field != "p+o"
+            else max(r["param_bytes"] + r["optim_bytes"] for r in results[s])
+        )
 
     ratio = worst("fsdp", "p+o") / worst("ddp", "p+o")
     rss = worst("fsdp", "peak_rss_bytes") / worst("ddp", "peak_rss_bytes")
     rss_meta = worst("fsdp, cpu_ram_efficient_loading", "peak_rss_bytes") / worst("ddp", "peak_rss_bytes")
-    lines += ["", f"FSDP / DDP, parameters + optimizer state per rank (largest rank): **{ratio:.3f}x** "
-              f"(target <= 0.55x). Peak RSS per rank (largest rank), which also counts the interpreter, torch and "
-              f"the full model each rank builds before sharding: {rss:.2f}x; with fsdp_cpu_ram_efficient_loading "
-              f"(only rank 0 builds real weights, the others use the meta device): {rss_meta:.2f}x."]
+    lines += [
+        "",
+        f"FSDP / DDP, parameters + optimizer state per rank (largest rank): **{ratio:.3f}x** "
+        f"(target <= 0.55x). Peak RSS per rank (largest rank), which also counts the interpreter, torch and "
+        f"the full model each rank builds before sharding: {rss:.2f}x; with fsdp_cpu_ram_efficient_loading "
+        f"(only rank 0 builds real weights, the others use the meta device): {rss_meta:.2f}x.",
+    ]
     return "\n".join(lines)
 
 
 def mesh_table(results: dict[str, list[dict[str, int]]]) -> str:
     model_mb = results["ddp"][0]["model_bytes"] / MB
-    lines = [f"Model: {model_mb:.0f} MiB of fp32 parameters (blocks of two linear layers, tensor-parallel plan fc1 "
-             "colwise, fc2 rowwise), AdamW, 4 CPU ranks (gloo), after one step. Bytes of the tensors each rank "
-             "holds (local shards of DTensors).", "",
-             "| strategy | rank | parameters (MiB) | gradients (MiB) | optimizer state (MiB) | params + optimizer (MiB) "
-             "|", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Model: {model_mb:.0f} MiB of fp32 parameters (blocks of two linear layers, tensor-parallel plan fc1 "
+        "colwise, fc2 rowwise), AdamW, 4 CPU ranks (gloo), after one step. Bytes of the tensors each rank "
+        "holds (local shards of DTensors).",
+        "",
+        "| strategy | rank | parameters (MiB) | gradients (MiB) | optimizer state (MiB) | params + optimizer (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
     for strategy, rows in results.items():
         for r in rows:
-            lines.append(f"| {strategy} | {r['rank']} | {r['param_bytes'] / MB:.2f} | {r['grad_bytes'] / MB:.2f} | "
-                         f"{r['optim_bytes'] / MB:.2f} | {(r['param_bytes'] + r['optim_bytes']) / MB:.2f} |")
+            lines.append(
+                f"| {strategy} | {r['rank']} | {r['param_bytes'] / MB:.2f} | {r['grad_bytes'] / MB:.2f} | "
+                f"{r['optim_bytes'] / MB:.2f} | {(r['param_bytes'] + r['optim_bytes']) / MB:.2f} |"
+            )
     worst = {s: max(r["param_bytes"] + r["optim_bytes"] for r in rows) for s, rows in results.items()}
     label = next(s for s in results if s != "ddp")
-    lines += ["", f"dp_shard=2 x tp=2 / DDP, parameters + optimizer state per rank (largest rank): "
-              f"**{worst[label] / worst['ddp']:.3f}x** (target <= 0.3x; the ideal is 0.25x, the rest is the "
-              "row-parallel biases, which tensor parallel keeps whole on each tp rank)."]
+    lines += [
+        "",
+        f"dp_shard=2 x tp=2 / DDP, parameters + optimizer state per rank (largest rank): "
+        f"**{worst[label] / worst['ddp']:.3f}x** (target <= 0.3x; the ideal is 0.25x, the rest is the "
+        "row-parallel biases, which tensor parallel keeps whole on each tp rank).",
+    ]
     return "\n".join(lines)
 
 
@@ -186,16 +226,21 @@ def main() -> None:
         body = mesh_table({label: run_strategy(a, args) for label, a in MESH_STRATEGIES.items()})
         print(body)
         if args.write:
-            write_section("parallel-memory", "## N-D parallel (dp_shard x tp) vs DDP: memory per process\n\n"
-                                             f"`python bench/memory.py --mesh --hidden 1024 --layers 8 --write`; "
-                                             f"{where}\n\n{body}\n")
+            write_section(
+                "parallel-memory",
+                "## N-D parallel (dp_shard x tp) vs DDP: memory per process\n\n"
+                f"`python bench/memory.py --mesh --hidden 1024 --layers 8 --write`; "
+                f"{where}\n\n{body}\n",
+            )
         return
     results = {label: run_strategy(launch_args, args) for label, launch_args in STRATEGIES.items()}
     body = table(results)
     print(body)
     if args.write:
-        write_section("fsdp-memory", "## FSDP vs DDP: memory per process\n\n"
-                                     f"`python bench/memory.py --write`; {where}\n\n{body}\n")
+        write_section(
+            "fsdp-memory",
+            f"## FSDP vs DDP: memory per process\n\n`python bench/memory.py --write`; {where}\n\n{body}\n",
+        )
 
 
 if __name__ == "__main__":

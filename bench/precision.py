@@ -37,9 +37,11 @@ def build_model() -> Any:
             super().__init__()
             self.embed = nn.Embedding(vocab, dim)
             self.layers = nn.ModuleList(
-                nn.TransformerEncoderLayer(dim, 4, dim_feedforward=4 * dim, dropout=0.0, batch_first=True,
-                                           norm_first=True)
-                for _ in range(layers))
+                nn.TransformerEncoderLayer(
+                    dim, 4, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True
+                )
+                for _ in range(layers)
+            )
             self.norm = nn.LayerNorm(dim)
             self.head = nn.Linear(dim, vocab)
 
@@ -93,8 +95,9 @@ class Trainer:
         return statistics.median(self.rates)
 
 
-def measure(configs: dict[str, dict[str, Any]], steps: int, warmup: int, rounds: int, batch: int,
-            seq: int) -> dict[str, Trainer]:
+def measure(
+    configs: dict[str, dict[str, Any]], steps: int, warmup: int, rounds: int, batch: int, seq: int
+) -> dict[str, Trainer]:
     """Build every configuration (first step timed), warm them up, then time ``rounds`` chunks of ``steps`` steps
     each, *interleaved* (A, B, C, A, B, C, ...) so that every configuration sees the same machine load."""
     trainers = {}
@@ -120,12 +123,16 @@ def machine() -> str:
         model = re.search(r"model name\s*:\s*(.*)", info)
         have = set(re.search(r"flags\s*:\s*(.*)", info).group(1).split())  # type: ignore[union-attr]
         wanted = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-        flags = f"{model.group(1) if model else '?'}; " + ", ".join(f"{f}={'yes' if f in have else 'no'}" for f in wanted)
+        flags = f"{model.group(1) if model else '?'}; " + ", ".join(
+            f"{f}={'yes' if f in have else 'no'}" for f in wanted
+        )
     except OSError:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPU cores "
-            f"({torch.get_num_threads()} torch threads), {flags}; load average at start {load:.1f}")
+    return (
+        f"torch {torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPU cores "
+        f"({torch.get_num_threads()} torch threads), {flags}; load average at start {load:.1f}"
+    )
 
 
 def main() -> int:
@@ -135,8 +142,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps after the first one")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1 by default: on a shared machine more threads spin against each other)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 by default: on a shared machine more threads spin against each other)",
+    )
     parser.add_argument("--write", type=Path, help="markdown file whose benchmark section to replace")
     args = parser.parse_args()
     import torch
@@ -144,32 +155,53 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="accel-bench-inductor-"))
 
-    lines = [SECTION, "", f"`python bench/precision.py` — {machine()}.", "",
-             f"Model: embedding + 2 pre-norm `nn.TransformerEncoderLayer` (d=128, 4 heads, FFN 512) + LM head "
-             f"(vocab 1000), 0.65 M parameters; batch {args.batch} x {args.seq} tokens, AdamW; one step = forward, "
-             f"backward, optimizer step through `Kernel.prepare`. Steady rate: median of {args.rounds} rounds of "
-             f"{args.steps} steps after {args.warmup} warm-up steps, the configurations of a table interleaved "
-             "round by round so they share the machine's load.", "",
-             "### Mixed precision (accel-plugin-amp)", "",
-             "| mixed_precision | steps/s | vs fp32 | loss, first -> last step |", "|---|---|---|---|"]
+    lines = [
+        SECTION,
+        "",
+        f"`python bench/precision.py` — {machine()}.",
+        "",
+        f"Model: embedding + 2 pre-norm `nn.TransformerEncoderLayer` (d=128, 4 heads, FFN 512) + LM head "
+        f"(vocab 1000), 0.65 M parameters; batch {args.batch} x {args.seq} tokens, AdamW; one step = forward, "
+        f"backward, optimizer step through `Kernel.prepare`. Steady rate: median of {args.rounds} rounds of "
+        f"{args.steps} steps after {args.warmup} warm-up steps, the configurations of a table interleaved "
+        "round by round so they share the machine's load.",
+        "",
+        "### Mixed precision (accel-plugin-amp)",
+        "",
+        "| mixed_precision | steps/s | vs fp32 | loss, first -> last step |",
+        "|---|---|---|---|",
+    ]
     shape = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, batch=args.batch, seq=args.seq)
-    precision = measure({"no": {"mixed_precision": "no"}, "bf16": {"mixed_precision": "bf16"},
-                         "fp16": {"mixed_precision": "fp16"}}, **shape)
+    precision = measure(
+        {"no": {"mixed_precision": "no"}, "bf16": {"mixed_precision": "bf16"}, "fp16": {"mixed_precision": "fp16"}},
+        **shape,
+    )
     base = precision["no"].steps_per_s
     for mode, t in precision.items():
         label = "fp32 (`no`)" if mode == "no" else mode
-        lines.append(f"| {label} | {t.steps_per_s:.1f} | {t.steps_per_s / base:.2f}x | "
-                     f"{t.losses[0]:.4f} -> {t.losses[-1]:.4f} |")
+        lines.append(
+            f"| {label} | {t.steps_per_s:.1f} | {t.steps_per_s / base:.2f}x | {t.losses[0]:.4f} -> {t.losses[-1]:.4f} |"
+        )
     del precision
 
-    lines += ["", "### torch.compile (accel-plugin-dynamo)", "",
-              "| dynamo_backend | first step (s) | steady steps/s | speed-up vs eager | steps to pay back the compile |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "### torch.compile (accel-plugin-dynamo)",
+        "",
+        "| dynamo_backend | first step (s) | steady steps/s | speed-up vs eager | steps to pay back the compile |",
+        "|---|---|---|---|---|",
+    ]
     from torch._dynamo.utils import counters
 
-    compiled = measure({"no (eager)": {}, "aot_eager": {"dynamo_backend": "aot_eager"},
-                        "inductor": {"dynamo_backend": "inductor"},
-                        "inductor + bf16": {"dynamo_backend": "inductor", "mixed_precision": "bf16"}}, **shape)
+    compiled = measure(
+        {
+            "no (eager)": {},
+            "aot_eager": {"dynamo_backend": "aot_eager"},
+            "inductor": {"dynamo_backend": "inductor"},
+            "inductor + bf16": {"dynamo_backend": "inductor", "mixed_precision": "bf16"},
+        },
+        **shape,
+    )
     eager = compiled["no (eager)"]
     for name, t in compiled.items():
         if t is eager:
@@ -178,19 +210,28 @@ def main() -> int:
         per_eager, per_compiled = 1 / eager.steps_per_s, 1 / t.steps_per_s
         cost = t.first_s - eager.first_s
         payback = f"{cost / (per_eager - per_compiled):.0f}" if per_compiled < per_eager else "never"
-        lines.append(f"| {name} | {t.first_s:.2f} | {t.steps_per_s:.1f} | {t.steps_per_s / eager.steps_per_s:.2f}x "
-                     f"| {payback} |")
+        lines.append(
+            f"| {name} | {t.first_s:.2f} | {t.steps_per_s:.1f} | {t.steps_per_s / eager.steps_per_s:.2f}x | {payback} |"
+        )
     frames, models = int(counters["frames"]["ok"]), len(compiled) - 1
-    recompiled = "nothing was recompiled during the timed steps" if frames == models else \
-        f"{frames - models} recompilations happened after the first step"
-    lines += ["", f"Dynamo compiled {frames} frames for the {models} compiled models: {recompiled}. The first step "
-              "of a compiled model includes compiling forward and backward (inductor: a cold cache); \"steps to pay "
-              "back\" = extra first-step time / time saved per steady step. \"inductor + bf16\" is compared with "
-              "fp32 eager.", "",
-              "Reading the numbers: on a CPU without avx512_fp16/AMX, fp16 runs on slow fallback kernels, so fp16 is for "
-              "GPUs (it is supported on CPU for correctness, not speed); bf16 needs avx512_bf16/AMX to gain. A model "
-              "this small spends much of a step outside the compiled forward/backward (optimizer, Python), which "
-              "limits what inductor can gain.", ""]
+    recompiled = (
+        "nothing was recompiled during the timed steps"
+        if frames == models
+        else f"{frames - models} recompilations happened after the first step"
+    )
+    lines += [
+        "",
+        f"Dynamo compiled {frames} frames for the {models} compiled models: {recompiled}. The first step "
+        'of a compiled model includes compiling forward and backward (inductor: a cold cache); "steps to pay '
+        'back" = extra first-step time / time saved per steady step. "inductor + bf16" is compared with '
+        "fp32 eager.",
+        "",
+        "Reading the numbers: on a CPU without avx512_fp16/AMX, fp16 runs on slow fallback kernels, so fp16 is for "
+        "GPUs (it is supported on CPU for correctness, not speed); bf16 needs avx512_bf16/AMX to gain. A model "
+        "this small spends much of a step outside the compiled forward/backward (optimizer, Python), which "
+        "limits what inductor can gain.",
+        "",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.write:

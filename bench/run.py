@@ -42,10 +42,15 @@ def step_overhead(acc_py: str | None, repeats: int) -> str:
     """Each process runs its framework's loop and a hand-written raw loop interleaved (step_loop.py --paired), so
     the ratio to raw is measured under the same conditions; accel / Accelerate = ratio of those ratios (both venvs
     have the same torch). The two processes alternate, ``repeats`` times each."""
-    rows = ["| workload | raw (steps/s) | accel | Accelerate | accel / raw | Accelerate / raw | accel / Accelerate |",
-            "|---|---|---|---|---|---|---|"]
-    for label, extra in (("tiny MLP", ["--model", "tiny"]), ("medium MLP", ["--model", "medium"]),
-                         ("tiny MLP, accumulate(2) + clip_grad_norm_", ["--model", "tiny", "--accum", "2", "--clip", "1.0"])):
+    rows = [
+        "| workload | raw (steps/s) | accel | Accelerate | accel / raw | Accelerate / raw | accel / Accelerate |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, extra in (
+        ("tiny MLP", ["--model", "tiny"]),
+        ("medium MLP", ["--model", "medium"]),
+        ("tiny MLP, accumulate(2) + clip_grad_norm_", ["--model", "tiny", "--accum", "2", "--clip", "1.0"]),
+    ):
         extra = [*extra, "--device", DEVICE, "--paired"]
         cmds = {"accel": [PY, str(HERE / "step_loop.py"), "--impl", "accel", *extra]}
         if acc_py:
@@ -59,28 +64,75 @@ def step_overhead(acc_py: str | None, repeats: int) -> str:
         if acc_py:
             theirs = med([r["ratio_to_raw"] for r in runs["accelerate"]])
             target(f"step rate, {label}", ">= 1.0x Accelerate", f"{ours / theirs:.3f}x", ours >= theirs)
-            cells = [f"{med([r['steps_per_s'] for r in runs['accelerate']]):.0f}", f"{theirs:.3f}", f"{ours / theirs:.3f}"]
+            cells = [
+                f"{med([r['steps_per_s'] for r in runs['accelerate']]):.0f}",
+                f"{theirs:.3f}",
+                f"{ours / theirs:.3f}",
+            ]
         rows.append(f"| {label} | {raw_rate:.0f} | {rate:.0f} | {cells[0]} | {ours:.3f} | {cells[1]} | {cells[2]} |")
-    return "\n".join(rows) + ("\n\nEach process interleaves its framework's loop with a hand-written raw loop training the "
-                              "same model on the same data (blocks of 8 steps for the tiny MLP, 2 for the medium one, "
-                              "alternating which goes first); ratios are medians of the per-block ratios, then the median "
-                              "over processes. Steps/s columns are medians over processes (they vary ±10 % from process "
-                              "to process on this machine, which is why the ratios are measured within a process).")
+    return "\n".join(rows) + (
+        "\n\nEach process interleaves its framework's loop with a hand-written raw loop training the "
+        "same model on the same data (blocks of 8 steps for the tiny MLP, 2 for the medium one, "
+        "alternating which goes first); ratios are medians of the per-block ratios, then the median "
+        "over processes. Steps/s columns are medians over processes (they vary ±10 % from process "
+        "to process on this machine, which is why the ratios are measured within a process)."
+    )
 
 
 def ddp_overhead(acc_py: str | None, repeats: int) -> str:
-    rows = ["| workload | raw torchrun DDP (steps/s) | accel launch --plugin ddp | Accelerate (torchrun) | accel / raw (separate processes) | raw / raw (separate processes) | accel / raw (same processes) | Accelerate / raw (same processes) |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| workload | raw torchrun DDP (steps/s) | accel launch --plugin ddp | Accelerate (torchrun) | accel / raw (separate processes) | raw / raw (separate processes) | accel / raw (same processes) | Accelerate / raw (same processes) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    for label, extra in (("tiny MLP", ["--model", "tiny", "--steps", "1500"]), ("medium MLP", ["--model", "medium", "--steps", "60"])):
+    for label, extra in (
+        ("tiny MLP", ["--model", "tiny", "--steps", "1500"]),
+        ("medium MLP", ["--model", "medium", "--steps", "60"]),
+    ):
         extra = [*extra, "--device", DEVICE]
         raw = [PY, *torchrun, str(HERE / "step_loop.py"), "--impl", "raw", *extra]
-        cmds = {"raw": raw, "accel": [ACCEL, "launch", "-q", "-n", "2", "--plugin", "ddp", str(HERE / "step_loop.py"), "--impl", "accel", *extra],
-                "raw again": raw,  # the same script twice: what separate processes differ by when nothing differs
-                "accel paired": [ACCEL, "launch", "-q", "-n", "2", "--plugin", "ddp", str(HERE / "step_loop.py"), "--impl", "accel", *extra, "--paired"]}
+        cmds = {
+            "raw": raw,
+            "accel": [
+                ACCEL,
+                "launch",
+                "-q",
+                "-n",
+                "2",
+                "--plugin",
+                "ddp",
+                str(HERE / "step_loop.py"),
+                "--impl",
+                "accel",
+                *extra,
+            ],
+            "raw again": raw,  # the same script twice: what separate processes differ by when nothing differs
+            "accel paired": [
+                ACCEL,
+                "launch",
+                "-q",
+                "-n",
+                "2",
+                "--plugin",
+                "ddp",
+                str(HERE / "step_loop.py"),
+                "--impl",
+                "accel",
+                *extra,
+                "--paired",
+            ],
+        }
         if acc_py:
             cmds["accelerate"] = [acc_py, *torchrun, str(HERE / "step_loop.py"), "--impl", "accelerate", *extra]
-            cmds["accelerate paired"] = [acc_py, *torchrun, str(HERE / "step_loop.py"), "--impl", "accelerate", *extra, "--paired"]
+            cmds["accelerate paired"] = [
+                acc_py,
+                *torchrun,
+                str(HERE / "step_loop.py"),
+                "--impl",
+                "accelerate",
+                *extra,
+                "--paired",
+            ]
         runs = alternate_runs(cmds, repeats)
         rate = {k: med([r["steps_per_s"] for r in v]) for k, v in runs.items()}
         separate = rate["accel"] / rate["raw"]
@@ -94,18 +146,26 @@ def ddp_overhead(acc_py: str | None, repeats: int) -> str:
             met = "same processes: yes; separate: within the method's spread"
         else:
             met = False
-        target(f"DDP 2 processes, {label}", ">= 0.98x raw torchrun DDP",
-               f"{separate:.3f}x in separate processes (raw / raw: {same_script:.3f}x, single raw runs up to "
-               f"±{spread:.0%} off their median); {paired:.3f}x in the same processes", met)
+        target(
+            f"DDP 2 processes, {label}",
+            ">= 0.98x raw torchrun DDP",
+            f"{separate:.3f}x in separate processes (raw / raw: {same_script:.3f}x, single raw runs up to "
+            f"±{spread:.0%} off their median); {paired:.3f}x in the same processes",
+            met,
+        )
         acc_rate = f"{rate['accelerate']:.0f}" if acc_py else "-"
         acc_ratio = f"{med([r['ratio_to_raw'] for r in runs['accelerate paired']]):.3f}" if acc_py else "-"
-        rows.append(f"| {label} | {rate['raw']:.0f} | {rate['accel']:.0f} | {acc_rate} | {separate:.3f} | {same_script:.3f} | {paired:.3f} | {acc_ratio} |")
-    return "\n".join(rows) + ("\n\n\"Separate processes\": the issue's comparison, `accel launch --plugin ddp` against a raw "
-                              "torchrun DDP script, medians over alternating runs; \"raw / raw\" runs the raw script a "
-                              "second time in the same rotation, so it shows what this comparison reads when nothing "
-                              "differs. \"Same processes\": each launched pair of processes also runs a raw DDP loop on the "
-                              "same process group, interleaved with the framework's (step_loop.py --paired), which "
-                              "removes the process-to-process spread.\n\n" + worker_conditions())
+        rows.append(
+            f"| {label} | {rate['raw']:.0f} | {rate['accel']:.0f} | {acc_rate} | {separate:.3f} | {same_script:.3f} | {paired:.3f} | {acc_ratio} |"
+        )
+    return "\n".join(rows) + (
+        '\n\n"Separate processes": the issue\'s comparison, `accel launch --plugin ddp` against a raw '
+        'torchrun DDP script, medians over alternating runs; "raw / raw" runs the raw script a '
+        "second time in the same rotation, so it shows what this comparison reads when nothing "
+        'differs. "Same processes": each launched pair of processes also runs a raw DDP loop on the '
+        "same process group, interleaved with the framework's (step_loop.py --paired), which "
+        "removes the process-to-process spread.\n\n" + worker_conditions()
+    )
 
 
 def worker_conditions() -> str:
@@ -117,9 +177,11 @@ def worker_conditions() -> str:
     same = [k for k in theirs if not k.startswith("env ") and k not in differ]
     env = [f"`{k[4:]}`" for k in differ if k.startswith("env ")]
     other = [k for k in differ if not k.startswith("env ")]
-    return (f"Worker conditions, `accel launch --plugin ddp` vs `torchrun` ([`bench/worker_env.py`](../bench/worker_env.py)): "
-            f"the same {', '.join(f'{k} ({theirs[k]})' for k in same)}; environment variables that differ: "
-            f"{', '.join(env) or 'none'}" + (f"; also different: {', '.join(other)}" if other else "") + ".")
+    return (
+        f"Worker conditions, `accel launch --plugin ddp` vs `torchrun` ([`bench/worker_env.py`](../bench/worker_env.py)): "
+        f"the same {', '.join(f'{k} ({theirs[k]})' for k in same)}; environment variables that differ: "
+        f"{', '.join(env) or 'none'}" + (f"; also different: {', '.join(other)}" if other else "") + "."
+    )
 
 
 def cli_latency_section(acc_py: str | None, repeats: int) -> str:
@@ -128,10 +190,16 @@ def cli_latency_section(acc_py: str | None, repeats: int) -> str:
     accelerate = str(Path(acc_py).with_name("accelerate")) if acc_py else None
     rows = commands(ACCEL, accelerate, PY, acc_py)
     wall, cpu = measure(rows, max(repeats, 5))
-    pairs = {"accel --help": "accelerate --help", "accel launch --help": "accelerate launch --help",
-             "accel env": "accelerate env", "accel plugins": None}
-    out = ["| command | wall median (s) | CPU median (s) | Accelerate's equivalent | its wall median (s) | accel / Accelerate (wall) |",
-           "|---|---|---|---|---|---|"]
+    pairs = {
+        "accel --help": "accelerate --help",
+        "accel launch --help": "accelerate launch --help",
+        "accel env": "accelerate env",
+        "accel plugins": None,
+    }
+    out = [
+        "| command | wall median (s) | CPU median (s) | Accelerate's equivalent | its wall median (s) | accel / Accelerate (wall) |",
+        "|---|---|---|---|---|---|",
+    ]
     for ours, theirs in pairs.items():
         a = med(wall[ours])
         if theirs and theirs in wall:
@@ -143,8 +211,10 @@ def cli_latency_section(acc_py: str | None, repeats: int) -> str:
     for name in wall:
         if name.startswith("python -c"):
             out.append(f"| `{name}` | {med(wall[name]):.3f} | {med(cpu[name]):.3f} | | | |")
-    return "\n".join(out) + ("\n\nEvery command is a fresh process; the commands run round-robin (one warm-up round not "
-                              "counted) so machine load affects them alike; config lookups point at an empty directory.")
+    return "\n".join(out) + (
+        "\n\nEvery command is a fresh process; the commands run round-robin (one warm-up round not "
+        "counted) so machine load affects them alike; config lookups point at an empty directory."
+    )
 
 
 def first_line_seconds(cmd: list[str]) -> float:
@@ -159,16 +229,20 @@ def first_line_seconds(cmd: list[str]) -> float:
 
 def launch_latency(repeats: int) -> str:
     probe = str(HERE / "launch_probe.py")
-    cmds = {"torchrun -n 2": [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", probe],
-            "accel launch -n 2": [ACCEL, "launch", "-q", "-n", "2", probe]}
+    cmds = {
+        "torchrun -n 2": [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", probe],
+        "accel launch -n 2": [ACCEL, "launch", "-q", "-n", "2", probe],
+    }
     times: dict[str, list[float]] = {k: [] for k in cmds}
     for _ in range(repeats):
         for name, cmd in cmds.items():
             times[name].append(first_line_seconds(cmd))
     a, b = med(times["accel launch -n 2"]), med(times["torchrun -n 2"])
     target("launch latency, `accel launch -n 2` vs `torchrun`", "<= +0.3 s", f"{a - b:+.3f} s", a - b <= 0.3)
-    return (f"| command | median seconds to the script's first line |\n|---|---|\n| `torchrun --nproc_per_node 2` | {b:.3f} |\n"
-            f"| `accel launch -n 2` | {a:.3f} |\n\naccel launch adds **{a - b:+.3f} s** (target: at most +0.3 s).")
+    return (
+        f"| command | median seconds to the script's first line |\n|---|---|\n| `torchrun --nproc_per_node 2` | {b:.3f} |\n"
+        f"| `accel launch -n 2` | {a:.3f} |\n\naccel launch adds **{a - b:+.3f} s** (target: at most +0.3 s)."
+    )
 
 
 def import_cost(python: str, statement: str, repeats: int) -> float:
@@ -207,7 +281,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-accelerate", action="store_true")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the step loops run (cuda: a GPU machine)")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the step loops run (cuda: a GPU machine)"
+    )
     p.add_argument("--only", nargs="*", default=None, help="sections to run (default: all)")
     args = p.parse_args()
     DEVICE = args.device
@@ -220,8 +296,10 @@ def main() -> None:
         "launch-latency": ("### Launch latency", lambda: launch_latency(args.repeats)),
         "hook-cost": ("### Hook dispatch per step", hook_cost),
         "instructions": ("### Instructions per step", instruction_count),
-        "checkpoint-async": ("## Asynchronous save: time the training loop is blocked",
-                             lambda: checkpoint_async(args.repeats)),
+        "checkpoint-async": (
+            "## Asynchronous save: time the training loop is blocked",
+            lambda: checkpoint_async(args.repeats),
+        ),
     }
     results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
     with tempfile.TemporaryDirectory() as home:
@@ -244,8 +322,12 @@ def main() -> None:
             when = results[name]["run"].split(";")[0]
             shown = ok if isinstance(ok, str) else "yes" if ok else "**no**"
             rows.append(f"| {w} | {g} | {m} | {shown} | [{name}](#{anchor}), {when} |")
-    write_section("summary", "### Targets\n\nEvery target of issues 9 and 17 (asynchronous save), from the latest run of each section (`bench/results.json`).\n\n"
-                  + "\n".join(rows) + "\n")
+    write_section(
+        "summary",
+        "### Targets\n\nEvery target of issues 9 and 17 (asynchronous save), from the latest run of each section (`bench/results.json`).\n\n"
+        + "\n".join(rows)
+        + "\n",
+    )
     print("\n".join(rows))
 
 
@@ -262,25 +344,38 @@ def instruction_count() -> str:
             a, b = per[name], per[f"{label}|accel"]
             rows.append(f"| {label} | {a:,.0f} | {b:,.0f} | {b - a:+,.0f} | {b / a:.4f} |")
     base = per["parts|iterate the user's DataLoader"]
-    parts = ["| part (tiny MLP's loader, no training) | instructions/batch | added to iterating the user's DataLoader |",
-             "|---|---|---|"]
-    parts += [f"| {name.split('|')[1]} | {v:,.0f} | {v - base:+,.0f} |" for name, v in per.items() if name.startswith("parts|")]
-    return ("\n".join(rows) + "\n\n" + "\n".join(parts) + f"\n\nCounted by valgrind's callgrind on the training "
-            f"thread, {got['steps']} steps per phase after a warm-up, all phases in one process (bench/instructions.py). "
-            "The raw loop and accel's loop train the same model on the same data, so the difference is the Python "
-            "accel runs per step: the `accumulate()` context, the prepared loader's look-ahead and device check, "
-            "and the optimizer and backward wrappers with their resolved hook calls.")
+    parts = [
+        "| part (tiny MLP's loader, no training) | instructions/batch | added to iterating the user's DataLoader |",
+        "|---|---|---|",
+    ]
+    parts += [
+        f"| {name.split('|')[1]} | {v:,.0f} | {v - base:+,.0f} |"
+        for name, v in per.items()
+        if name.startswith("parts|")
+    ]
+    return (
+        "\n".join(rows) + "\n\n" + "\n".join(parts) + f"\n\nCounted by valgrind's callgrind on the training "
+        f"thread, {got['steps']} steps per phase after a warm-up, all phases in one process (bench/instructions.py). "
+        "The raw loop and accel's loop train the same model on the same data, so the difference is the Python "
+        "accel runs per step: the `accumulate()` context, the prepared loader's look-ahead and device check, "
+        "and the optimizer and backward wrappers with their resolved hook calls."
+    )
 
 
 def checkpoint_async(repeats: int) -> str:
     """bench/checkpoint.py --async-save in a process of its own (it holds a ~1.5 GiB checkpoint twice in memory)."""
     from checkpoint import async_report
 
-    got = run_json([PY, str(HERE / "checkpoint.py"), "--async-save", "--json", "--repeats", str(max(repeats, 5))],
-                   timeout=3600)
+    got = run_json(
+        [PY, str(HERE / "checkpoint.py"), "--async-save", "--json", "--repeats", str(max(repeats, 5))], timeout=3600
+    )
     text, ratio = async_report(got)
-    target("asynchronous save: time the training loop is blocked", "<= 10 % of the synchronous save",
-           f"{ratio:.1%} (median of per-round ratios)", ratio <= 0.10)
+    target(
+        "asynchronous save: time the training loop is blocked",
+        "<= 10 % of the synchronous save",
+        f"{ratio:.1%} (median of per-round ratios)",
+        ratio <= 0.10,
+    )
     return text
 
 
@@ -288,15 +383,21 @@ def hook_cost() -> str:
     hooks = run_json([PY, str(HERE / "hook_cost.py")])
     impls = ", ".join(f"`{k}` {v:g}" for k, v in hooks["implementations_per_step"].items())
     dispatched = hooks["pluggy_dispatches_per_step"]
-    target("pluggy dispatches per training step", "0 (resolved at prepare)", f"{sum(dispatched.values()):g}",
-           not dispatched)
-    return (f"Training loop with `accumulate()` (gradient_accumulation_steps=2), backward, `clip_grad_norm_`, step, "
-            f"zero_grad, "
-            f"{hooks['steps']} steps. Pluggy dispatches per step: **{sum(dispatched.values()):g}** "
-            f"({dispatched or 'none'}). Hook implementations run per step (resolved once at `prepare`, called "
-            f"directly): {impls}. One `accel_zero_grad` call: {hooks['zero_grad_via_pluggy_us']:.2f} µs through "
-            f"pluggy, {hooks['zero_grad_resolved_us']:.2f} µs resolved, {hooks['zero_grad_direct_us']:.2f} µs as a "
-            f"plain `optimizer.zero_grad()` (the difference is the dispatch cost).")
+    target(
+        "pluggy dispatches per training step",
+        "0 (resolved at prepare)",
+        f"{sum(dispatched.values()):g}",
+        not dispatched,
+    )
+    return (
+        f"Training loop with `accumulate()` (gradient_accumulation_steps=2), backward, `clip_grad_norm_`, step, "
+        f"zero_grad, "
+        f"{hooks['steps']} steps. Pluggy dispatches per step: **{sum(dispatched.values()):g}** "
+        f"({dispatched or 'none'}). Hook implementations run per step (resolved once at `prepare`, called "
+        f"directly): {impls}. One `accel_zero_grad` call: {hooks['zero_grad_via_pluggy_us']:.2f} µs through "
+        f"pluggy, {hooks['zero_grad_resolved_us']:.2f} µs resolved, {hooks['zero_grad_direct_us']:.2f} µs as a "
+        f"plain `optimizer.zero_grad()` (the difference is the dispatch cost)."
+    )
 
 
 if __name__ == "__main__":

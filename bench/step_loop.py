@@ -33,7 +33,9 @@ SIZES = {"tiny": (32, 64, 10, 16), "medium": (512, 2048, 512, 64)}  # in, hidden
 def build(size: str) -> tuple[nn.Module, DataLoader]:
     d_in, hidden, d_out, batch = SIZES[size]
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out))
+    model = nn.Sequential(
+        nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, d_out)
+    )
     n = batch * 64
     data = TensorDataset(torch.randn(n, d_in), torch.randint(0, d_out, (n,)))
     return model, DataLoader(data, batch_size=batch, shuffle=False)
@@ -146,7 +148,9 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
-    p.add_argument("--block", type=int, default=0, help="steps per turn in the paired comparison (default: by model size)")
+    p.add_argument(
+        "--block", type=int, default=0, help="steps per turn in the paired comparison (default: by model size)"
+    )
     args = p.parse_args()
     steps = args.steps or (3000 if args.model == "tiny" else 150)
     torch.set_num_threads(1)
@@ -183,9 +187,13 @@ def main() -> None:
             else:
                 raw_s.append(raw(chunk))
                 fw_s.append(fw(chunk))
-        result = {"impl": args.impl, "model": args.model, "steps_per_s": chunk / statistics.median(fw_s),
-                  "raw_steps_per_s": chunk / statistics.median(raw_s),
-                  "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s, strict=True)])}
+        result = {
+            "impl": args.impl,
+            "model": args.model,
+            "steps_per_s": chunk / statistics.median(fw_s),
+            "raw_steps_per_s": chunk / statistics.median(raw_s),
+            "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s, strict=True)]),
+        }
     if rank == 0:
         print(json.dumps(result))
     if world > 1 and args.impl == "raw":

@@ -8,6 +8,12 @@ import torch
 
 if os.environ.get("RANK", "0") == "0":
     seen = {f"env {k}": v for k, v in os.environ.items()}
-    seen.update({"torch threads": torch.get_num_threads(), "torch interop threads": torch.get_num_interop_threads(),
-                 "CPU affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0)})
+    seen.update(
+        {
+            "torch threads": torch.get_num_threads(),
+            "torch interop threads": torch.get_num_interop_threads(),
+            "CPU affinity": sorted(os.sched_getaffinity(0)),
+            "nice": os.nice(0),
+        }
+    )
     print(json.dumps(seen))

@@ -39,9 +39,15 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.25), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Dropout(0.25), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -89,8 +95,10 @@ def main() -> None:
                 pred, y = kernel.gather_for_metrics((pred, y))
                 correct += int((pred == y).sum())
                 total += len(y)
-        kernel.print(f"epoch {epoch}: accuracy {correct / total:.3f} on {total} test images "
-                     f"({kernel.num_processes} process{'es' if kernel.num_processes > 1 else ''})")
+        kernel.print(
+            f"epoch {epoch}: accuracy {correct / total:.3f} on {total} test images "
+            f"({kernel.num_processes} process{'es' if kernel.num_processes > 1 else ''})"
+        )
         if args.project_dir:
             kernel.save_state()
     kernel.end_training()

@@ -41,16 +41,17 @@ def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     every published plugin but ddp hidden (``plugin_shadow``), so the tests see the same plugins whatever this venv
     has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory). ``hide=False``
     keeps every plugin of this venv visible."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "ACCELERATE_")) and k not in ("PYTHONPATH", "XDG_CACHE_HOME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_")) and k not in ("PYTHONPATH", "XDG_CACHE_HOME")
+    }
     (home / "accel_home").mkdir(parents=True, exist_ok=True)
-    env.update(ACCEL_HOME=str(home / "accel_home"), HOME=str(home / "user"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
+    env.update(ACCEL_HOME=str(home / "accel_home"), HOME=str(home / "user"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.update(extra)
     paths = [str(hidden_plugins())] if hide else []
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [extra.get("PYTHONPATH")])])
     return env
-
 
 
 def launch_env(tmp_path: Path) -> dict[str, str]:
@@ -62,6 +63,7 @@ def launch_env(tmp_path: Path) -> dict[str, str]:
         env.pop(name, None)
     return env
 
+
 @functools.cache
 def hidden_plugins() -> Path:
     from plugin_shadow import hide_plugins
@@ -69,8 +71,14 @@ def hidden_plugins() -> Path:
     return hide_plugins(_ROOT / "hidden", keep=("ddp",))
 
 
-def run(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 240,
-        python_m: str | None = None, python_flags: tuple[str, ...] = ()) -> Result:
+def run(
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 240,
+    python_m: str | None = None,
+    python_flags: tuple[str, ...] = (),
+) -> Result:
     """Run ``accel ARGS`` (or ``python -m MODULE ARGS``) and capture its output."""
     if python_m is not None:
         cmd = [sys.executable, *python_flags, "-m", python_m, *args]
@@ -94,8 +102,20 @@ def install(*packages: str) -> Path:
     src = _ROOT / "src"
     if not src.exists():
         shutil.copytree(PKGS, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-           "--disable-pip-version-check", "--target", str(target), *(str(src / p) for p in packages)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        *(str(src / p) for p in packages),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return target

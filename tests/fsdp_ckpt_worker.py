@@ -64,8 +64,11 @@ def full_state(kernel: Kernel, model: nn.Module, optimizer: Any) -> tuple[dict[s
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     params = kernel.get_state_dict(model)
-    optim = get_optimizer_state_dict(kernel.unwrap_model(model), optimizer.optimizer,
-                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    optim = get_optimizer_state_dict(
+        kernel.unwrap_model(model),
+        optimizer.optimizer,
+        options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+    )
     return params, optim
 
 

@@ -88,7 +88,7 @@ def train(args: argparse.Namespace) -> None:
     losses, norms, nosync_grads_none = [], [], []
     out_dtype = ""
     for step in range(STEPS):
-        x, y = xs[step, rank * half:(rank + 1) * half], ys[step, rank * half:(rank + 1) * half]
+        x, y = xs[step, rank * half : (rank + 1) * half], ys[step, rank * half : (rank + 1) * half]
         with kernel.accumulate(model):
             out = model(x)
             out_dtype = str(out.dtype)
@@ -124,7 +124,8 @@ def train(args: argparse.Namespace) -> None:
         "offload": repr(group.offload_policy) if group is not None else "",
         "forward": seen,
         "optimizer_params_are_model_params": all(
-            any(p is q for q in inner.parameters()) for g in optimizer.param_groups for p in g["params"]),
+            any(p is q for q in inner.parameters()) for g in optimizer.param_groups for p in g["params"]
+        ),
         "plugins": [c.name for c in kernel.components],
     }
     state = kernel.get_state_dict(model)

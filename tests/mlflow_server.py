@@ -37,8 +37,9 @@ def server_executable() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test sessions must not install at once
         if not exe.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-            subprocess.run([str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "mlflow>=3,<4"], check=True,
-                           timeout=900)
+            subprocess.run(
+                [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "mlflow>=3,<4"], check=True, timeout=900
+            )
     return exe
 
 
@@ -59,10 +60,25 @@ def running_server(workdir: Path, timeout: float = 120) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     log = open(workdir / "server.log", "w")
     proc = subprocess.Popen(
-        [str(exe), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
-         "--artifacts-destination", str(workdir / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=workdir,
+        [
+            str(exe),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{workdir / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(workdir / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=workdir,
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # no background job workers
     )
     try:

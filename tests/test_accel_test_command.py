@@ -11,14 +11,20 @@ import pytest
 from plugin_shadow import hide_plugins
 
 
-def accel_test(args: list[str], tmp_path: Path, keep: tuple[str, ...] = ("ddp",),
-               **extra: str) -> subprocess.CompletedProcess[str]:
+def accel_test(
+    args: list[str], tmp_path: Path, keep: tuple[str, ...] = ("ddp",), **extra: str
+) -> subprocess.CompletedProcess[str]:
     """`accel test` with only the kernel and the ``keep`` plugins visible (other installed plugins hidden)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     shadow = hide_plugins(tmp_path / "shadow", keep=keep)
     env.update(ACCEL_HOME=str(tmp_path), PYTHONPATH=str(shadow), **extra)
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", "test", *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "accel.commands.cli", "test", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -58,8 +64,14 @@ def test_summary_names_the_failed_check_and_process(capsys: pytest.CaptureFixtur
 
     ok = {"name": "world", "ok": True, "detail": "2 process(es)"}
     bad = {"name": "training", "ok": False, "detail": "parameters differ between processes by 0.5"}
-    report = {"ok": False, "num_processes": 2, "device": "cpu", "mixed_precision": "no", "plugins": ["ddp:strategy"],
-              "processes": [{"process": 0, "results": [ok]}, {"process": 1, "results": [ok, bad]}]}
+    report = {
+        "ok": False,
+        "num_processes": 2,
+        "device": "cpu",
+        "mixed_precision": "no",
+        "plugins": ["ddp:strategy"],
+        "processes": [{"process": 0, "results": [ok]}, {"process": 1, "results": [ok, bad]}],
+    }
     assert summarize(1, report, 3.0) == 1
     err = capsys.readouterr().err
     assert "accel test: FAILED on process 1: training: parameters differ between processes by 0.5" in err
@@ -74,20 +86,27 @@ def _installed(*names: str) -> bool:
 # (strategy plugin, flags, processes that receive the full parameters from get_state_dict). fp16 runs where the
 # CPU runs it: with DDP (autocast + GradScaler); FSDP and DeepSpeed refuse fp16 on the CPU before starting.
 STRATEGIES = [
-    ("ddp", [], 2), ("ddp", ["--mixed_precision", "bf16"], 2), ("ddp", ["--mixed_precision", "fp16"], 2),
-    ("fsdp", [], 1), ("fsdp", ["--mixed_precision", "bf16"], 1),
-    ("deepspeed", ["--zero_stage", "1"], 1), ("deepspeed", ["--zero_stage", "2"], 1),
-    ("deepspeed", ["--zero_stage", "3"], 1), ("deepspeed", ["--zero_stage", "2", "--mixed_precision", "bf16"], 1),
+    ("ddp", [], 2),
+    ("ddp", ["--mixed_precision", "bf16"], 2),
+    ("ddp", ["--mixed_precision", "fp16"], 2),
+    ("fsdp", [], 1),
+    ("fsdp", ["--mixed_precision", "bf16"], 1),
+    ("deepspeed", ["--zero_stage", "1"], 1),
+    ("deepspeed", ["--zero_stage", "2"], 1),
+    ("deepspeed", ["--zero_stage", "3"], 1),
+    ("deepspeed", ["--zero_stage", "2", "--mixed_precision", "bf16"], 1),
     ("deepspeed", ["--zero_stage", "3", "--mixed_precision", "bf16"], 1),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("plugin, flags, holders", STRATEGIES,
-                         ids=["-".join([p, *f[1::2]]) or p for p, f, _ in STRATEGIES])
-def test_accel_test_passes_for_every_strategy_and_precision(tmp_path: Path, plugin: str, flags: list[str],
-                                                            holders: int) -> None:
+@pytest.mark.parametrize(
+    "plugin, flags, holders", STRATEGIES, ids=["-".join([p, *f[1::2]]) or p for p, f, _ in STRATEGIES]
+)
+def test_accel_test_passes_for_every_strategy_and_precision(
+    tmp_path: Path, plugin: str, flags: list[str], holders: int
+) -> None:
     """Before: `accel test --plugin fsdp -n 2` always failed (the self-check flattened FSDP2's sharded parameters:
     "This operation would remove or reshape sharded dimension 0"). The check now reads the full parameters through
     `kernel.get_state_dict` and compares the model's output on every process."""
@@ -99,5 +118,7 @@ def test_accel_test_passes_for_every_strategy_and_precision(tmp_path: Path, plug
     assert f"5 checks passed on each of 2 process(es) (device cpu, mixed precision {precision}" in result.stdout
     assert f"plugins: {plugin}:strategy" in result.stdout
     for process in (0, 1):
-        assert (f"[process {process}] ok   training: " in result.stdout
-                and f"full parameters from get_state_dict on {holders} of 2 process(es) agree" in result.stdout)
+        assert (
+            f"[process {process}] ok   training: " in result.stdout
+            and f"full parameters from get_state_dict on {holders} of 2 process(es) agree" in result.stdout
+        )

@@ -21,9 +21,19 @@ from torch import nn
 from accel import Component, Kernel, UsageError, hookimpl
 
 BIN = Path(sys.executable).parent
-PRECISION_ENV = ("ACCEL_MIXED_PRECISION", "MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", "ACCEL_CONFIG",
-                 "ACCEL_PLUGINS", "ACCEL_DISABLE_PLUGINS", "ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND",
-                 "WORLD_SIZE", "RANK", "LOCAL_RANK")
+PRECISION_ENV = (
+    "ACCEL_MIXED_PRECISION",
+    "MIXED_PRECISION",
+    "ACCELERATE_MIXED_PRECISION",
+    "ACCEL_CONFIG",
+    "ACCEL_PLUGINS",
+    "ACCEL_DISABLE_PLUGINS",
+    "ACCEL_DYNAMO_BACKEND",
+    "ACCELERATE_DYNAMO_BACKEND",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -230,8 +240,12 @@ def test_fp16_two_optimizers_share_one_scaler_update() -> None:
 
 
 def test_grad_scaler_options_reach_the_scaler() -> None:
-    kernel = Kernel(mixed_precision="fp16", grad_scaler_init_scale=1024.0, grad_scaler_growth_interval=1,
-                    grad_scaler_growth_factor=4.0)
+    kernel = Kernel(
+        mixed_precision="fp16",
+        grad_scaler_init_scale=1024.0,
+        grad_scaler_growth_interval=1,
+        grad_scaler_growth_factor=4.0,
+    )
     net = Net()
     model, opt = kernel.prepare(net, torch.optim.SGD(net.parameters(), lr=0.01))
     kernel.backward(model(torch.randn(2, 16)).mean())
@@ -425,8 +439,9 @@ def test_fp8_emulated_swaps_linear_layers_in_place_and_trains() -> None:
     assert losses[-1] < losses[0] * 0.8
     assert kernel.unwrap_model(model) is net
     state = kernel.get_state_dict(model)
-    assert sorted(state) == sorted(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(),
-                                                 nn.Linear(16, 3)).state_dict())
+    assert sorted(state) == sorted(
+        nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3)).state_dict()
+    )
     assert all(v.dtype == torch.float32 for v in state.values())
 
 
@@ -501,8 +516,9 @@ def test_precedence_end_to_end_through_accel_launch(tmp_path: Path) -> None:
     script.write_text(WORKER)
     config = tmp_path / "accel_home" / "default_config.yaml"
     config.parent.mkdir(parents=True)
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\n"
-                      "num_processes: 1\n")
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: bf16\nnum_processes: 1\n"
+    )
     env = dict(os.environ)
     launch = [str(BIN / "accel"), "launch", "-q"]
 
@@ -519,8 +535,7 @@ def test_precedence_end_to_end_through_accel_launch(tmp_path: Path) -> None:
     from_env = results(run([*launch, str(script)], env, tmp_path))
     assert from_env == [{"rank": 0, "world": 1, "mp": "fp16", "source": "launch", "scaler": True, "autocast": True}]
     argument = results(run([*launch, "--mixed_precision", "no", str(script), "bf16"], env, tmp_path))
-    assert argument == [{"rank": 0, "world": 1, "mp": "bf16", "source": "argument", "scaler": False,
-                         "autocast": True}]
+    assert argument == [{"rank": 0, "world": 1, "mp": "bf16", "source": "argument", "scaler": False, "autocast": True}]
 
 
 def free_port() -> int:
@@ -570,8 +585,22 @@ def test_seed_style_fp16_torchrun_two_processes_skip_together(tmp_path: Path) ->
     script = tmp_path / "overflow.py"
     script.write_text(OVERFLOW_WORKER)
     env = dict(os.environ, MIXED_PRECISION="fp16", OMP_NUM_THREADS="1")
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                "127.0.0.1", "--master_port", str(free_port()), str(script)], env, tmp_path)
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(script),
+        ],
+        env,
+        tmp_path,
+    )
     ranks = results(proc)
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 and r["mp"] == "fp16" for r in ranks)
     for r in ranks:
@@ -591,11 +620,14 @@ def cli(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProc
     return run([str(BIN / "accel"), "launch", "-q", *args, str(script)], dict(os.environ, **env), tmp_path)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--mixed_precision", "fp8", "--cpu"], "mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9"),
-    (["--mixed_precision", "fp16", "-p", "no:amp"], "needs a plugin that provides 'precision:fp16'"),
-    (["--mixed_precision", "fp15"], "`--mixed_precision` must be one of no, fp16, bf16, fp8, got 'fp15'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mixed_precision", "fp8", "--cpu"], "mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9"),
+        (["--mixed_precision", "fp16", "-p", "no:amp"], "needs a plugin that provides 'precision:fp16'"),
+        (["--mixed_precision", "fp15"], "`--mixed_precision` must be one of no, fp16, bf16, fp8, got 'fp15'"),
+    ],
+)
 def test_impossible_combinations_are_refused_at_launch(tmp_path: Path, args: list[str], message: str) -> None:
     proc = cli(args, tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -615,8 +647,14 @@ def test_accel_config_asks_the_fp8_questions() -> None:
     from accel.commands.config import Questionnaire
     from accel.plugins import Plugins
 
-    answers = {"distributed_type": "NO", "cpu": False, "use_dynamo": "no", "mixed_precision": "fp8",
-               "fp8_recipe": "rowwise", "fp8_pad_inner_dim": True}
+    answers = {
+        "distributed_type": "NO",
+        "cpu": False,
+        "use_dynamo": "no",
+        "mixed_precision": "fp8",
+        "fp8_recipe": "rowwise",
+        "fp8_pad_inner_dim": True,
+    }
     asked: list[str] = []
 
     def ask(q: Question, disabled: Any) -> Any:
@@ -625,8 +663,12 @@ def test_accel_config_asks_the_fp8_questions() -> None:
 
     questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,amp"}), ask, env={})
     questionnaire.run()
-    assert asked[asked.index("mixed_precision"):] == ["mixed_precision", "fp8_backend", "fp8_recipe",
-                                                       "fp8_pad_inner_dim"]
+    assert asked[asked.index("mixed_precision") :] == [
+        "mixed_precision",
+        "fp8_backend",
+        "fp8_recipe",
+        "fp8_pad_inner_dim",
+    ]
     data = questionnaire.config_data()
     assert data["mixed_precision"] == "fp8"
     assert data["fp8_config"] == {"backend": "AO", "recipe": "rowwise", "pad_inner_dim": True}

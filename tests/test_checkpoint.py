@@ -59,8 +59,9 @@ def make_run(tmp_path: Path | None = None, width: int = 8, optimizers: int = 1, 
     opts = [torch.optim.AdamW(model.parameters(), lr=1e-2) for _ in range(optimizers)]
     sched = torch.optim.lr_scheduler.StepLR(opts[0], 3)
     gen = torch.Generator().manual_seed(1)
-    dl = DataLoader(TensorDataset(torch.randn(50, 4, generator=gen), torch.randn(50, 2, generator=gen)),
-                    batch_size=4, shuffle=True)
+    dl = DataLoader(
+        TensorDataset(torch.randn(50, 4, generator=gen), torch.randn(50, 2, generator=gen)), batch_size=4, shuffle=True
+    )
     model, *rest = kernel.prepare(model, *opts, dl, sched)
     opts, dl, sched = rest[:optimizers], rest[optimizers], rest[optimizers + 1]
     return {"kernel": kernel, "model": model, "opt": opts[0], "opts": opts, "dl": dl, "sched": sched}
@@ -90,11 +91,26 @@ def test_tree_round_trip_keeps_types_and_tied_tensors(tmp_path: Path) -> None:
     w = torch.randn(3, 4)
     base = torch.arange(10.0)
     obj = {
-        "w": w, "tied": w, "view_a": base[:4], "view_b": base[2:8], "empty": torch.empty(0), "scalar": torch.tensor(2.5),
-        "half": torch.ones(2, dtype=torch.bfloat16), "ints": {0: torch.zeros(2), 7: "x"}, "tuple": (1, 2.5, None, True),
-        "floats": [math.inf, -math.inf, 1e-300], "nan": math.nan, "dtype": torch.float16, "device": torch.device("cpu"),
-        "size": torch.Size([2, 3]), "set": {3, 1}, "bytes": b"\x00\xff", "np": np.arange(5, dtype=np.uint32),
-        "np_scalar": np.float64(0.5), "__dunder": 1, "nested": {"a": [{"b": (torch.ones(1),)}]},
+        "w": w,
+        "tied": w,
+        "view_a": base[:4],
+        "view_b": base[2:8],
+        "empty": torch.empty(0),
+        "scalar": torch.tensor(2.5),
+        "half": torch.ones(2, dtype=torch.bfloat16),
+        "ints": {0: torch.zeros(2), 7: "x"},
+        "tuple": (1, 2.5, None, True),
+        "floats": [math.inf, -math.inf, 1e-300],
+        "nan": math.nan,
+        "dtype": torch.float16,
+        "device": torch.device("cpu"),
+        "size": torch.Size([2, 3]),
+        "set": {3, 1},
+        "bytes": b"\x00\xff",
+        "np": np.arange(5, dtype=np.uint32),
+        "np_scalar": np.float64(0.5),
+        "__dunder": 1,
+        "nested": {"a": [{"b": (torch.ones(1),)}]},
     }
     files = write_tree(tmp_path, "thing", obj)
     assert sorted(files) == ["thing.json", "thing.safetensors"]
@@ -105,7 +121,9 @@ def test_tree_round_trip_keeps_types_and_tied_tensors(tmp_path: Path) -> None:
     assert set(back["ints"]) == {0, 7} and back["ints"][7] == "x"
     assert back["tuple"] == (1, 2.5, None, True) and isinstance(back["tuple"], tuple)
     assert back["floats"][:2] == [math.inf, -math.inf] and math.isnan(back["nan"])
-    assert back["dtype"] is torch.float16 and back["device"] == torch.device("cpu") and back["size"] == torch.Size([2, 3])
+    assert (
+        back["dtype"] is torch.float16 and back["device"] == torch.device("cpu") and back["size"] == torch.Size([2, 3])
+    )
     assert back["set"] == {1, 3} and back["bytes"] == b"\x00\xff" and back["__dunder"] == 1
     assert back["np"].dtype == np.uint32 and back["np"].tolist() == [0, 1, 2, 3, 4] and back["np_scalar"] == 0.5
     assert torch.equal(back["nested"]["a"][0]["b"][0], torch.ones(1))
@@ -225,14 +243,20 @@ def test_compatibility_errors_before_touching_the_model(tmp_path: Path) -> None:
 
     wider = make_run(width=9)
     before = params(wider["model"])
-    with pytest.raises(CheckpointError, match=r"'model' does not fit this model: 0.weight has shape \(8, 4\) in the "
-                                              r"checkpoint, \(9, 4\) in this model"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model' does not fit this model: 0.weight has shape \(8, 4\) in the "
+        r"checkpoint, \(9, 4\) in this model",
+    ):
         wider["kernel"].load_state(path)
     assert all(torch.equal(v, before[k]) for k, v in params(wider["model"]).items())
 
     two = make_run(optimizers=2)
-    with pytest.raises(CheckpointError, match=r"has no 'optimizer_1' \(this run has 'optimizer_1': a prepared "
-                                              r"optimizer\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"has no 'optimizer_1' \(this run has 'optimizer_1': a prepared "
+        r"optimizer\)",
+    ):
         two["kernel"].load_state(path)
 
     extra = make_run()
@@ -246,8 +270,11 @@ def test_compatibility_errors_before_touching_the_model(tmp_path: Path) -> None:
     manifest = json.loads((Path(path) / MANIFEST).read_text())
     manifest["items"]["rng"]["extra"]["world_size"] = 4
     (Path(path) / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"'rng' holds one state per process for 4 process\(es\); this run "
-                                              r"has 1"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'rng' holds one state per process for 4 process\(es\); this run "
+        r"has 1",
+    ):
         make_run()["kernel"].load_state(path)
 
 
@@ -377,7 +404,10 @@ def test_plugin_claims_items_and_manifest_names_it(tmp_path: Path) -> None:
     rec = manifest["items"]["model"]
     assert rec["plugin"] == "claimer" and rec["format"] == "torch-weights-only"
     assert rec["files"] == ["model_by_plugin_rank0.pt"] and not (path / "model.safetensors").exists()
-    assert manifest["items"]["scaler"]["plugin"] == "accel" and manifest["items"]["scaler"]["extra"]["provider"] == "claimer"
+    assert (
+        manifest["items"]["scaler"]["plugin"] == "accel"
+        and manifest["items"]["scaler"]["extra"]["provider"] == "claimer"
+    )
     saved = params(run["model"])
     train(run, 2)
     comp.scaler.value = 0
@@ -386,8 +416,11 @@ def test_plugin_claims_items_and_manifest_names_it(tmp_path: Path) -> None:
     assert all(torch.equal(v, saved[k]) for k, v in params(run["model"]).items())
 
     # the same checkpoint without the plugin: one clear error naming it
-    with pytest.raises(CheckpointError, match=r"'model' of .* was written by plugin 'claimer' in format "
-                                              r"'torch-weights-only'; install the plugin that provides 'claimer'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model' of .* was written by plugin 'claimer' in format "
+        r"'torch-weights-only'; install the plugin that provides 'claimer'",
+    ):
         make_run()["kernel"].load_state(path)
 
 
@@ -397,18 +430,26 @@ def test_missing_published_plugin_gets_install_hint(tmp_path: Path) -> None:
     manifest = json.loads((path / MANIFEST).read_text())
     manifest["items"]["model"].update(plugin="fsdp", format="dcp", version="0.1.0")
     (path / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"written by plugin 'fsdp' 0.1.0 in format 'dcp'; "
-                                              r"(install it with `pip install accel-plugin-fsdp`|.*--plugin fsdp)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"written by plugin 'fsdp' 0.1.0 in format 'dcp'; "
+        r"(install it with `pip install accel-plugin-fsdp`|.*--plugin fsdp)",
+    ):
         run["kernel"].load_state(path)
 
 
 def test_two_plugins_claiming_one_item_is_an_error(tmp_path: Path) -> None:
-    run = make_run(extra_plugins=[("one", Activator(ClaimingComponent("model"))),
-                                  ("two", Activator(ClaimingComponent("model")))])
+    run = make_run(
+        extra_plugins=[("one", Activator(ClaimingComponent("model"))), ("two", Activator(ClaimingComponent("model")))]
+    )
     with pytest.raises(PluginError, match="is given by both 'one' and 'two'|is given by both 'two' and 'one'"):
         run["kernel"].save_state(tmp_path / "ck")
-    run = make_run(extra_plugins=[("one", Activator(ClaimingComponent("optimizer"))),
-                                  ("two", Activator(ClaimingComponent("optimizer")))])
+    run = make_run(
+        extra_plugins=[
+            ("one", Activator(ClaimingComponent("optimizer"))),
+            ("two", Activator(ClaimingComponent("optimizer"))),
+        ]
+    )
     with pytest.raises(PluginError, match="'optimizer' is claimed by both"):
         run["kernel"].save_state(tmp_path / "ck")
     assert not any(p.name.startswith(".ck.tmp") for p in tmp_path.iterdir()), "the temporary directory is removed"
@@ -610,8 +651,10 @@ def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> Non
     from accel.checkpoint import DCP_METADATA_GLOBALS, load_restricted_pickle
 
     with pytest.warns(UserWarning):  # "torch.distributed is ... uninitialized, assuming ... a single process"
-        dcp.save({"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
-                 checkpoint_id=tmp_path / "dcp")
+        dcp.save(
+            {"w": torch.randn(3, 4), "step": 3, "nested": {"b": torch.zeros(2, dtype=torch.bfloat16)}},
+            checkpoint_id=tmp_path / "dcp",
+        )
     metadata = load_restricted_pickle(tmp_path / "dcp" / ".metadata", DCP_METADATA_GLOBALS)
     assert isinstance(metadata, Metadata) and "w" in metadata.state_dict_metadata
 
@@ -627,16 +670,22 @@ def test_dataloader_and_optimizer_differences_are_refused(tmp_path: Path) -> Non
     next(it)
     kernel.save_state(tmp_path / "dl")
     kernel, dl = loader_run(26)
-    with pytest.raises(CheckpointError, match=r"'dataloader': the dataloader had 8 batches per process per epoch "
-                                              r"when saved and has 7 now"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'dataloader': the dataloader had 8 batches per process per epoch "
+        r"when saved and has 7 now",
+    ):
         kernel.load_state(tmp_path / "dl")
 
     run = make_run()
     run["kernel"].save_state(tmp_path / "opt")
     other = make_run()
     other["opt"].add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
-    with pytest.raises(CheckpointError, match=r"does not fit this optimizer: parameters per group \[4\] in the "
-                                              r"checkpoint, \[4, 1\] in this run"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"does not fit this optimizer: parameters per group \[4\] in the "
+        r"checkpoint, \[4, 1\] in this run",
+    ):
         other["kernel"].load_state(tmp_path / "opt")
 
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.multiprocess
 def run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -98,8 +100,14 @@ def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path) -> 
     launch(tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b.pt")
     assert_same_training_state(ddp_reference, tmp_path / "b.pt")
     # the same checkpoint in one process: refused, saying what differs
-    proc = subprocess.run([sys.executable, str(TRAIN), "--steps", STEPS, "--resume", "--ckpt", "ck"],
-                          env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(TRAIN), "--steps", STEPS, "--resume", "--ckpt", "ck"],
+        env=launch_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "holds one state per process for 2 process(es); this run has 1" in proc.stderr
 
@@ -127,8 +135,9 @@ def _load_crash_module() -> Any:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 20 process start-ups; about 90 s on an idle 2-core machine
-def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
     crash = _load_crash_module()
     project = tmp_path / "proj"
@@ -136,8 +145,13 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(tmp_p
     mid_save = 0
     last_loaded = 0
     for trial in range(20):
-        proc = subprocess.Popen([sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(project)], env=launch_env(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(project)],
+            env=launch_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None
         first = proc.stdout.readline()
         while first.startswith(("pid ", "resumed ")):  # ckpt_crash.py's start-up lines
@@ -177,8 +191,22 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(tmp_p
 def test_elastic_restart_resumes_from_latest_checkpoint(tmp_path: Path, ddp_reference: Path) -> None:
     # checkpoints every 8 steps (automatic naming); the last process SIGKILLs itself at step 21, once;
     # torchrun restarts both workers, which load_state() the latest checkpoint (step 16) on start-up
-    proc = launch(tmp_path, "--steps", STEPS, "--project", "proj", "--save-every", "8", "--kill-at", "21",
-                  "--marker", "killed", "--out", "e.pt", launch_args=("--max_restarts", "2"))
+    proc = launch(
+        tmp_path,
+        "--steps",
+        STEPS,
+        "--project",
+        "proj",
+        "--save-every",
+        "8",
+        "--kill-at",
+        "21",
+        "--marker",
+        "killed",
+        "--out",
+        "e.pt",
+        launch_args=("--max_restarts", "2"),
+    )
     assert (tmp_path / "killed").exists()
     assert "resumed from proj/checkpoints/checkpoint_1 at step 16" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert_same_training_state(ddp_reference, tmp_path / "e.pt")

@@ -15,10 +15,30 @@ PROBE = str(TESTS / "scripts" / "cli_probe.py")
 
 #: Every seed flag of the issue with a value, underscore spelling (not --cpu: with --gpu_ids it is a contradiction).
 SEED_FLAGS = [
-    "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--machine_rank", "0",
-    "--main_process_ip", "127.0.0.1", "--main_process_port", "29533", "--rdzv_backend", "c10d", "--same_network",
-    "--gpu_ids", "0", "--mixed_precision", "no", "--dynamo_backend", "no", "--max_restarts", "1",
-    "--monitor_interval", "0.5",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--machine_rank",
+    "0",
+    "--main_process_ip",
+    "127.0.0.1",
+    "--main_process_port",
+    "29533",
+    "--rdzv_backend",
+    "c10d",
+    "--same_network",
+    "--gpu_ids",
+    "0",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+    "--max_restarts",
+    "1",
+    "--monitor_interval",
+    "0.5",
 ]
 
 
@@ -53,7 +73,8 @@ def test_top_level_help_and_version(env):
 def test_unknown_command_is_one_line(env):
     result = run(["lauch"], env)
     assert result.returncode == 2 and result.err_lines == [
-        "accel: error: unknown command 'lauch'; did you mean `launch`? (see `accel --help`)"]
+        "accel: error: unknown command 'lauch'; did you mean `launch`? (see `accel --help`)"
+    ]
 
 
 def test_launch_help_lists_every_seed_flag_in_both_spellings(env, tmp_path):
@@ -77,20 +98,39 @@ def test_plugin_flags_appear_in_help(tmp_path):
 def test_seed_flags_dash_and_underscore_spellings_are_the_same(env):
     underscore = run(["launch", "--dry-run", *SEED_FLAGS, PROBE], env)
     assert underscore.returncode == 0, underscore
-    dashed = run(["launch", "--dry_run", *[f.replace("_", "-") if f.startswith("--") else f for f in SEED_FLAGS],
-                  PROBE], env)
+    dashed = run(
+        ["launch", "--dry_run", *[f.replace("_", "-") if f.startswith("--") else f for f in SEED_FLAGS], PROBE], env
+    )
     assert dashed.returncode == 0, dashed
     assert dashed.stdout == underscore.stdout
     values = settings_of(underscore.stdout)
-    for name, shown in [("multi_gpu", "True"), ("num_processes", "2"), ("num_machines", "1"),
-                        ("machine_rank", "0"), ("main_process_ip", "'127.0.0.1'"), ("main_process_port", "29533"),
-                        ("rdzv_backend", "'c10d'"), ("same_network", "True"), ("gpu_ids", "'0'"),
-                        ("mixed_precision", "'no'"), ("dynamo_backend", "'no'"), ("max_restarts", "1"),
-                        ("monitor_interval", "0.5")]:
+    for name, shown in [
+        ("multi_gpu", "True"),
+        ("num_processes", "2"),
+        ("num_machines", "1"),
+        ("machine_rank", "0"),
+        ("main_process_ip", "'127.0.0.1'"),
+        ("main_process_port", "29533"),
+        ("rdzv_backend", "'c10d'"),
+        ("same_network", "True"),
+        ("gpu_ids", "'0'"),
+        ("mixed_precision", "'no'"),
+        ("dynamo_backend", "'no'"),
+        ("max_restarts", "1"),
+        ("monitor_interval", "0.5"),
+    ]:
         assert values[name] == f"{shown} (flag)", (name, values[name])
     command = launcher_line(underscore.stdout)
-    for part in ("-m torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--max_restarts=1",
-                 "--monitor_interval=0.5", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29533", PROBE):
+    for part in (
+        "-m torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--max_restarts=1",
+        "--monitor_interval=0.5",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=127.0.0.1:29533",
+        PROBE,
+    ):
         assert part in command, (part, command)
     assert "CUDA_VISIBLE_DEVICES=0" in underscore.stdout  # --gpu_ids reaches the workers' environment
 
@@ -111,8 +151,12 @@ def test_defaults_are_listed_in_one_notice(env):
     assert result.returncode == 0, result
     assert len(result.err_lines) == 1, result
     notice = result.err_lines[0]
-    for part in ("`--num_processes` was set to a value of `1`", "`--num_machines` was set to a value of `1`",
-                 "`--mixed_precision` was set to a value of `'no'`", "`--dynamo_backend` was set to a value of `'no'`"):
+    for part in (
+        "`--num_processes` was set to a value of `1`",
+        "`--num_machines` was set to a value of `1`",
+        "`--mixed_precision` was set to a value of `'no'`",
+        "`--dynamo_backend` was set to a value of `'no'`",
+    ):
         assert part in notice, part
     given = run(["launch", "--dry-run", "-n", "2", "--mixed_precision", "no", PROBE], env)
     assert len(given.err_lines) == 1 and "--num_processes" not in given.err_lines[0]
@@ -257,17 +301,29 @@ def test_env_report(tmp_path):
 
 
 @pytest.mark.parametrize("hide", [True, False], ids=["example-plugins", "every-plugin-of-this-venv"])
-@pytest.mark.parametrize("args", [["--help"], ["launch", "--help"], ["plugins"], ["plugins", "--json"], ["env"],
-                                  ["launch", "--dry-run", "-n", "2", PROBE]],
-                         ids=["help", "launch-help", "plugins", "plugins-json", "env", "launch-dry-run"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["launch", "--help"],
+        ["plugins"],
+        ["plugins", "--json"],
+        ["env"],
+        ["launch", "--dry-run", "-n", "2", PROBE],
+    ],
+    ids=["help", "launch-help", "plugins", "plugins-json", "env", "launch-dry-run"],
+)
 def test_informational_commands_do_not_import_torch(tmp_path, args, hide):
     # with the example plugins installed, and with every plugin this venv has (make setup installs all of
     # plugins/*): their entry points and component classes must stay torch-free
     env = clean_env(tmp_path, hide=hide, PYTHONPATH=pythonpath(install(*GOOD_AND_BROKEN)))
     result = run(args, env, python_flags=("-X", "importtime"))
     assert result.returncode == 0, result
-    imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
-                if line.startswith("import time:") and "|" in line]
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
     assert "accel.commands.cli" in imported and "pluggy" in imported  # -X importtime did report
     torch_modules = [m for m in imported if m == "torch" or m.startswith("torch.")]
     assert torch_modules == [], torch_modules[:5]

@@ -209,8 +209,11 @@ def test_multi_cpu_selects_ddp_and_starts_two_processes(env, tmp_path):
 
 def test_multi_gpu_template(env, tmp_path):
     # mixed_precision bf16 needs a precision plugin: one line naming what to install (or why it is unavailable)
-    one_error(run(["launch", "--config_file", write(tmp_path, MULTI_GPU), PROBE], env),
-              "mixed_precision=bf16 needs a plugin that provides 'precision:bf16'", hint("amp"))
+    one_error(
+        run(["launch", "--config_file", write(tmp_path, MULTI_GPU), PROBE], env),
+        "mixed_precision=bf16 needs a plugin that provides 'precision:bf16'",
+        hint("amp"),
+    )
     # the same file without mixed precision runs DDP with 2 processes
     result = dry_run(env, write(tmp_path, MULTI_GPU.replace('"bf16"', '"no"')))
     assert "active plugins: ddp (strategy)" in result.stdout
@@ -228,8 +231,10 @@ def test_multi_node_template_and_flags_beating_it(env, tmp_path):
 
 @pytest.mark.parametrize("text, name, kind", [(FSDP, "fsdp", "FSDP"), (DEEPSPEED, "deepspeed", "DEEPSPEED")])
 def test_distributed_type_needing_a_missing_plugin_is_one_line(env, tmp_path, text, name, kind):
-    line = one_error(run(["launch", "--config_file", write(tmp_path, text), PROBE], env),
-                     f"distributed_type {kind} needs plugin '{name}', which is not installed")
+    line = one_error(
+        run(["launch", "--config_file", write(tmp_path, text), PROBE], env),
+        f"distributed_type {kind} needs plugin '{name}', which is not installed",
+    )
     assert line.startswith("accel: error: ") and line.endswith(f"; install it with {hint(name)}")
 
 
@@ -248,21 +253,28 @@ def test_sections_of_disabled_plugins_are_ignored_with_the_reason(tmp_path):
     site = pythonpath(install(*GOOD_AND_BROKEN))
     config = write(tmp_path, "hello_greeting: salut\n")
     # hello is not a published plugin: its key is unknown once it is disabled (nothing says who owns it) ...
-    one_error(run(["launch", "--config_file", config, "-p", "no:hello", PROBE], clean_env(tmp_path, PYTHONPATH=site)),
-              "unknown key `hello_greeting`")
+    one_error(
+        run(["launch", "--config_file", config, "-p", "no:hello", PROBE], clean_env(tmp_path, PYTHONPATH=site)),
+        "unknown key `hello_greeting`",
+    )
     # ... while a published plugin's section is ignored with the reason it is unavailable
     env = clean_env(tmp_path, ACCEL_PLUGINS="")
     result = dry_run(env, write(tmp_path, "num_processes: 1\nfsdp_config:\n  fsdp_version: 2\n"))
     assert result.err_lines[0] == "accel: ignoring config keys: `fsdp_config` (needs accel-plugin-fsdp, not installed)"
     result = dry_run(env, write(tmp_path, "num_processes: 1\nddp_backend: gloo\n"))
-    assert result.err_lines[0] == ("accel: ignoring config keys: `ddp_backend` "
-                                   "(plugin 'ddp' is disabled: not in ACCEL_PLUGINS)")
+    assert result.err_lines[0] == (
+        "accel: ignoring config keys: `ddp_backend` (plugin 'ddp' is disabled: not in ACCEL_PLUGINS)"
+    )
 
 
 def test_dynamo_config_needs_a_compile_plugin(env, tmp_path):
-    text = SINGLE_NO + "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n  dynamo_use_fullgraph: false\n"
-    line = one_error(run(["launch", "--config_file", write(tmp_path, text), PROBE], env),
-                     "dynamo_backend=INDUCTOR", "'compile'")
+    text = (
+        SINGLE_NO
+        + "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n  dynamo_use_fullgraph: false\n"
+    )
+    line = one_error(
+        run(["launch", "--config_file", write(tmp_path, text), PROBE], env), "dynamo_backend=INDUCTOR", "'compile'"
+    )
     assert line.endswith(hint("dynamo")), line
     text = SINGLE_NO + "dynamo_config:\n  dynamo_backend: 'NO'\n"
     assert settings_of(dry_run(env, write(tmp_path, text)).stdout)["dynamo_backend"] == "'NO' (file)"
@@ -314,5 +326,8 @@ def test_legacy_accelerate_keys_are_read(env, tmp_path):
     assert len(result.err_lines) == 1 and "read old Accelerate keys" in result.err_lines[0], result
     assert "removed legacy `fp16: False`" in result.err_lines[0]
     # `fp16: true` means mixed_precision fp16, which needs a precision plugin
-    one_error(run(["launch", "--config_file", write(tmp_path, LEGACY.replace("fp16: false", "fp16: true")), PROBE],
-                  env), "mixed_precision=fp16 needs a plugin", hint("amp"))
+    one_error(
+        run(["launch", "--config_file", write(tmp_path, LEGACY.replace("fp16: false", "fp16: true")), PROBE], env),
+        "mixed_precision=fp16 needs a plugin",
+        hint("amp"),
+    )

@@ -46,17 +46,31 @@ def backends_shadow(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return hide_plugins(tmp_path_factory.mktemp("shadow_backends"), keep=("ddp", "deepspeed", "dynamo"))
 
 
-def accel(args: list[str], env: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", *args], env=env, stdin=stdin,
-                          capture_output=True, text=True, timeout=120)
+def accel(
+    args: list[str], env: dict[str, str], stdin: int | None = subprocess.DEVNULL
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accel.commands.cli", *args],
+        env=env,
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 class Terminal:
     """`accel config` on a pseudo-terminal: wait for a prompt, press keys."""
 
     def __init__(self, env: dict[str, str], args: list[str] = ()) -> None:
-        self.child = pexpect.spawn(sys.executable, ["-m", "accel.commands.cli", "config", *args], env=env,
-                                   encoding="utf-8", timeout=60, dimensions=(60, 220))
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "accel.commands.cli", "config", *args],
+            env=env,
+            encoding="utf-8",
+            timeout=60,
+            dimensions=(60, 220),
+        )
         self.transcript: list[str] = []
 
     def answer(self, prompt: str, keys: str) -> str:
@@ -130,8 +144,12 @@ def test_config_multi_node_questions(env: dict[str, str], tmp_path: Path) -> Non
     code, out = term.finish()
     assert code == 0, out
     data = yaml.safe_load(target.read_text())
-    assert (data["num_machines"], data["machine_rank"], data["main_process_ip"], data["main_process_port"]) == \
-        (2, 1, "10.0.0.7", 29555)
+    assert (data["num_machines"], data["machine_rank"], data["main_process_ip"], data["main_process_port"]) == (
+        2,
+        1,
+        "10.0.0.7",
+        29555,
+    )
     assert data["same_network"] is False and data["rdzv_backend"] == "c10d" and data["debug"] is True
     assert data["num_processes"] == 4
     assert not (Path(env["ACCEL_HOME"]) / "default_config.yaml").exists()
@@ -141,7 +159,9 @@ def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], backends_
     """The DeepSpeed and dynamo questions come from the real plugins through `accel_config_questions`."""
     env = dict(env, PYTHONPATH=str(backends_shadow))
     term = Terminal(env)
-    machine = term.menu("Which type of machine are you using", r"TPU \(XLA\) \(not installed: pip install accel-plugin-xla\)")
+    machine = term.menu(
+        "Which type of machine are you using", r"TPU \(XLA\) \(not installed: pip install accel-plugin-xla\)"
+    )
     assert "multi-GPU" in machine
     term.child.send(DOWN * 2 + "\r")  # multi-GPU
     term.answer("How many different machines", "\r")
@@ -173,13 +193,21 @@ def test_config_multi_gpu_deepspeed_zero3_offload(env: dict[str, str], backends_
     data = yaml.safe_load((Path(env["ACCEL_HOME"]) / "default_config.yaml").read_text())
     assert data["distributed_type"] == "DEEPSPEED"
     assert data["deepspeed_config"] == {
-        "zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu",
-        "gradient_accumulation_steps": 4, "gradient_clipping": 0.5, "zero3_save_16bit_model": True,
+        "zero_stage": 3,
+        "offload_optimizer_device": "cpu",
+        "offload_param_device": "cpu",
+        "gradient_accumulation_steps": 4,
+        "gradient_clipping": 0.5,
+        "zero3_save_16bit_model": True,
         "zero3_init_flag": True,
     }
-    assert data["dynamo_config"] == {"dynamo_backend": "inductor", "dynamo_mode": "reduce-overhead",
-                                     "dynamo_use_fullgraph": True, "dynamo_use_dynamic": False,
-                                     "dynamo_use_regional_compilation": True}
+    assert data["dynamo_config"] == {
+        "dynamo_backend": "inductor",
+        "dynamo_mode": "reduce-overhead",
+        "dynamo_use_fullgraph": True,
+        "dynamo_use_dynamic": False,
+        "dynamo_use_regional_compilation": True,
+    }
     assert data["num_processes"] == 4 and data["gpu_ids"] == "0,1,2,3" and data["use_cpu"] is False
     # The plugin's keys validate and show where they came from.
     shown = json.loads(accel(["config", "show", "--json"], env).stdout)["settings"]
@@ -216,8 +244,12 @@ def test_config_default_writes_for_cpu_and_refuses_to_overwrite(env: dict[str, s
     assert first.returncode == 0, first.stderr
     assert f"saved at {path}" in first.stdout
     data = yaml.safe_load(path.read_text())
-    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == \
-        ("NO", 1, True, "bf16")
+    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == (
+        "NO",
+        1,
+        True,
+        "bf16",
+    )
     assert "accel-plugin-amp" in first.stderr  # noted: bf16 needs a precision plugin
     before = path.read_text()
     again = accel(["config", "default"], env)
@@ -259,7 +291,11 @@ def test_config_update_refuses_unknown_key_with_did_you_mean(env: dict[str, str]
     before = path.read_text()
     result = accel(["config", "update", "--config_file", str(path)], env)
     assert result.returncode == 2
-    assert str(path) in result.stderr and "`num_procesess`" in result.stderr and "did you mean `num_processes`" in result.stderr
+    assert (
+        str(path) in result.stderr
+        and "`num_procesess`" in result.stderr
+        and "did you mean `num_processes`" in result.stderr
+    )
     assert path.read_text() == before
 
 
@@ -278,7 +314,9 @@ def test_config_show_reports_the_source_of_every_value(env: dict[str, str], tmp_
     assert shown["ddp_backend"]["plugin"] == "ddp"
     del env["ACCEL_MIXED_PRECISION"]
     accelerate_env = dict(env, ACCELERATE_MIXED_PRECISION="bf16", ACCELERATE_USE_CPU="true")
-    shown = json.loads(accel(["config", "show", "--json", "--config_file", str(path)], accelerate_env).stdout)["settings"]
+    shown = json.loads(accel(["config", "show", "--json", "--config_file", str(path)], accelerate_env).stdout)[
+        "settings"
+    ]
     assert shown["mixed_precision"]["source"] == "env ACCELERATE_MIXED_PRECISION"  # Accelerate's variables work
     assert shown["cpu"]["value"] is True and shown["cpu"]["source"] == "env ACCELERATE_USE_CPU"
     env["ACCEL_MIXED_PRECISION"] = "bf16"
@@ -286,8 +324,16 @@ def test_config_show_reports_the_source_of_every_value(env: dict[str, str], tmp_
     assert text.returncode == 0 and f"file {path}" in text.stdout and "env ACCEL_MIXED_PRECISION" in text.stdout
 
 
-@pytest.mark.parametrize("name", ["interactive_no_distributed.yaml", "default_cpu.yaml", "multi_cpu.yaml",
-                                  "multi_node.yaml", "deepspeed_zero3.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "interactive_no_distributed.yaml",
+        "default_cpu.yaml",
+        "multi_cpu.yaml",
+        "multi_node.yaml",
+        "deepspeed_zero3.yaml",
+    ],
+)
 def test_accelerate_written_configs_are_read_unchanged(env: dict[str, str], name: str) -> None:
     path = ACCELERATE / name
     result = accel(["config", "show", "--json", "--config_file", str(path)], env)
@@ -302,12 +348,15 @@ def test_accelerate_written_configs_are_read_unchanged(env: dict[str, str], name
         assert "deepspeed_config" in " ".join(shown["ignored"])
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("interactive_no_distributed.yaml", "launcher: accel (one process)"),
-    ("default_cpu.yaml", "launcher: accel (one process)"),
-    ("multi_cpu.yaml", "--nproc_per_node=2"),
-    ("multi_node.yaml", "--nnodes=2 --nproc_per_node=4"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("interactive_no_distributed.yaml", "launcher: accel (one process)"),
+        ("default_cpu.yaml", "launcher: accel (one process)"),
+        ("multi_cpu.yaml", "--nproc_per_node=2"),
+        ("multi_node.yaml", "--nnodes=2 --nproc_per_node=4"),
+    ],
+)
 def test_accelerate_written_configs_drive_launch(env: dict[str, str], tmp_path: Path, name: str, expected: str) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")

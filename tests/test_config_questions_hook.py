@@ -76,11 +76,19 @@ def run(answers: Mapping[str, Any], *extra: tuple[str, Any]) -> tuple[Questionna
 
 
 def test_plugin_questions_follow_their_answers_in_order() -> None:
-    q, script = run({"distributed_type": "MULTI_CPU", "widget_enabled": True, "widget_size_known": True,
-                     "widget_size": "7", "num_processes": "2"}, ("widgets", widgets()))
+    q, script = run(
+        {
+            "distributed_type": "MULTI_CPU",
+            "widget_enabled": True,
+            "widget_size_known": True,
+            "widget_size": "7",
+            "num_processes": "2",
+        },
+        ("widgets", widgets()),
+    )
     # the follow-ups come right after the answer they depend on, before the plugin's next question
     i = script.asked.index("widget_enabled")
-    assert script.asked[i:i + 4] == ["widget_enabled", "widget_size_known", "widget_size", "widget_done"]
+    assert script.asked[i : i + 4] == ["widget_enabled", "widget_size_known", "widget_size", "widget_done"]
     # asked after the kernel's machine section and before its compile section
     assert script.asked.index("debug") < i < script.asked.index("use_dynamo")
     data = q.config_data()
@@ -90,8 +98,9 @@ def test_plugin_questions_follow_their_answers_in_order() -> None:
 
 
 def test_plugin_questions_are_skipped_when_not_selected() -> None:
-    _, script = run({"distributed_type": "MULTI_CPU", "widget_enabled": False, "num_processes": "2"},
-                    ("widgets", widgets()))
+    _, script = run(
+        {"distributed_type": "MULTI_CPU", "widget_enabled": False, "num_processes": "2"}, ("widgets", widgets())
+    )
     assert "widget_size_known" not in script.asked and "widget_size" not in script.asked
     _, script = run({"distributed_type": "NO", "cpu": True}, ("widgets", widgets()))
     assert not any(k.startswith("widget") for k in script.asked)
@@ -113,8 +122,10 @@ def test_missing_backends_are_disabled_with_install_hints() -> None:
     q, script = run({"distributed_type": "MULTI_GPU", "num_processes": "2"})
     machine = script.disabled["distributed_type"]
     assert machine == {"XLA": "not installed: pip install accel-plugin-xla"}  # ddp is installed: multi-* offered
-    assert script.disabled["strategy"] == {"DEEPSPEED": "not installed: pip install accel-plugin-deepspeed",
-                                          "FSDP": "not installed: pip install accel-plugin-fsdp"}
+    assert script.disabled["strategy"] == {
+        "DEEPSPEED": "not installed: pip install accel-plugin-deepspeed",
+        "FSDP": "not installed: pip install accel-plugin-fsdp",
+    }
     assert "pip install accel-plugin-dynamo" in script.disabled["use_dynamo"]["yes"]
     assert set(script.disabled["mixed_precision"]) == {"fp16", "bf16", "fp8"}
 
@@ -145,8 +156,12 @@ def test_default_config_uses_the_detected_hardware() -> None:
     gpus = module("gpus", accel_detect_hardware=lambda env: HardwareInfo("cuda", device_count=4, priority=10))
     plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp"}, extra=[("gpus", gpus)])
     data = default_config(plugins, plugins.options(), {}, "bf16")
-    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == \
-        ("MULTI_GPU", 4, False, "bf16")
+    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == (
+        "MULTI_GPU",
+        4,
+        False,
+        "bf16",
+    )
     # without a plugin that runs several processes: one process on one device
     alone = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("gpus", gpus)])
     data = default_config(alone, alone.options(), {}, "no")

@@ -35,10 +35,14 @@ EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "to
 
 
 def env_for(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
-    env.update(ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TORCH_EXTENSIONS_DIR=EXTENSIONS)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
+    env.update(
+        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
+    )
     return env
 
 
@@ -63,8 +67,9 @@ def ds_config(tmp: Path, data: dict[str, Any]) -> str:
     return str(path)
 
 
-def filled(s: Settings, gas: int = 1, precision: str = "no", world: int = 2, micro: int | None = 8,
-           hidden: int | None = None) -> dict[str, Any]:
+def filled(
+    s: Settings, gas: int = 1, precision: str = "no", world: int = 2, micro: int | None = 8, hidden: int | None = None
+) -> dict[str, Any]:
     from accel_deepspeed import config
 
     base, where = config.base_config(s)
@@ -72,48 +77,102 @@ def filled(s: Settings, gas: int = 1, precision: str = "no", world: int = 2, mic
 
 
 def test_auto_values_are_filled_from_the_kernel(tmp_path: Path) -> None:
-    path = ds_config(tmp_path, {
-        "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                              "stage3_param_persistence_threshold": "auto"}})
-    cfg = filled(settings(deepspeed_config_file=path, gradient_clipping=1.5), gas=4, precision="bf16", micro=8,
-                 hidden=64)
-    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]) == (8, 4, 64)
+    path = ds_config(
+        tmp_path,
+        {
+            "train_micro_batch_size_per_gpu": "auto",
+            "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+            "bf16": {"enabled": "auto"},
+            "fp16": {"enabled": "auto"},
+            "zero_optimization": {
+                "stage": 3,
+                "reduce_bucket_size": "auto",
+                "stage3_prefetch_bucket_size": "auto",
+                "stage3_param_persistence_threshold": "auto",
+            },
+        },
+    )
+    cfg = filled(
+        settings(deepspeed_config_file=path, gradient_clipping=1.5), gas=4, precision="bf16", micro=8, hidden=64
+    )
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]) == (
+        8,
+        4,
+        64,
+    )
     assert cfg["bf16"] == {"enabled": True} and cfg["fp16"] == {"enabled": False}
     assert cfg["gradient_clipping"] == 1.5
     zero = cfg["zero_optimization"]
-    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) \
-        == (64 * 64, int(0.9 * 64 * 64), 640)
+    assert (
+        zero["reduce_bucket_size"],
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_param_persistence_threshold"],
+    ) == (64 * 64, int(0.9 * 64 * 64), 640)
     # without a hidden size the bucket sizes are left to DeepSpeed's defaults
     assert "reduce_bucket_size" not in filled(settings(deepspeed_config_file=path), micro=8)["zero_optimization"]
 
 
 def test_options_without_a_file_build_the_config() -> None:
-    cfg = filled(settings(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu",
-                          deepspeed_gradient_accumulation_steps=2, zero3_save_16bit_model=True), gas=2, micro=4)
-    assert cfg["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                        "offload_param": {"device": "cpu"},
-                                        "stage3_gather_16bit_weights_on_model_save": True}
+    cfg = filled(
+        settings(
+            zero_stage=3,
+            offload_optimizer_device="cpu",
+            offload_param_device="cpu",
+            deepspeed_gradient_accumulation_steps=2,
+            zero3_save_16bit_model=True,
+        ),
+        gas=2,
+        micro=4,
+    )
+    assert cfg["zero_optimization"] == {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+        "stage3_gather_16bit_weights_on_model_save": True,
+    }
     assert cfg["train_batch_size"] == 16 and cfg["zero_force_ds_cpu_optimizer"] is False
     assert filled(settings())["zero_optimization"] == {"stage": 2}  # Accelerate's default stage
 
 
-@pytest.mark.parametrize("data,kwargs,message", [
-    ({"gradient_accumulation_steps": 4}, dict(gas=2), "gradient_accumulation_steps is 4 but the Kernel's "
-                                                      "gradient_accumulation_steps is 2"),
-    ({"train_micro_batch_size_per_gpu": 16}, dict(micro=8), "train_micro_batch_size_per_gpu is 16 but the batch "
-                                                            "size of the training DataLoader is 8"),
-    ({"train_batch_size": 100}, dict(micro=8), "train_batch_size is 100 but train_micro_batch_size_per_gpu x"),
-    ({"bf16": {"enabled": True}}, dict(precision="no"), "bf16.enabled is true but the Kernel's mixed_precision is 'no'"),
-    ({"fp16": {"enabled": False}}, dict(precision="fp16"), "fp16.enabled is false but the Kernel's mixed_precision"),
-    ({"optimizer": {"type": "Adam"}, "sub_group_size": "auto"}, {}, "cannot fill \"auto\" for sub_group_size"),
-    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, {}, "needs ZeRO stage 3"),
-    ({"zero_optimization": {"stage": 2, "sub_group_size": "auto"}}, {}, "cannot fill \"auto\" for "
-                                                                       "zero_optimization.sub_group_size"),
-    ({}, dict(micro=None), "pass the training DataLoader to the same prepare() call"),
-])
-def test_mismatches_are_clear_errors(tmp_path: Path, data: dict[str, Any], kwargs: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(
+    "data,kwargs,message",
+    [
+        (
+            {"gradient_accumulation_steps": 4},
+            dict(gas=2),
+            "gradient_accumulation_steps is 4 but the Kernel's gradient_accumulation_steps is 2",
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 16},
+            dict(micro=8),
+            "train_micro_batch_size_per_gpu is 16 but the batch size of the training DataLoader is 8",
+        ),
+        ({"train_batch_size": 100}, dict(micro=8), "train_batch_size is 100 but train_micro_batch_size_per_gpu x"),
+        (
+            {"bf16": {"enabled": True}},
+            dict(precision="no"),
+            "bf16.enabled is true but the Kernel's mixed_precision is 'no'",
+        ),
+        (
+            {"fp16": {"enabled": False}},
+            dict(precision="fp16"),
+            "fp16.enabled is false but the Kernel's mixed_precision",
+        ),
+        ({"optimizer": {"type": "Adam"}, "sub_group_size": "auto"}, {}, 'cannot fill "auto" for sub_group_size'),
+        ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, {}, "needs ZeRO stage 3"),
+        (
+            {"zero_optimization": {"stage": 2, "sub_group_size": "auto"}},
+            {},
+            'cannot fill "auto" for zero_optimization.sub_group_size',
+        ),
+        ({}, dict(micro=None), "pass the training DataLoader to the same prepare() call"),
+    ],
+)
+def test_mismatches_are_clear_errors(
+    tmp_path: Path, data: dict[str, Any], kwargs: dict[str, Any], message: str
+) -> None:
     with pytest.raises(UsageError, match=None) as info:
         filled(settings(deepspeed_config_file=ds_config(tmp_path, data)), **kwargs)
     assert message in str(info.value)
@@ -122,8 +181,11 @@ def test_mismatches_are_clear_errors(tmp_path: Path, data: dict[str, Any], kwarg
 
 def test_option_and_file_must_agree(tmp_path: Path) -> None:
     path = ds_config(tmp_path, {"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"})
-    with pytest.raises(UsageError, match=r"sets zero_optimization.stage=2 but --zero_stage \(deepspeed_config."
-                                         r"zero_stage\) is 3"):
+    with pytest.raises(
+        UsageError,
+        match=r"sets zero_optimization.stage=2 but --zero_stage \(deepspeed_config."
+        r"zero_stage\) is 3",
+    ):
         filled(settings(deepspeed_config_file=path, zero_stage=3))
     assert filled(settings(deepspeed_config_file=path, zero_stage=2, gradient_clipping=0.3))["gradient_clipping"] == 0.3
     with pytest.raises(UsageError, match="does not exist"):
@@ -136,12 +198,22 @@ def test_config_questions_follow_accelerate() -> None:
     import accel_deepspeed as plugin
 
     assert plugin.accel_config_questions({"distributed_type": "MULTI_CPU"}) is None
-    script = {"deepspeed_use_json": False, "zero_stage": 3, "offload_optimizer_device": "nvme",
-              "offload_param_device": "cpu", "offload_optimizer_nvme_path": "/nvme",
-              "deepspeed_gradient_accumulation_steps": 4, "deepspeed_use_clipping": True, "gradient_clipping": 1.0,
-              "zero3_save_16bit_model": True, "zero3_init_flag": True, "deepspeed_multinode_launcher": "pdsh",
-              "deepspeed_hostfile": "/etc/hosts", "deepspeed_filter": "inclusion",
-              "deepspeed_inclusion_filter": "node-a@node-b"}
+    script = {
+        "deepspeed_use_json": False,
+        "zero_stage": 3,
+        "offload_optimizer_device": "nvme",
+        "offload_param_device": "cpu",
+        "offload_optimizer_nvme_path": "/nvme",
+        "deepspeed_gradient_accumulation_steps": 4,
+        "deepspeed_use_clipping": True,
+        "gradient_clipping": 1.0,
+        "zero3_save_16bit_model": True,
+        "zero3_init_flag": True,
+        "deepspeed_multinode_launcher": "pdsh",
+        "deepspeed_hostfile": "/etc/hosts",
+        "deepspeed_filter": "inclusion",
+        "deepspeed_inclusion_filter": "node-a@node-b",
+    }
     answers: dict[str, Any] = {"distributed_type": "DEEPSPEED", "num_machines": 2}
     asked, stored = [], {}
     while True:
@@ -160,8 +232,11 @@ def test_config_questions_follow_accelerate() -> None:
         assert opt.coerce(value, key) == value
     # with a JSON file: only its path (and zero.Init) are asked
     answers = {"distributed_type": "DEEPSPEED", "deepspeed_use_json": True}
-    assert [q.key for q in plugin.accel_config_questions(answers)] == ["deepspeed_use_json", "deepspeed_config_file",
-                                                                       "zero3_init_flag"]
+    assert [q.key for q in plugin.accel_config_questions(answers)] == [
+        "deepspeed_use_json",
+        "deepspeed_config_file",
+        "zero3_init_flag",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,14 +250,26 @@ def hostfile(tmp: Path, text: str = "node-a slots=2\n# a comment\nnode-b slots=2
 
 
 def runner_settings(tmp: Path, launcher: str, **extra: Any) -> Settings:
-    values = dict(num_processes=4, num_machines=2, main_process_ip="10.1.2.3", main_process_port=29555,
-                  plugins=["deepspeed"], deepspeed_multinode_launcher=launcher, deepspeed_hostfile=hostfile(tmp))
+    values = dict(
+        num_processes=4,
+        num_machines=2,
+        main_process_ip="10.1.2.3",
+        main_process_port=29555,
+        plugins=["deepspeed"],
+        deepspeed_multinode_launcher=launcher,
+        deepspeed_hostfile=hostfile(tmp),
+    )
     values.update(extra)
     return settings(**values)
 
 
-WORKER_ENV = {"ACCEL_CONFIG": json.dumps({"num_processes": 4, "plugins": ["deepspeed"], "zero_stage": 3}),
-              "ACCEL_DISABLE_PLUGINS": "wandb", "OMP_NUM_THREADS": "2", "PATH": "/usr/bin", "HOME": "/home/u"}
+WORKER_ENV = {
+    "ACCEL_CONFIG": json.dumps({"num_processes": 4, "plugins": ["deepspeed"], "zero_stage": 3}),
+    "ACCEL_DISABLE_PLUGINS": "wandb",
+    "OMP_NUM_THREADS": "2",
+    "PATH": "/usr/bin",
+    "HOME": "/home/u",
+}
 
 
 @pytest.mark.parametrize("launcher", ["pdsh", "openmpi", "mvapich", "mpich", "slurm", "nossh"])
@@ -196,19 +283,41 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
     plan = runner_plan(s, ["train.py", "--num", "0.1"], "/venv/bin/python", WORKER_ENV)  # --num: not the runner's
     limits = ["--num_nodes", "2", "--num_gpus", "2"] if launcher in ("pdsh", "slurm", "nossh") else []
     how = ["--no_ssh", "--node_rank", "1"] if launcher == "nossh" else ["--launcher", launcher]
-    assert plan.argv == ["/venv/bin/python", "-u", "-m", "deepspeed.launcher.runner", "--hostfile",
-                         s["deepspeed_hostfile"], *how, "--master_addr", "10.1.2.3", "--master_port",
-                         "29555", "--no_local_rank", *limits, "--", "train.py", "--num", "0.1"]
+    assert plan.argv == [
+        "/venv/bin/python",
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        s["deepspeed_hostfile"],
+        *how,
+        "--master_addr",
+        "10.1.2.3",
+        "--master_port",
+        "29555",
+        "--no_local_rank",
+        *limits,
+        "--",
+        "train.py",
+        "--num",
+        "0.1",
+    ]
     encoded = "base64:" + base64.b64encode(WORKER_ENV["ACCEL_CONFIG"].encode()).decode()
-    assert plan.exports == {"ACCEL_CONFIG": encoded, "ACCEL_DISABLE_PLUGINS": "wandb", "OMP_NUM_THREADS": "2",
-                            "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29555"}
+    assert plan.exports == {
+        "ACCEL_CONFIG": encoded,
+        "ACCEL_DISABLE_PLUGINS": "wandb",
+        "OMP_NUM_THREADS": "2",
+        "MASTER_ADDR": "10.1.2.3",
+        "MASTER_PORT": "29555",
+    }
     assert plan.env_file_text().splitlines()[0] == f"ACCEL_CONFIG={encoded}"
 
     # DeepSpeed's runner accepts the command, and its backend turns the exports into the remote command line.
     args = ds.parse_args(plan.argv[4:])
     pool = ds.fetch_hostfile(args.hostfile)
-    active = ds.apply_num_nodes_and_gpus(ds.parse_inclusion_exclusion(pool, args.include, args.exclude),
-                                         args.num_nodes, args.num_gpus)
+    active = ds.apply_num_nodes_and_gpus(
+        ds.parse_inclusion_exclusion(pool, args.include, args.exclude), args.num_nodes, args.num_gpus
+    )
     assert active == {"node-a": [0, 1], "node-b": [0, 1]}
     world = ds.encode_world_info(active)
     if launcher == "nossh":  # started on every machine: the runner launches this machine's processes itself
@@ -216,10 +325,13 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
         assert plan.env == WORKER_ENV  # its local processes inherit the runner's environment as it is
         return
     monkeypatch.setattr(mnr, "MVAPICH_TMP_HOSTFILE", str(tmp_path / "mvapich_hosts"))
-    backend = {"pdsh": lambda: mnr.PDSHRunner(args, world), "openmpi": lambda: mnr.OpenMPIRunner(args, world, pool),
-               "mpich": lambda: mnr.MPICHRunner(args, world, pool),
-               "mvapich": lambda: mnr.MVAPICHRunner(args, world, pool),
-               "slurm": lambda: mnr.SlurmRunner(args, world, pool)}[launcher]()
+    backend = {
+        "pdsh": lambda: mnr.PDSHRunner(args, world),
+        "openmpi": lambda: mnr.OpenMPIRunner(args, world, pool),
+        "mpich": lambda: mnr.MPICHRunner(args, world, pool),
+        "mvapich": lambda: mnr.MVAPICHRunner(args, world, pool),
+        "slurm": lambda: mnr.SlurmRunner(args, world, pool),
+    }[launcher]()
     for line in plan.env_file_text().splitlines():  # what the runner does with the DS_ENV_FILE
         key, value = line.split("=", 1)
         backend.add_export(key, value)
@@ -228,7 +340,7 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
     if launcher == "pdsh":
         assert cmd[:6] == ["pdsh", "-S", "-f", "1024", "-w", "node-a,node-b"]
         exports = cmd[6]
-        launch = cmd[cmd.index("deepspeed.launcher.launch") + 1:]
+        launch = cmd[cmd.index("deepspeed.launcher.launch") + 1 :]
         assert "--no_local_rank" in launch and "--master_addr=10.1.2.3" in launch and "--master_port=29555" in launch
         assert launch[-3:] == ["train.py", "--num", "0.1"]
         # the remote shell evaluates the exports: every value must come through unchanged
@@ -248,8 +360,12 @@ def test_runner_command_line_and_environment(tmp_path: Path, monkeypatch: pytest
 def test_runner_filters_and_refusals(tmp_path: Path) -> None:
     from accel_deepspeed.launcher import runner_plan
 
-    plan = runner_plan(runner_settings(tmp_path, "pdsh", deepspeed_inclusion_filter="node-a:0,1@node-b:0,1"),
-                       ["-m", "pkg.train"], "/py", {})
+    plan = runner_plan(
+        runner_settings(tmp_path, "pdsh", deepspeed_inclusion_filter="node-a:0,1@node-b:0,1"),
+        ["-m", "pkg.train"],
+        "/py",
+        {},
+    )
     assert plan.argv[-5:] == ["--include", "node-a:0,1@node-b:0,1", "--module", "--", "pkg.train"]
     plan = runner_plan(runner_settings(tmp_path, "slurm", deepspeed_exclusion_filter="node-b"), ["t.py"], "/py", {})
     assert "--exclude" in plan.argv and "--num_gpus" not in plan.argv
@@ -273,7 +389,10 @@ def test_base64_launch_config_reaches_the_kernel(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("ACCEL_CONFIG", "base64:" + base64.b64encode(b'{"gradient_accumulation_steps": 5}').decode())
     kernel = Kernel()
     try:
-        assert kernel.gradient_accumulation_steps == 5 and kernel.settings.sources["gradient_accumulation_steps"] == "launch"
+        assert (
+            kernel.gradient_accumulation_steps == 5
+            and kernel.settings.sources["gradient_accumulation_steps"] == "launch"
+        )
     finally:
         kernel.end_training()
 
@@ -328,8 +447,23 @@ def test_cli_plans_torchrun_and_runner(tmp_path: Path, script: str) -> None:
     assert " --no-python -- " in line and line.endswith(f" -u {script} --start 1")
     assert "accel_backward: deepspeed:strategy" in proc.stdout  # the engine answers before the kernel
     hosts = hostfile(tmp_path)
-    proc = cli(tmp_path, "--dry-run", "-n", "4", "--num_machines", "2", "--main_process_ip", "10.0.0.1",
-               "--plugin", "deepspeed", "--deepspeed_multinode_launcher", "openmpi", "--deepspeed_hostfile", hosts, script)
+    proc = cli(
+        tmp_path,
+        "--dry-run",
+        "-n",
+        "4",
+        "--num_machines",
+        "2",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--plugin",
+        "deepspeed",
+        "--deepspeed_multinode_launcher",
+        "openmpi",
+        "--deepspeed_hostfile",
+        hosts,
+        script,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"deepspeed.launcher.runner --hostfile {hosts} --launcher openmpi --master_addr 10.0.0.1" in proc.stdout
     assert "  MASTER_ADDR=10.0.0.1" in proc.stdout.splitlines()
@@ -339,8 +473,9 @@ def test_cli_hands_the_json_accumulation_to_the_kernel(tmp_path: Path, script: s
     path = ds_config(tmp_path, {"gradient_accumulation_steps": 4, "bf16": {"enabled": True}})
     proc = cli(tmp_path, "--dry-run", "--plugin", "deepspeed", "--deepspeed_config_file", path, script)
     assert proc.returncode == 0, proc.stderr
-    assert ("from the DeepSpeed config to the Kernel: ACCEL_GRADIENT_ACCUMULATION_STEPS=4 "
-            "ACCEL_MIXED_PRECISION=bf16") in proc.stdout
+    assert (
+        "from the DeepSpeed config to the Kernel: ACCEL_GRADIENT_ACCUMULATION_STEPS=4 ACCEL_MIXED_PRECISION=bf16"
+    ) in proc.stdout
 
 
 @pytest.mark.parametrize("case", ["mismatch", "fp16", "unselected", "filter", "yaml"])
@@ -361,9 +496,11 @@ def test_cli_errors_are_one_line(tmp_path: Path, script: str, case: str) -> None
         args = ["-n", "2", "--plugin", "deepspeed", "--deepspeed_inclusion_filter", "localhost:0", script]
         expected = "need --num_machines > 1 and a --deepspeed_multinode_launcher other than standard"
     else:  # Accelerate-style YAML: the Kernel's accumulation and DeepSpeed's disagree (Accelerate #3369, #1830)
-        (tmp_path / "cfg.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
-                                           "gradient_accumulation_steps: 2\n"
-                                           "deepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n")
+        (tmp_path / "cfg.yaml").write_text(
+            "distributed_type: DEEPSPEED\nnum_processes: 2\n"
+            "gradient_accumulation_steps: 2\n"
+            "deepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n"
+        )
         args = ["--config_file", "cfg.yaml", script]
         expected = "gradient_accumulation_steps is 4 but the Kernel's gradient_accumulation_steps is 2"
     proc = cli(tmp_path, *args)
@@ -389,14 +526,16 @@ def test_zero_stages_match_ddp(tmp_path: Path) -> None:
     """ZeRO-1/2/3 (and with offload) reproduce the DDP run of the same loop: gradient accumulation 3 with the short
     end-of-epoch cycle, clipping at 0.5, StepLR; the exported weights load into a plain torch module."""
     out = tmp_path / "out"
-    proc = run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_matrix.py"),
-                str(out)], tmp_path)
+    proc = run(
+        [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_matrix.py"), str(out)],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads((out / "result.json").read_text())
     ddp, ddp_weights = res["ddp"], load(out / "ddp.safetensors")
     assert len(ddp["losses"]) == 16 and len(ddp["norms"]) == 6  # 2 epochs x (3 + 3 + 2 micro-batches)
     # StepLR(step_size=2) under Accelerate's rule: 6 optimizer steps x 2 processes = 12 scheduler steps
-    assert ddp["lrs"][-1] == pytest.approx(0.02 * 0.7 ** 6)
+    assert ddp["lrs"][-1] == pytest.approx(0.02 * 0.7**6)
     assert max(ddp["norms"]) > 0.5  # clipping was active
     for name in ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"):
         run_ = res[name]
@@ -408,8 +547,9 @@ def test_zero_stages_match_ddp(tmp_path: Path) -> None:
         for key, value in ddp_weights.items():
             torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6, msg=f"{name} {key}")
     # the ZeRO-3 export is a plain state dict: it loads into the user's module without DeepSpeed
-    module = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                                 torch.nn.Linear(32, 1))
+    module = torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+    )
     module.load_state_dict(load(out / "zero3.safetensors"), strict=True)
     # bf16: DeepSpeed's bf16 weights and fp32 master weights; close to fp32, exported as fp32 masters
     bf16 = res["zero2_bf16"]
@@ -454,11 +594,33 @@ def test_single_process_zero_init(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 def test_example_runs_unchanged_with_a_json_config(tmp_path: Path) -> None:
     """examples/train_digits.py, unchanged, under ZeRO-3 + bf16 from a JSON file full of "auto" values."""
-    path = ds_config(tmp_path, {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                                "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
-                                "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}})
-    proc = run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", "--deepspeed_config_file", path,
-                "--mixed_precision", "bf16", str(ROOT / "examples" / "train_digits.py")], tmp_path)
+    path = ds_config(
+        tmp_path,
+        {
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+            "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"},
+        },
+    )
+    proc = run(
+        [
+            ACCEL,
+            "launch",
+            "-q",
+            "-n",
+            "2",
+            "--plugin",
+            "deepspeed",
+            "--deepspeed_config_file",
+            path,
+            "--mixed_precision",
+            "bf16",
+            str(ROOT / "examples" / "train_digits.py"),
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("epoch 0: accuracy"))
     assert float(line.split()[3]) > 0.5 and "on 297 test images (2 processes)" in line
@@ -476,8 +638,10 @@ def test_save_state_resumes_exactly(tmp_path: Path) -> None:
     if not hasattr(Kernel, "save_state"):
         pytest.skip("this kernel has no save_state yet")
     out = tmp_path / "out"
-    proc = run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_resume.py"),
-                str(out)], tmp_path)
+    proc = run(
+        [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_resume.py"), str(out)],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads((out / "result.json").read_text())
     assert "save_state in the middle of gradient accumulation" in res.pop("mid_cycle")
@@ -497,8 +661,10 @@ def test_save_state_resumes_exactly(tmp_path: Path) -> None:
         assert r["items"]["scheduler"]["plugin"] == "accel"
     teacher = res["zero3_teacher"]
     assert teacher["resumed"] == teacher["after_save"] and teacher["final_equal"]
-    assert (teacher["items"]["model_1"]["plugin"], teacher["items"]["model_1"]["format"]) == \
-        ("deepspeed", "deepspeed-zero3-frozen")
+    assert (teacher["items"]["model_1"]["plugin"], teacher["items"]["model_1"]["format"]) == (
+        "deepspeed",
+        "deepspeed-zero3-frozen",
+    )
     exported = load(out / "export_zero3" / "model.safetensors")
     for key, value in res["zero3"]["final"].items():
         assert exported[key].tolist() == value, key

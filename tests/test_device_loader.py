@@ -111,9 +111,13 @@ def test_an_abandoned_pass_is_replayed_however_far_the_thread_read() -> None:
                 break
         assert reader.read == 10 and reader.closed == 1  # read to the end of the epoch, closed on break
         again = [y for _, y in loader]
-        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=False)), "the next pass must start the same epoch again"
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=False)), (
+            "the next pass must start the same epoch again"
+        )
         third = [y for _, y in loader]
-        assert not all(torch.equal(a, b) for a, b in zip(again, third, strict=True)), "a finished pass goes on to the next epoch"
+        assert not all(torch.equal(a, b) for a, b in zip(again, third, strict=True)), (
+            "a finished pass goes on to the next epoch"
+        )
     finally:
         kernel.end_training()
 

@@ -109,6 +109,7 @@ def test_resolved_broadcast_calls_every_implementation_in_pluggys_order() -> Non
             @impl(**opts)
             def accel_unscale_gradients(self, kernel: Any) -> None:
                 log.append(tag)
+
         return Unscale()
 
     log_a: list[str] = []

@@ -44,10 +44,21 @@ def free_port(lo: int = 0, hi: int = 0) -> int:
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """This environment without launcher/SLURM/accel variables, with a private ACCEL_HOME."""
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RESTART_COUNT")
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(("SLURM_", "ACCEL_", "ACCELERATE_", "TORCHELASTIC_"))}
+    drop = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and not k.startswith(("SLURM_", "ACCEL_", "ACCELERATE_", "TORCHELASTIC_"))
+    }
     env.update(ACCEL_HOME=str(home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.update(extra)
     return env
@@ -56,8 +67,10 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
 def run(cmd: list[str], env: dict[str, str], expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     if expect_ok and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                    f"--- stderr\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"{' '.join(cmd)} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -74,22 +87,30 @@ def assert_same_params(got: dict[str, Any], reference: dict[str, Any]) -> None:
         assert got[mode]["in_sync"], f"{mode}: processes disagree on the parameters"
         assert got[mode]["optimizer_steps"] == reference[mode]["optimizer_steps"]
         assert got[mode]["lr"] == pytest.approx(reference[mode]["lr"])
-        torch.testing.assert_close(torch.tensor(got[mode]["params"]), torch.tensor(reference[mode]["params"]),
-                                   atol=1e-6, rtol=0, msg=lambda m, mode=mode: f"{mode}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(got[mode]["params"]),
+            torch.tensor(reference[mode]["params"]),
+            atol=1e-6,
+            rtol=0,
+            msg=lambda m, mode=mode: f"{mode}: {m}",
+        )
 
 
 # ---- SLURM translation (unit) ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("nodelist", "first"), [
-    ("node07", "node07"),
-    ("gpu1,gpu2", "gpu1"),
-    ("node[03-05,7],gpu1", "node03"),
-    ("node[7,3-5]", "node7"),
-    ("rack1-n[0012-0015]-ib", "rack1-n0012-ib"),
-    ("a[1-2],b[3-4]", "a1"),
-    ("127.0.0.[1-2]", "127.0.0.1"),
-])
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("node07", "node07"),
+        ("gpu1,gpu2", "gpu1"),
+        ("node[03-05,7],gpu1", "node03"),
+        ("node[7,3-5]", "node7"),
+        ("rack1-n[0012-0015]-ib", "rack1-n0012-ib"),
+        ("a[1-2],b[3-4]", "a1"),
+        ("127.0.0.[1-2]", "127.0.0.1"),
+    ],
+)
 def test_first_slurm_host(nodelist: str, first: str) -> None:
     assert first_slurm_host(nodelist) == first
 
@@ -310,8 +331,16 @@ def test_two_process_ddp_matches_one_process(tmp_path: Path, reference: dict[str
 @multiprocess
 def test_script_runs_under_plain_torchrun(tmp_path: Path, reference: dict[str, Any]) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(SCRIPTS / "train_equiv.py"), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(SCRIPTS / "train_equiv.py"),
+        str(out),
+    ]
     run(cmd, clean_env(tmp_path / "home"))
     got = ranks(out, 2)
     for res in got.values():
@@ -326,12 +355,28 @@ def test_two_machines_on_one_host(tmp_path: Path, reference: dict[str, Any], rdz
     out = tmp_path / "out"
     procs = []
     for machine_rank in (0, 1):
-        cmd = [str(ACCEL), "launch", "--num_machines", "2", "--machine_rank", str(machine_rank),
-               "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "-n", "2",
-               "--rdzv_backend", rdzv, str(SCRIPTS / "train_equiv.py"), str(out)]
+        cmd = [
+            str(ACCEL),
+            "launch",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            str(machine_rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            "-n",
+            "2",
+            "--rdzv_backend",
+            rdzv,
+            str(SCRIPTS / "train_equiv.py"),
+            str(out),
+        ]
         env = clean_env(tmp_path / "home", TEST_LAUNCHER=str(machine_rank))
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     outputs = []
     try:
         for proc in procs:
@@ -360,14 +405,43 @@ def test_max_restarts_reaches_torchrun(tmp_path: Path, reference: dict[str, Any]
     script = str(SCRIPTS / "train_equiv.py")
     # Without restarts the failure on the first attempt fails the run ...
     marker = tmp_path / "failed-once-a"
-    proc = run([str(ACCEL), "launch", "-n", "2", "--max_restarts", "0", script, str(tmp_path / "a"),
-                "--fail_once", str(marker)], clean_env(tmp_path / "home"), expect_ok=False)
+    proc = run(
+        [
+            str(ACCEL),
+            "launch",
+            "-n",
+            "2",
+            "--max_restarts",
+            "0",
+            script,
+            str(tmp_path / "a"),
+            "--fail_once",
+            str(marker),
+        ],
+        clean_env(tmp_path / "home"),
+        expect_ok=False,
+    )
     assert proc.returncode != 0 and marker.exists()
     assert not list((tmp_path / "a").glob("rank*.json"))
     # ... with one restart torchrun starts the workers again and the second attempt succeeds.
     marker = tmp_path / "failed-once-b"
-    run([str(ACCEL), "launch", "-n", "2", "--max_restarts", "1", "--monitor_interval", "0.2", script,
-         str(tmp_path / "b"), "--fail_once", str(marker)], clean_env(tmp_path / "home"))
+    run(
+        [
+            str(ACCEL),
+            "launch",
+            "-n",
+            "2",
+            "--max_restarts",
+            "1",
+            "--monitor_interval",
+            "0.2",
+            script,
+            str(tmp_path / "b"),
+            "--fail_once",
+            str(marker),
+        ],
+        clean_env(tmp_path / "home"),
+    )
     assert marker.exists()
     for res in ranks(tmp_path / "b", 2).values():
         assert res["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
@@ -389,9 +463,24 @@ def test_no_python_runs_an_executable_under_torchrun(tmp_path: Path, reference: 
 def test_failing_script_makes_accel_launch_fail(tmp_path: Path) -> None:
     """A script that fails on every attempt: tried once more (--max_restarts 1), then the launch fails with its code."""
     out = tmp_path / "out"
-    proc = run([str(ACCEL), "launch", "-n", "2", "--max_restarts", "1", "--monitor_interval", "0.2",
-                str(SCRIPTS / "train_equiv.py"), str(out), "--exit_code", "3"], clean_env(tmp_path / "home"),
-               expect_ok=False)
+    proc = run(
+        [
+            str(ACCEL),
+            "launch",
+            "-n",
+            "2",
+            "--max_restarts",
+            "1",
+            "--monitor_interval",
+            "0.2",
+            str(SCRIPTS / "train_equiv.py"),
+            str(out),
+            "--exit_code",
+            "3",
+        ],
+        clean_env(tmp_path / "home"),
+        expect_ok=False,
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "exits with 3 on purpose" in proc.stderr
     for r in (0, 1):
@@ -404,17 +493,25 @@ def test_failing_script_makes_accel_launch_fail(tmp_path: Path) -> None:
 
 def slurm_env(home: Path, port: int, procid: int, ntasks: int) -> dict[str, str]:
     """What srun sets for task ``procid`` of a job on one node; the job id selects MASTER_PORT = 29500 + id % 1000."""
-    return clean_env(home, SLURM_PROCID=str(procid), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(procid),
-                     SLURM_NTASKS_PER_NODE=f"{ntasks}(x1)", SLURM_JOB_NODELIST="127.0.0.[1-4]",
-                     SLURM_JOB_ID=str(7000 + port - 29500))
+    return clean_env(
+        home,
+        SLURM_PROCID=str(procid),
+        SLURM_NTASKS=str(ntasks),
+        SLURM_LOCALID=str(procid),
+        SLURM_NTASKS_PER_NODE=f"{ntasks}(x1)",
+        SLURM_JOB_NODELIST="127.0.0.[1-4]",
+        SLURM_JOB_ID=str(7000 + port - 29500),
+    )
 
 
 @multiprocess
 def test_slurm_variables_world_of_one(tmp_path: Path, reference: dict[str, Any]) -> None:
     port = free_port(29500, 30500)
     out = tmp_path / "out"
-    run([sys.executable, str(SCRIPTS / "train_equiv.py"), str(out), "--plugin", "ddp"],
-        slurm_env(tmp_path / "home", port, 0, 1))
+    run(
+        [sys.executable, str(SCRIPTS / "train_equiv.py"), str(out), "--plugin", "ddp"],
+        slurm_env(tmp_path / "home", port, 0, 1),
+    )
     res = ranks(out, 1)[0]
     assert res["components"] == ["ddp:strategy"] and res["plain"]["model_type"] == "DistributedDataParallel"
     assert res["env"]["RANK"] == "0" and res["env"]["WORLD_SIZE"] == "1" and res["env"]["LOCAL_RANK"] == "0"
@@ -429,9 +526,17 @@ def test_slurm_variables_two_tasks(tmp_path: Path, reference: dict[str, Any]) ->
     """Two tasks started the way srun starts them (no torchrun): the plugin turns SLURM variables into a world."""
     port = free_port(29500, 30500)
     out = tmp_path / "out"
-    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "train_equiv.py"), str(out)],
-                              env=slurm_env(tmp_path / "home", port, i, 2), cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "train_equiv.py"), str(out)],
+            env=slurm_env(tmp_path / "home", port, i, 2),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
     try:
         outputs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
     finally:
@@ -454,8 +559,9 @@ def test_slurm_variables_two_tasks(tmp_path: Path, reference: dict[str, Any]) ->
 @multiprocess
 @pytest.mark.slow
 def test_digits_example_learns_on_two_processes(tmp_path: Path) -> None:
-    proc = run([str(ACCEL), "launch", "-n", "2", str(ROOT / "examples" / "train_digits.py")],
-               clean_env(tmp_path / "home"))
+    proc = run(
+        [str(ACCEL), "launch", "-n", "2", str(ROOT / "examples" / "train_digits.py")], clean_env(tmp_path / "home")
+    )
     found = re.findall(r"epoch (\d+): accuracy ([0-9.]+) on (\d+) test images \((\d+) processes\)", proc.stdout)
     assert found, proc.stdout
     epoch, accuracy, total, processes = found[-1]

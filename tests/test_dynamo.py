@@ -21,10 +21,25 @@ from accel import Kernel, UsageError
 from accel.commands.launch import plan_launch
 
 BIN = Path(sys.executable).parent
-CLEARED = ("ACCEL_CONFIG", "ACCEL_PLUGINS", "ACCEL_DISABLE_PLUGINS", "ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND",
-           "ACCEL_DYNAMO_MODE", "ACCELERATE_DYNAMO_MODE", "ACCEL_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_FULLGRAPH",
-           "ACCEL_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCEL_MIXED_PRECISION", "MIXED_PRECISION",
-           "ACCELERATE_MIXED_PRECISION", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+CLEARED = (
+    "ACCEL_CONFIG",
+    "ACCEL_PLUGINS",
+    "ACCEL_DISABLE_PLUGINS",
+    "ACCEL_DYNAMO_BACKEND",
+    "ACCELERATE_DYNAMO_BACKEND",
+    "ACCEL_DYNAMO_MODE",
+    "ACCELERATE_DYNAMO_MODE",
+    "ACCEL_DYNAMO_USE_FULLGRAPH",
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH",
+    "ACCEL_DYNAMO_USE_DYNAMIC",
+    "ACCELERATE_DYNAMO_USE_DYNAMIC",
+    "ACCEL_MIXED_PRECISION",
+    "MIXED_PRECISION",
+    "ACCELERATE_MIXED_PRECISION",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +100,10 @@ def test_unknown_backend_is_one_clear_error_with_the_choices() -> None:
     assert "aot_eager" in message and "eager" in message and "did you mean `inductor`?" in message
 
 
-@pytest.mark.parametrize("spelling, backend", [("INDUCTOR", "inductor"), ("AOT_EAGER", "aot_eager"),
-                                               ("eager", "eager"), ("Cudagraphs", "cudagraphs")])
+@pytest.mark.parametrize(
+    "spelling, backend",
+    [("INDUCTOR", "inductor"), ("AOT_EAGER", "aot_eager"), ("eager", "eager"), ("Cudagraphs", "cudagraphs")],
+)
 def test_accelerate_spellings_are_accepted(spelling: str, backend: str) -> None:
     kernel = Kernel(dynamo_backend=spelling)
     assert compiler_of(kernel).backend == backend
@@ -98,10 +115,18 @@ def test_no_backend_means_no_compiler(spelling: str) -> None:
 
 
 def test_options_from_kernel_arguments_reach_torch_compile() -> None:
-    kernel = Kernel(dynamo_backend="inductor", dynamo_mode="max-autotune-no-cudagraphs", dynamo_use_fullgraph=True,
-                    dynamo_use_dynamic=False)
-    assert compiler_of(kernel).options() == {"backend": "inductor", "mode": "max-autotune-no-cudagraphs",
-                                             "fullgraph": True, "dynamic": False}
+    kernel = Kernel(
+        dynamo_backend="inductor",
+        dynamo_mode="max-autotune-no-cudagraphs",
+        dynamo_use_fullgraph=True,
+        dynamo_use_dynamic=False,
+    )
+    assert compiler_of(kernel).options() == {
+        "backend": "inductor",
+        "mode": "max-autotune-no-cudagraphs",
+        "fullgraph": True,
+        "dynamic": False,
+    }
     with pytest.warns(RuntimeWarning, match="dynamo_mode=max-autotune only applies to the inductor backend"):
         kernel = Kernel(dynamo_backend="eager", dynamo_mode="max-autotune")
     assert compiler_of(kernel).options() == {"backend": "eager", "fullgraph": False, "dynamic": None}
@@ -114,7 +139,8 @@ def test_config_file_and_flags_in_accelerate_spelling(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     config = tmp_path / "accelerate.yaml"
-    config.write_text(textwrap.dedent("""\
+    config.write_text(
+        textwrap.dedent("""\
         compute_environment: LOCAL_MACHINE
         distributed_type: 'NO'
         dynamo_config:
@@ -124,14 +150,17 @@ def test_config_file_and_flags_in_accelerate_spelling(tmp_path: Path) -> None:
           dynamo_use_dynamic: false
           dynamo_use_regional_compilation: true
         num_processes: 1
-        """))
+        """)
+    )
     plugins, plan, _ = plan_launch(["-q", "--config_file", str(config), str(script)], env=dict(os.environ))
     s = plan.settings
     assert (s["dynamo_backend"], s["dynamo_use_fullgraph"], s["dynamo_use_dynamic"]) == ("AOT_EAGER", True, False)
     assert s["dynamo_use_regional_compilation"] is True
     assert compiler_of(plugins).backend == "aot_eager"
-    plugins, plan, _ = plan_launch(["-q", "--config_file", str(config), "--dynamo_backend", "eager",
-                                    "--dynamo_use_dynamic", str(script)], env=dict(os.environ))
+    plugins, plan, _ = plan_launch(
+        ["-q", "--config_file", str(config), "--dynamo_backend", "eager", "--dynamo_use_dynamic", str(script)],
+        env=dict(os.environ),
+    )
     assert (plan.settings["dynamo_backend"], plan.settings["dynamo_use_dynamic"]) == ("eager", True)
     handed = json.loads(plan.env["ACCEL_CONFIG"])
     assert handed["dynamo_backend"] == "eager" and handed["dynamo_use_fullgraph"] is True
@@ -140,8 +169,13 @@ def test_config_file_and_flags_in_accelerate_spelling(tmp_path: Path) -> None:
 def test_bad_backend_is_refused_at_launch(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('ran')\n")
-    proc = subprocess.run([str(BIN / "accel"), "launch", "-q", "--dynamo_backend", "nonsense", str(script)],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    proc = subprocess.run(
+        [str(BIN / "accel"), "launch", "-q", "--dynamo_backend", "nonsense", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("accel: error: plugin 'dynamo': dynamo_backend 'nonsense' is not a torch.compile")
     assert len(proc.stderr.strip().splitlines()) == 1 and "ran" not in proc.stdout
@@ -248,8 +282,9 @@ def test_regional_compilation_compiles_the_repeated_blocks() -> None:
     captured: list[str] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: Any) -> Any:
-        captured.append(" ".join(str(n.target) for n in gm.graph.nodes if n.op == "call_module" or
-                                 n.op == "call_function"))
+        captured.append(
+            " ".join(str(n.target) for n in gm.graph.nodes if n.op == "call_module" or n.op == "call_function")
+        )
         return gm.forward
 
     compiler_of(kernel).backend = backend  # a counting backend, so the graphs can be inspected
@@ -323,9 +358,14 @@ def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
     under DistributedDataParallel), parameters stay in sync, unwrap_model gives the user's module."""
     script = tmp_path / "ddp_compile.py"
     script.write_text(DDP_WORKER)
-    proc = subprocess.run([str(BIN / "accel"), "launch", "-q", "-n", "2", "--dynamo_backend", "eager", str(script)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [str(BIN / "accel"), "launch", "-q", "-n", "2", "--dynamo_backend", "eager", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+    )
     ranks = worker_results(proc, tmp_path)
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
@@ -362,8 +402,14 @@ def test_inductor_compiles_with_its_cache_in_the_workspace(tmp_path: Path) -> No
     script = tmp_path / "inductor.py"
     script.write_text(INDUCTOR_WORKER)
     cache = tmp_path / "inductor-cache"
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, cwd=tmp_path,
-                          env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache)))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+        env=dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache)),
+    )
     (result,) = worker_results(proc, tmp_path)
     assert result == {"rank": 0, "graphs": 1, "close": True, "cache_files": result["cache_files"], "unwrapped": True}
     assert result["cache_files"] > 0
@@ -377,9 +423,18 @@ def test_accel_config_asks_the_torch_compile_questions() -> None:
     from accel.commands.config import Questionnaire
     from accel.plugins import Plugins
 
-    answers = {"distributed_type": "NO", "cpu": True, "use_dynamo": "yes", "dynamo_backend": "inductor",
-               "dynamo_customize": True, "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
-               "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True, "mixed_precision": "no"}
+    answers = {
+        "distributed_type": "NO",
+        "cpu": True,
+        "use_dynamo": "yes",
+        "dynamo_backend": "inductor",
+        "dynamo_customize": True,
+        "dynamo_mode": "max-autotune",
+        "dynamo_use_fullgraph": True,
+        "dynamo_use_dynamic": False,
+        "dynamo_use_regional_compilation": True,
+        "mixed_precision": "no",
+    }
     asked: list[str] = []
 
     def ask(q: Question, disabled: Any) -> Any:
@@ -389,11 +444,21 @@ def test_accel_config_asks_the_torch_compile_questions() -> None:
     questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,dynamo"}), ask, env={})
     questionnaire.run()
     i = asked.index("dynamo_backend")
-    assert asked[i:i + 6] == ["dynamo_backend", "dynamo_customize", "dynamo_mode", "dynamo_use_fullgraph",
-                              "dynamo_use_dynamic", "dynamo_use_regional_compilation"]
+    assert asked[i : i + 6] == [
+        "dynamo_backend",
+        "dynamo_customize",
+        "dynamo_mode",
+        "dynamo_use_fullgraph",
+        "dynamo_use_dynamic",
+        "dynamo_use_regional_compilation",
+    ]
     assert questionnaire.config_data()["dynamo_config"] == {
-        "dynamo_backend": "inductor", "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
-        "dynamo_use_dynamic": False, "dynamo_use_regional_compilation": True}
+        "dynamo_backend": "inductor",
+        "dynamo_mode": "max-autotune",
+        "dynamo_use_fullgraph": True,
+        "dynamo_use_dynamic": False,
+        "dynamo_use_regional_compilation": True,
+    }
     # without customising, only the backend is written
     answers["dynamo_customize"] = False
     questionnaire = Questionnaire(Plugins.load(env={"ACCEL_PLUGINS": "ddp,dynamo"}), ask, env={})

@@ -53,8 +53,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     return res, params
 
 
-def assert_matches(res: dict[str, Any], params: dict[str, torch.Tensor], ref: tuple[dict[str, Any], dict[str, torch.Tensor]],
-                   tol: float) -> None:
+def assert_matches(
+    res: dict[str, Any],
+    params: dict[str, torch.Tensor],
+    ref: tuple[dict[str, Any], dict[str, torch.Tensor]],
+    tol: float,
+) -> None:
     ref_res, ref_params = ref
     assert res["losses"] == pytest.approx(ref_res["losses"], rel=tol, abs=tol)
     assert res["norms"] == pytest.approx(ref_res["norms"], rel=tol, abs=tol)  # global norm over both shards
@@ -110,8 +114,18 @@ def test_fsdp_options_from_accelerate_config_file(tmp_path: Path, reference: Any
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_fsdp_bf16_through_mixed_precision_policy(tmp_path: Path, reference: Any) -> None:
-    launch(tmp_path, "-n", "2", "--plugin", "fsdp", "--mixed_precision", "bf16", str(WORKER), "train",
-           str(tmp_path / "out"))
+    launch(
+        tmp_path,
+        "-n",
+        "2",
+        "--plugin",
+        "fsdp",
+        "--mixed_precision",
+        "bf16",
+        str(WORKER),
+        "train",
+        str(tmp_path / "out"),
+    )
     res, params = result(tmp_path / "out")
     assert_sharded_in_two(res)
     # FSDP casts the gathered parameters and the inputs to bf16 for compute; the shards stay fp32 and the prepared
@@ -131,11 +145,14 @@ def test_fsdp_version_1_and_fp16_are_clear_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "accel: error: plugin 'fsdp': fsdp_version 1 (FSDP1) is not supported: accel-plugin-fsdp implements FSDP2 "
-        "(torch fully_shard); set fsdp_version: 2 or drop the key"]
+        "(torch fully_shard); set fsdp_version: 2 or drop the key"
+    ]
     proc = run([ACCEL, "launch", "-q", "--plugin", "fsdp", "--mixed_precision", "fp16", str(script)], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "mixed_precision=fp16 is not supported with --plugin fsdp" in proc.stderr
-    proc = run([ACCEL, "launch", "-q", "--plugin", "fsdp", "--fsdp_auto_wrap_policy", "BY_MAGIC", str(script)], tmp_path)
+    proc = run(
+        [ACCEL, "launch", "-q", "--plugin", "fsdp", "--fsdp_auto_wrap_policy", "BY_MAGIC", str(script)], tmp_path
+    )
     assert proc.returncode == 2 and "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP" in proc.stderr
 
 
@@ -178,9 +195,14 @@ def test_accel_config_asks_accelerates_fsdp_questions(tmp_path: Path, monkeypatc
 
     monkeypatch.syspath_prepend(str(hide_plugins(tmp_path / "shadow", keep=("ddp", "fsdp"))))
     plugins = Plugins.load(env={})
-    answers = {"distributed_type": "MULTI_GPU", "strategy": "FSDP", "num_processes": "2",
-               "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
-               "fsdp_min_num_params": "5000", "fsdp_offload_params": True}
+    answers = {
+        "distributed_type": "MULTI_GPU",
+        "strategy": "FSDP",
+        "num_processes": "2",
+        "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+        "fsdp_min_num_params": "5000",
+        "fsdp_offload_params": True,
+    }
     asked: list[str] = []
 
     def ask(q: Any, disabled: Any) -> Any:
@@ -193,6 +215,11 @@ def test_accel_config_asks_accelerates_fsdp_questions(tmp_path: Path, monkeypatc
     assert "fsdp_transformer_layer_cls_to_wrap" not in asked  # only the follow-up of the chosen policy
     assert data["distributed_type"] == "FSDP"
     assert data["fsdp_config"] == {
-        "fsdp_reshard_after_forward": True, "fsdp_offload_params": True, "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
-        "fsdp_min_num_params": 5000, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": False}
+        "fsdp_reshard_after_forward": True,
+        "fsdp_offload_params": True,
+        "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+        "fsdp_min_num_params": 5000,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": False,
+        "fsdp_activation_checkpointing": False,
+    }

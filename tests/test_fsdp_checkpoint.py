@@ -26,14 +26,21 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 def launch(tmp: Path, n: int, *args: str, flags: tuple[str, ...] = ()) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "FSDP_"))}
     env.update(ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([ACCEL, "launch", "-q", "-n", str(n), "--plugin", "fsdp", *flags, str(WORKER), *args],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [ACCEL, "launch", "-q", "-n", str(n), "--plugin", "fsdp", *flags, str(WORKER), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 def state(out: Path, tag: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    return (load_file(str(out / f"{tag}_model.safetensors")),
-            torch.load(out / f"{tag}_optim.pt", map_location="cpu", weights_only=True))
+    return (
+        load_file(str(out / f"{tag}_model.safetensors")),
+        torch.load(out / f"{tag}_optim.pt", map_location="cpu", weights_only=True),
+    )
 
 
 def assert_identical(a: Any, b: Any, where: str = "") -> None:
@@ -91,8 +98,22 @@ def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path)
 
     # elastic: the last process dies at step 5; torchrun restarts both, they resume from the automatic checkpoint of
     # step 4 and end bitwise where the uninterrupted run ended
-    launch(tmp_path, 2, str(tmp_path / "e"), "--steps", "6", "--project", str(tmp_path / "proj"), "--save_every", "2",
-           "--kill_at", "5", "--marker", str(tmp_path / "killed"), flags=("--max_restarts", "1"))
+    launch(
+        tmp_path,
+        2,
+        str(tmp_path / "e"),
+        "--steps",
+        "6",
+        "--project",
+        str(tmp_path / "proj"),
+        "--save_every",
+        "2",
+        "--kill_at",
+        "5",
+        "--marker",
+        str(tmp_path / "killed"),
+        flags=("--max_restarts", "1"),
+    )
     assert (tmp_path / "killed").exists()
     assert_identical(state(tmp_path / "a", "final"), state(tmp_path / "e", "final"), "after an elastic restart")
 
@@ -111,10 +132,12 @@ def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path)
 def test_full_state_dict_checkpoint_saved_on_two_loaded_on_one(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     flags = ("--fsdp_state_dict_type", "FULL_STATE_DICT")
-    launch(tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload",
-           flags=flags)
-    launch(tmp_path, 1, str(tmp_path / "d"), "--steps", "5", "--start", "3", "--load", str(ckpt), "--sharded",
-           flags=flags)
+    launch(
+        tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload", flags=flags
+    )
+    launch(
+        tmp_path, 1, str(tmp_path / "d"), "--steps", "5", "--start", "3", "--load", str(ckpt), "--sharded", flags=flags
+    )
     items = manifest_items(ckpt)
     assert items["model"] == ("fsdp", "safetensors-full") and items["optimizer"] == ("fsdp", "torch-weights-only-full")
     saved = state(tmp_path / "b", "saved")
@@ -129,8 +152,13 @@ def test_plain_python_kernel_arguments_and_saving_before_the_first_step(tmp_path
     before the first optimizer step change nothing: training afterwards is bitwise the same as without them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "FSDP_"))}
     env.update(ACCEL_HOME=str(tmp_path / "accel_home"), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(HERE / "fsdp_single_worker.py"), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "fsdp_single_worker.py"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
 
 

@@ -14,8 +14,11 @@ import pytest
 from accel import hookspecs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
-SPECS = {name: fn for name, fn in vars(hookspecs).items()
-         if name.startswith("accel_") and callable(fn) and hasattr(fn, f"{hookspecs.PROJECT}_spec")}
+SPECS = {
+    name: fn
+    for name, fn in vars(hookspecs).items()
+    if name.startswith("accel_") and callable(fn) and hasattr(fn, f"{hookspecs.PROJECT}_spec")
+}
 
 
 def sections() -> dict[str, str]:
@@ -41,14 +44,17 @@ def test_hook_is_documented_with_its_signature_and_docstring(name):
     assert section is not None, f"docs/hooks.md has no `### `{name}(...)` section (run `make docs`)"
     params = ", ".join(inspect.signature(SPECS[name]).parameters)
     heading = section.splitlines()[0]
-    assert heading.startswith(f"`{name}({params})"), f"signature in docs/hooks.md is {heading!r}, expected {name}({params})"
+    assert heading.startswith(f"`{name}({params})"), (
+        f"signature in docs/hooks.md is {heading!r}, expected {name}({params})"
+    )
     doc = inspect.getdoc(SPECS[name]) or ""
     for word in ("When:", "Who:"):
         assert word in doc, f"hookspecs.{name}'s docstring does not say {word!r} (the contract says when and who)"
     assert doc in section, f"docs/hooks.md's section of {name} does not hold its docstring verbatim (run `make docs`)"
     implemented = re.search(r"\*\*Implemented by:\*\* (.*)", section)
-    assert implemented and implemented.group(1) != "nobody in this repository.", \
+    assert implemented and implemented.group(1) != "nobody in this repository.", (
         f"{name}: no plugin of this repository and no kernel default answers it (remove it, or implement it)"
+    )
 
 
 def test_who_answers_matches_the_spec():

@@ -39,8 +39,23 @@ def real_ipex_wheel() -> Path:
         return CACHE
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ipex-", dir=CACHE.parent))
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                           "--target", str(tmp), IPEX_WHEEL], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(tmp),
+            IPEX_WHEEL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.fail(f"pip could not install {IPEX_WHEEL}: {proc.stdout}{proc.stderr}")
@@ -80,18 +95,29 @@ def one_error(result: Result, *needles: str) -> str:
 # ---- the compatibility rule (no packages needed) -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ipex, torch, expected", [
-    ("2.8.0", "2.8.0", None),
-    ("2.8.0+cpu", "2.8.0+cu128", None),
-    ("2.8.10+xpu", "2.8.0+xpu", None),
-    ("2.8.0", "2.13.0+cpu", "intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found 2.13.0+cpu: install "
-                            "torch==2.8.* or uninstall intel-extension-for-pytorch (its last release is 2.8: none "
-                            "supports torch 2.13)"),
-    ("2.8.0", "2.7.1", "intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found 2.7.1: install torch==2.8.* or "
-                       "install intel-extension-for-pytorch==2.7.*"),
-    (None, "2.13.0", "intel-extension-for-pytorch is not installed"),
-    ("2.8.0", None, "intel-extension-for-pytorch 2.8.0 is installed but torch is not"),
-])
+@pytest.mark.parametrize(
+    "ipex, torch, expected",
+    [
+        ("2.8.0", "2.8.0", None),
+        ("2.8.0+cpu", "2.8.0+cu128", None),
+        ("2.8.10+xpu", "2.8.0+xpu", None),
+        (
+            "2.8.0",
+            "2.13.0+cpu",
+            "intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found 2.13.0+cpu: install "
+            "torch==2.8.* or uninstall intel-extension-for-pytorch (its last release is 2.8: none "
+            "supports torch 2.13)",
+        ),
+        (
+            "2.8.0",
+            "2.7.1",
+            "intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found 2.7.1: install torch==2.8.* or "
+            "install intel-extension-for-pytorch==2.7.*",
+        ),
+        (None, "2.13.0", "intel-extension-for-pytorch is not installed"),
+        ("2.8.0", None, "intel-extension-for-pytorch 2.8.0 is installed but torch is not"),
+    ],
+)
 def test_ipex_needs_the_same_torch_major_minor(ipex, torch, expected):
     problem = compatibility_problem(ipex, torch)
     if expected is None:
@@ -108,10 +134,13 @@ def test_entry_point_and_no_heavy_import(tmp_path):
     assert ep.value == "accel_ipex" and ep.dist.metadata["Name"] == "accel-plugin-ipex"
     requires = md.requires("accel-plugin-ipex") or []
     assert not [r for r in requires if r.startswith("intel-extension-for-pytorch") and "extra ==" not in r]
-    code = ("import sys, accel_ipex, accel_ipex.optimizer; print(accel_ipex.accel_unavailable_reason()); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'intel_extension_for_pytorch')))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=clean_env(tmp_path, hide=False))
+    code = (
+        "import sys, accel_ipex, accel_ipex.optimizer; print(accel_ipex.accel_unavailable_reason()); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'intel_extension_for_pytorch')))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env(tmp_path, hide=False)
+    )
     assert proc.returncode == 0, proc.stderr
     reason, modules = proc.stdout.splitlines()
     assert modules == "[]"
@@ -132,8 +161,13 @@ def test_without_ipex_installed_plugins_shows_it_unavailable(tmp_path, shown):
 
 def test_the_real_wheel_crashes_on_import_here(env):
     """What the plugin must avoid: importing IPEX 2.8.0 with this torch prints its error and dies."""
-    proc = subprocess.run([sys.executable, "-c", "import intel_extension_for_pytorch"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import intel_extension_for_pytorch"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "needs to work with PyTorch 2.8.*" in proc.stdout + proc.stderr
 
@@ -158,12 +192,16 @@ def test_env_shows_the_mismatch(env):
     assert "ERROR! Intel" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("args, extra_env, config, where", [
-    (["--plugin", "ipex"], {}, None, "plugin 'ipex' (accel-plugin-ipex 0.1.0) cannot be used here: "),
-    (["--ipex"], {}, None, "--use_ipex needs plugin 'ipex'"),
-    ([], {"ACCELERATE_USE_IPEX": "true"}, None, "environment variable ACCELERATE_USE_IPEX needs plugin 'ipex'"),
-    ([], {}, "ipex_config:\n  ipex: true\n", "config key `ipex_config.ipex` needs plugin 'ipex'"),
-], ids=["plugin", "flag", "env", "config"])
+@pytest.mark.parametrize(
+    "args, extra_env, config, where",
+    [
+        (["--plugin", "ipex"], {}, None, "plugin 'ipex' (accel-plugin-ipex 0.1.0) cannot be used here: "),
+        (["--ipex"], {}, None, "--use_ipex needs plugin 'ipex'"),
+        ([], {"ACCELERATE_USE_IPEX": "true"}, None, "environment variable ACCELERATE_USE_IPEX needs plugin 'ipex'"),
+        ([], {}, "ipex_config:\n  ipex: true\n", "config key `ipex_config.ipex` needs plugin 'ipex'"),
+    ],
+    ids=["plugin", "flag", "env", "config"],
+)
 def test_asking_for_it_is_one_line_exit_2(env, tmp_path, args, extra_env, config, where):
     if config is not None:
         (tmp_path / "cfg.yaml").write_text(config)
@@ -174,8 +212,10 @@ def test_asking_for_it_is_one_line_exit_2(env, tmp_path, args, extra_env, config
 
 
 def test_accelerate_config_with_ipex_off_still_runs(env, tmp_path):
-    (tmp_path / "cfg.yaml").write_text("distributed_type: 'NO'\nipex_config:\n  ipex: false\n  use_xpu: false\n"
-                                       "mixed_precision: 'no'\nnum_processes: 1\n")
+    (tmp_path / "cfg.yaml").write_text(
+        "distributed_type: 'NO'\nipex_config:\n  ipex: false\n  use_xpu: false\n"
+        "mixed_precision: 'no'\nnum_processes: 1\n"
+    )
     result = run(["launch", "--config_file", str(tmp_path / "cfg.yaml"), PROBE], env)
     assert result.returncode == 0, result
     assert "PROBE rank=0 world=1" in result.stdout and "'ipex'" not in result.stdout
@@ -183,8 +223,10 @@ def test_accelerate_config_with_ipex_off_still_runs(env, tmp_path):
 
 @pytest.mark.parametrize("kwargs", ["plugins=['ipex']", "use_ipex=True"])
 def test_kernel_refuses_it_with_the_reason(env, kwargs):
-    code = (f"from accel import Kernel, UsageError\ntry:\n    Kernel({kwargs})\nexcept UsageError as exc:\n"
-            "    print('USAGE', exc)\nelse:\n    print('NO ERROR')\n")
+    code = (
+        f"from accel import Kernel, UsageError\ntry:\n    Kernel({kwargs})\nexcept UsageError as exc:\n"
+        "    print('USAGE', exc)\nelse:\n    print('NO ERROR')\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip()]

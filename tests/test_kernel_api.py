@@ -110,7 +110,7 @@ def test_accumulated_gradients_average_the_micro_batches(accumulating: Kernel) -
     model = kernel.prepare(model)
     for i in range(4):
         with kernel.accumulate(model):
-            kernel.backward(torch.nn.functional.mse_loss(model(x[2 * i: 2 * i + 2]), y[2 * i: 2 * i + 2]))
+            kernel.backward(torch.nn.functional.mse_loss(model(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]))
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 

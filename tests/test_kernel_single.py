@@ -79,8 +79,15 @@ def run_accumulation(k: int, n_batches: int, max_norm: float | None = None) -> d
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (step + 1))
     dl = make_data(n=4 * n_batches, batch_size=4)
     model, opt, dl, sched = kernel.prepare(model, opt, dl, sched)
-    record: dict = {"sync": [], "param_changed": [], "norms": [], "grad_norm_after": [], "grad_before": [],
-                    "grad_after": [], "lrs": []}
+    record: dict = {
+        "sync": [],
+        "param_changed": [],
+        "norms": [],
+        "grad_norm_after": [],
+        "grad_before": [],
+        "grad_after": [],
+        "lrs": [],
+    }
     for x, y in dl:
         with kernel.accumulate(model):
             before = model.weight.detach().clone()
@@ -142,8 +149,9 @@ def test_accumulated_gradient_is_the_mean_over_micro_batches() -> None:
 
 def test_clip_grad_norm_only_on_sync_steps() -> None:
     rec = run_accumulation(k=4, n_batches=8, max_norm=0.5)
-    for sync, norm, before, after, total in zip(rec["sync"], rec["norms"], rec["grad_before"], rec["grad_after"],
-                                                rec["grad_norm_after"], strict=True):
+    for sync, norm, before, after, total in zip(
+        rec["sync"], rec["norms"], rec["grad_before"], rec["grad_after"], rec["grad_norm_after"], strict=True
+    ):
         if sync:
             assert norm is not None and norm > 0.5  # the norm before clipping, which was large
             assert total == pytest.approx(0.5, rel=1e-4)

@@ -144,7 +144,14 @@ def test_every_accelerate_flag_is_accepted_or_refused_in_one_line(tmp_path, plug
         loaded: set[str] = set()
     else:
         env = clean_env(tmp_path, hide=False)
-        loaded = {"ddp", "deepspeed", "fsdp", "dynamo", "amp", "parallel"}  # xla and ipex cannot load next to torch 2.13
+        loaded = {
+            "ddp",
+            "deepspeed",
+            "fsdp",
+            "dynamo",
+            "amp",
+            "parallel",
+        }  # xla and ipex cannot load next to torch 2.13
     results = probe([argv_for(case, tmp_path) for case in CASES], env, tmp_path)
     wrong = {
         case.flag: why
@@ -351,7 +358,9 @@ def test_a_failed_process_is_named_with_its_log_file(tmp_path):
     assert result.returncode == 1, result
     last = result.err_lines[-1]
     # rank 0 may fail too (its end_training meets a closed connection) before torchrun polls: then the line says so
-    match = re.fullmatch(r"accel: process 1 of 2 exited with code 1( \(1 more failed after it\))?; its output: (\S+)", last)
+    match = re.fullmatch(
+        r"accel: process 1 of 2 exited with code 1( \(1 more failed after it\))?; its output: (\S+)", last
+    )
     assert match, f"last line: {last!r}\n{result}"
     log = Path(match.group(2))
     assert log.is_relative_to(logs) and log.name == "stderr.log" and log.parent.name == "1"

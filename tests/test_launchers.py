@@ -35,9 +35,15 @@ def world(tag: str) -> dict:
     kernel = Kernel()
     ranks = kernel.gather(torch.tensor([kernel.process_index])).tolist()
     seen = {
-        "tag": tag, "index": kernel.process_index, "num": kernel.num_processes, "device": str(kernel.device),
-        "ranks": ranks, "local": os.environ["LOCAL_RANK"], "addr": os.environ["MASTER_ADDR"],
-        "port": os.environ["MASTER_PORT"], "cpu": kernel.settings["cpu"],
+        "tag": tag,
+        "index": kernel.process_index,
+        "num": kernel.num_processes,
+        "device": str(kernel.device),
+        "ranks": ranks,
+        "local": os.environ["LOCAL_RANK"],
+        "addr": os.environ["MASTER_ADDR"],
+        "port": os.environ["MASTER_PORT"],
+        "cpu": kernel.settings["cpu"],
         "strategy": [c.name for c in kernel.components],
     }
     kernel.end_training()
@@ -62,7 +68,8 @@ def test_notebook_launcher_from_a_plain_python_process(tmp_path: Path) -> None:
     """A function defined in a script's __main__, mixed precision handed to Kernel() in each process (a small
     precision plugin registered directly provides bf16 on the CPU, so Kernel() accepts it)."""
     script = tmp_path / "nb.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, types
         from accel import Component, hookimpl, notebook_launcher
 
@@ -83,13 +90,14 @@ def test_notebook_launcher_from_a_plain_python_process(tmp_path: Path) -> None:
 
         if __name__ == "__main__":
             print("RESULT " + json.dumps(notebook_launcher(train, args=(10,), num_processes=2, mixed_precision="bf16")))
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
     env.update(ACCEL_HOME=str(tmp_path), ACCEL_PLUGINS="ddp")  # the test's precision plugin, not an installed one
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    results = json.loads(line[len("RESULT "):])
+    results = json.loads(line[len("RESULT ") :])
     assert results == [
         {"index": 0, "num": 2, "mp": "bf16", "source": "launch", "value": 10},
         {"index": 1, "num": 2, "mp": "bf16", "source": "launch", "value": 20},
@@ -121,8 +129,11 @@ def test_the_launch_checks_run_before_any_process_starts(monkeypatch: pytest.Mon
     """Without a plugin that provides 'distributed': the one line of `accel launch -n 2`, and nothing forked."""
     monkeypatch.setenv("ACCEL_PLUGINS", "")  # no plugin at all
     marker = tmp_path / "started"
-    with pytest.raises(UsageError, match=r"^running 2 processes needs a plugin that provides 'distributed', and "
-                                         r"none is active"):
+    with pytest.raises(
+        UsageError,
+        match=r"^running 2 processes needs a plugin that provides 'distributed', and "
+        r"none is active",
+    ):
         accel.notebook_launcher(touch, args=(str(marker),), num_processes=2)
     with pytest.raises(UsageError, match="needs a plugin that provides 'distributed'"):
         accel.debug_launcher(touch, args=(str(marker),), num_processes=2)
@@ -142,7 +153,9 @@ def test_a_failing_process_raises_with_its_error() -> None:
 def fake_torch(kind: str | None, initialized: bool) -> types.SimpleNamespace:
     """A stand-in for the torch module of a machine with an accelerator of ``kind`` (this machine has none)."""
     device = torch.device(kind) if kind else None
-    ns = types.SimpleNamespace(accelerator=types.SimpleNamespace(current_accelerator=lambda check_available=False: device))
+    ns = types.SimpleNamespace(
+        accelerator=types.SimpleNamespace(current_accelerator=lambda check_available=False: device)
+    )
     if kind:
         setattr(ns, kind, types.SimpleNamespace(is_initialized=lambda: initialized))
     return ns
@@ -160,8 +173,11 @@ def test_initialized_accelerator_detection() -> None:
 def test_start_method_choice() -> None:
     assert launchers.choose_start_method(world, (), None, None) == "fork"
     assert launchers.choose_start_method(world, (), None, "cuda") == "spawn"  # importable: spawn instead of fork
-    with pytest.raises(UsageError, match=r"cuda was already initialised.*Cannot re-initialize CUDA in forked "
-                                         r"subprocess.*Restart the notebook kernel"):
+    with pytest.raises(
+        UsageError,
+        match=r"cuda was already initialised.*Cannot re-initialize CUDA in forked "
+        r"subprocess.*Restart the notebook kernel",
+    ):
         launchers.choose_start_method(lambda: None, (), None, "cuda")  # a lambda cannot be imported by spawn
     with pytest.raises(UsageError, match="already initialised"):
         launchers.choose_start_method(world, (), "fork", "cuda")  # fork asked for explicitly: refused, not hung
@@ -170,8 +186,9 @@ def test_start_method_choice() -> None:
 
 
 @pytest.mark.slow
-def test_initialised_accelerator_switches_a_real_launch_to_spawn(monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_initialised_accelerator_switches_a_real_launch_to_spawn(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(launchers, "initialized_accelerator", lambda torch_module=None: "cuda")
     results = accel.debug_launcher(world, args=("spawned",), num_processes=2)
     assert [r["index"] for r in results] == [0, 1] and all(r["ranks"] == [0, 1] for r in results)
@@ -183,8 +200,15 @@ def run_in_jupyter(code: str, timeout: float = 240) -> tuple[str, list[dict]]:
     km, kc = manager.start_new_kernel(kernel_name="python3")
     outputs: list[dict] = []
     try:
-        reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda msg: outputs.append(
-            {"type": msg["msg_type"], **msg["content"]}) if msg["msg_type"] in ("stream", "error") else None)
+        reply = kc.execute_interactive(
+            code,
+            timeout=timeout,
+            output_hook=lambda msg: (
+                outputs.append({"type": msg["msg_type"], **msg["content"]})
+                if msg["msg_type"] in ("stream", "error")
+                else None
+            ),
+        )
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

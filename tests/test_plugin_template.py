@@ -16,8 +16,14 @@ from accel.testing import isolated_env, run_accel
 
 
 def accel_cli(args: list[str], tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "accel.commands.cli", *args], env=isolated_env(tmp_path / "home"),
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "accel.commands.cli", *args],
+        env=isolated_env(tmp_path / "home"),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> None:
@@ -37,8 +43,14 @@ def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> 
 @pytest.mark.parametrize("kind", ["tracker", "strategy"])
 def test_templates_render_to_valid_python(kind: str) -> None:
     files = render("my_thing", kind)
-    assert set(files) == {"pyproject.toml", "README.md", "LICENSE", "src/accel_my_thing/__init__.py",
-                          f"src/accel_my_thing/{kind}.py", "tests/test_my_thing.py"}
+    assert set(files) == {
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "src/accel_my_thing/__init__.py",
+        f"src/accel_my_thing/{kind}.py",
+        "tests/test_my_thing.py",
+    }
     assert 'my_thing = "accel_my_thing"' in files["pyproject.toml"]
     assert 'name = "accel-plugin-my-thing"' in files["pyproject.toml"]
     for path, text in files.items():
@@ -54,8 +66,12 @@ def fresh_env(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     here = sysconfig.get_paths()["purelib"]
     Path(purelib, "_accel_test_parent.pth").write_text(f"import site; site.addsitedir({here!r})\n")
     return python
@@ -69,14 +85,30 @@ def test_new_plugin_installs_is_listed_and_passes_its_own_tests(kind: str, tmp_p
     made = accel_cli(["new-plugin", name, "--kind", kind, "--directory", str(project)], tmp_path)
     assert made.returncode == 0, made.stderr
     env = isolated_env(tmp_path / "home")
-    subprocess.run([str(fresh_env), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
-                    str(project)], check=True, env=env, timeout=300, capture_output=True)
-    listed = subprocess.run([str(fresh_env), "-m", "accel.commands.cli", "plugins", "--json"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [str(fresh_env), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project)],
+        check=True,
+        env=env,
+        timeout=300,
+        capture_output=True,
+    )
+    listed = subprocess.run(
+        [str(fresh_env), "-m", "accel.commands.cli", "plugins", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows[name]["status"] == "active" and rows[name]["distribution"] == f"accel-plugin-tmpl-{kind}"
     assert name not in {r["name"] for r in json.loads(run_accel(["plugins", "--json"], home=tmp_path).stdout)}
-    tests = subprocess.run([str(fresh_env), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=project,
-                           env=env, capture_output=True, text=True, timeout=600)
+    tests = subprocess.run(
+        [str(fresh_env), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "skipped" not in tests.stdout, tests.stdout[-2000:]

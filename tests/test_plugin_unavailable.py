@@ -75,12 +75,16 @@ def test_unavailable_plugin_is_listed_with_its_reason_and_keeps_its_options():
     assert plugins.require("fake") is rec  # selecting it is left to its accel_activate and the check after it
 
 
-@pytest.mark.parametrize("values, env, where", [
-    ({"plugins": ["fake"]}, {}, "plugin 'fake' ((registered directly) ) cannot be used here: "),
-    ({"use_fake": True}, {}, "Kernel(use_fake=...) needs plugin 'fake'"),
-    ({"fake_level": "O0"}, {}, "Kernel(fake_level=...) needs plugin 'fake'"),
-    ({}, {"ACCEL_USE_FAKE": "1"}, "environment variable ACCEL_USE_FAKE needs plugin 'fake'"),
-], ids=["selected", "option", "other-option", "env"])
+@pytest.mark.parametrize(
+    "values, env, where",
+    [
+        ({"plugins": ["fake"]}, {}, "plugin 'fake' ((registered directly) ) cannot be used here: "),
+        ({"use_fake": True}, {}, "Kernel(use_fake=...) needs plugin 'fake'"),
+        ({"fake_level": "O0"}, {}, "Kernel(fake_level=...) needs plugin 'fake'"),
+        ({}, {"ACCEL_USE_FAKE": "1"}, "environment variable ACCEL_USE_FAKE needs plugin 'fake'"),
+    ],
+    ids=["selected", "option", "other-option", "env"],
+)
 def test_asking_for_an_unavailable_plugin_is_a_usage_error_with_the_reason(values, env, where):
     plugins, calls = load(REASON)
     with pytest.raises(UsageError) as info:

@@ -124,8 +124,12 @@ def test_duplicate_names_refuse_both_naming_both(env, fork_site, site):
     for row in hellos:
         assert row["status"] == "failed"
         assert "accel-plugin-hello 0.3.1" in row["reason"] and "accel-plugin-hello-fork 0.2.0" in row["reason"]
-    one_error(run(["launch", "--plugin", "hello", PROBE], env),
-              "plugin 'hello'", "accel-plugin-hello 0.3.1", "accel-plugin-hello-fork 0.2.0")
+    one_error(
+        run(["launch", "--plugin", "hello", PROBE], env),
+        "plugin 'hello'",
+        "accel-plugin-hello 0.3.1",
+        "accel-plugin-hello-fork 0.2.0",
+    )
     # the rest keeps working
     ok = run(["launch", "--dry-run", PROBE], env)
     assert ok.returncode == 0, ok
@@ -224,7 +228,9 @@ def test_component_with_misspelt_hook_is_an_error_naming_the_plugin():
 
     plugin = module("typo", accel_activate=hookimpl(lambda settings: Typo()))
     plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("typo", plugin)])
-    with pytest.raises(PluginError, match=r"plugin 'typo'.*'accel_prepare_trainin'.*did you mean `accel_prepare_training`"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'typo'.*'accel_prepare_trainin'.*did you mean `accel_prepare_training`"
+    ):
         plugins.activate(_settings(plugins))
 
 
@@ -251,8 +257,11 @@ class Defaults(Component):
 def test_implementation_argument_with_a_default_is_refused_naming_plugin_hook_and_argument(monkeypatch):
     holder = module("defaults_components", Defaults=Defaults)
     monkeypatch.setitem(__import__("sys").modules, "accel_defaults_components", holder)
-    listed = module("listed", accel_components=["accel_defaults_components:Defaults"],
-                    accel_activate=hookimpl(lambda settings: None))
+    listed = module(
+        "listed",
+        accel_components=["accel_defaults_components:Defaults"],
+        accel_activate=hookimpl(lambda settings: None),
+    )
     at_module = module("atmodule", accel_add_options=hookimpl(lambda options=None: None))
     plugins = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("listed", listed), ("atmodule", at_module)])
     for name, hook, arg in (("listed", "accel_log", "step"), ("atmodule", "accel_add_options", "options")):
@@ -266,15 +275,22 @@ def test_implementation_argument_with_a_default_is_refused_naming_plugin_hook_an
         plugins.activate(_settings(plugins))
 
 
-@pytest.mark.parametrize("name, extra, cause", [
-    ("broken", {}, "plugin 'broken' is installed but failed: import failed: RuntimeError"),
-    ("hello", {"ACCEL_DISABLE_PLUGINS": "hello"}, "plugin 'hello' is installed but disabled: disabled by "
-     "ACCEL_DISABLE_PLUGINS"),
-])
+@pytest.mark.parametrize(
+    "name, extra, cause",
+    [
+        ("broken", {}, "plugin 'broken' is installed but failed: import failed: RuntimeError"),
+        (
+            "hello",
+            {"ACCEL_DISABLE_PLUGINS": "hello"},
+            "plugin 'hello' is installed but disabled: disabled by ACCEL_DISABLE_PLUGINS",
+        ),
+    ],
+)
 def test_log_with_a_tracker_that_cannot_be_used_names_the_real_cause(env, name, extra, cause):
     script = f"from accel import Kernel, UsageError\ntry:\n    Kernel(log_with={name!r})\nexcept UsageError as e:\n    print(e)"
-    proc = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and cause in proc.stdout, proc
     assert "did you mean" not in proc.stdout and "no published plugin" not in proc.stdout, proc
 

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 def _find(name: str) -> str | None:
-    return shutil.which(name) or next((p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{name}", os.X_OK)),
-                                      None)
+    return shutil.which(name) or next(
+        (p for d in ("/usr/sbin", "/sbin") if os.access(p := f"{d}/{name}", os.X_OK)), None
+    )
 
 
 def free_port() -> int:
@@ -116,26 +117,47 @@ NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 2} RealMemory=1000 St
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ACCEL_", "ACCELERATE_"))}
-    env.update(SLURM_CONF=str(conf), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", ACCEL_HOME=str(root / "home"),
-               PYTHONUNBUFFERED="1")
-    daemons = [subprocess.Popen([_find("munged") or "munged", "-F", f"--key-file={key}", f"--socket={sock}",
-                                 f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
-                                 f"--seed-file={root}/munge/seed"], env=env)]
+    env.update(
+        SLURM_CONF=str(conf),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        ACCEL_HOME=str(root / "home"),
+        PYTHONUNBUFFERED="1",
+    )
+    daemons = [
+        subprocess.Popen(
+            [
+                _find("munged") or "munged",
+                "-F",
+                f"--key-file={key}",
+                f"--socket={sock}",
+                f"--pid-file={root}/munge/munged.pid",
+                f"--log-file={root}/munge/munged.log",
+                f"--seed-file={root}/munge/seed",
+            ],
+            env=env,
+        )
+    ]
     for _ in range(100):
         if sock.exists() or daemons[0].poll() is not None:
             break
         time.sleep(0.1)
     assert sock.exists(), f"munged did not start: see {root}/munge/munged.log"
-    daemons += [subprocess.Popen([_find(d) or d, "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL) for d in ("slurmctld", "slurmd")]
+    daemons += [
+        subprocess.Popen(
+            [_find(d) or d, "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for d in ("slurmctld", "slurmd")
+    ]
     cl = Cluster(root, env)
     try:
         deadline = time.monotonic() + 60
-        while "idle" not in (state := subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
-                                                     text=True).stdout):
+        while "idle" not in (
+            state := subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout
+        ):
             dead = [p.args[0] for p in daemons if p.poll() is not None]
-            assert not dead and time.monotonic() < deadline, \
+            assert not dead and time.monotonic() < deadline, (
                 f"the node never became idle (sinfo: {state.strip()!r}, exited: {dead}); see {root}/log"
+            )
             time.sleep(0.5)
         yield cl
     finally:
@@ -207,8 +229,9 @@ echo "exit $?"
 """)
     deadline = time.monotonic() + 240
     while not list((project / "checkpoints").glob("checkpoint_*")):
-        assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), \
+        assert time.monotonic() < deadline and cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), (
             out.read_text() if out.exists() else "no output"
+        )
         time.sleep(0.2)
     cluster.run("scontrol", "requeue", job)
     cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now")  # skip Slurm's requeue delay (~2 min)

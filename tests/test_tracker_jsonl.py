@@ -22,6 +22,9 @@ test_a_run_is_init_logs_end = _own.test_a_run_is_init_logs_end
 def test_plugin_is_the_rendered_template() -> None:
     """plugins/jsonl is the template's output, byte for byte: re-render it after changing the template."""
     expected = render("jsonl", "tracker")
-    found = {str(p.relative_to(PLUGIN)): p.read_text() for p in PLUGIN.rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)}
+    found = {
+        str(p.relative_to(PLUGIN)): p.read_text()
+        for p in PLUGIN.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)
+    }
     assert found == expected

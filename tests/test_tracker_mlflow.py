@@ -80,9 +80,19 @@ def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def test_run_options_media_and_status_read_back(kernel: Any, mlflow_uri: str, tmp_path: Path) -> None:
     many = {f"p{i:03d}": i for i in range(150)}  # more than one batch of params
-    kernel.init_trackers("media", config={"long": "x" * 10000, **many}, init_kwargs={"mlflow": {
-        "tracking_uri": mlflow_uri, "run_name": "my-run", "experiment_name": "accel-media",
-        "tags": {"accel_test": tmp_path.name}, "description": "a test run"}})
+    kernel.init_trackers(
+        "media",
+        config={"long": "x" * 10000, **many},
+        init_kwargs={
+            "mlflow": {
+                "tracking_uri": mlflow_uri,
+                "run_name": "my-run",
+                "experiment_name": "accel-media",
+                "tags": {"accel_test": tmp_path.name},
+                "description": "a test run",
+            }
+        },
+    )
     active = kernel.get_tracker("mlflow", unwrap=True)
     run_id = active.info.run_id
     with warnings.catch_warnings(record=True) as caught:
@@ -115,8 +125,9 @@ def test_server_gone_is_warned_once_and_training_goes_on(tmp_path: Path, monkeyp
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
     dead = f"http://127.0.0.1:{free_port()}"
     with patched_environ({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}):
-        kernel = make_kernel(["mlflow", "tensorboard"], log_with=["mlflow", "tensorboard"],
-                             project_dir=tmp_path / "project")
+        kernel = make_kernel(
+            ["mlflow", "tensorboard"], log_with=["mlflow", "tensorboard"], project_dir=tmp_path / "project"
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             kernel.init_trackers("gone", config={"lr": 0.1}, init_kwargs={"mlflow": {"tracking_uri": dead}})

@@ -81,7 +81,9 @@ def test_text_dicts_tensors_and_images_read_back(kernel: Any, tmp_path: Path) ->
 
 
 def test_logging_dir_from_init_kwargs(kernel: Any, tmp_path: Path) -> None:
-    kernel.init_trackers("elsewhere", init_kwargs={"tensorboard": {"logging_dir": str(tmp_path / "tb"), "flush_secs": 5}})
+    kernel.init_trackers(
+        "elsewhere", init_kwargs={"tensorboard": {"logging_dir": str(tmp_path / "tb"), "flush_secs": 5}}
+    )
     kernel.log({"loss": 1.0}, step=0)
     kernel.end_training()
     assert [e.value for e in accumulator(tmp_path / "tb" / "elsewhere").Scalars("loss")] == [1.0]

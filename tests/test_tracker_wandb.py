@@ -27,9 +27,15 @@ def _fresh_wandb() -> Any:
 
 
 def offline_env(tmp_path: Path) -> dict[str, str]:
-    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
-            "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"), "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
-            "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true"}
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
+    }
 
 
 def runs(tmp_path: Path, project: str) -> list[dict[str, Any]]:
@@ -81,8 +87,9 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_images_tables_and_init_kwargs_read_back(offline: None, tmp_path: Path) -> None:
     kernel = make_kernel(["wandb"], log_with="wandb", project_dir=tmp_path / "project")
-    kernel.init_trackers("media", config={"lr": 0.01},
-                         init_kwargs={"wandb": {"name": "my-run", "tags": ["accel"], "project": "media"}})
+    kernel.init_trackers(
+        "media", config={"lr": 0.01}, init_kwargs={"wandb": {"name": "my-run", "tags": ["accel"], "project": "media"}}
+    )
     run = kernel.get_tracker("wandb", unwrap=True)
     assert run.name == "my-run" and run.project == "media"
     kernel.log({"loss": 0.5}, step=0)
@@ -101,11 +108,16 @@ def test_bad_credentials_are_warned_once_and_the_others_go_on(tmp_path: Path, mo
     """Online mode with no API key (and a server address where nothing listens): wandb.init raises; the
     TensorBoard tracker next to it still records every step."""
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
-    env: dict[str, str | None] = {**offline_env(tmp_path), "WANDB_MODE": "online", "WANDB_API_KEY": None,
-                                  "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}"}
+    env: dict[str, str | None] = {
+        **offline_env(tmp_path),
+        "WANDB_MODE": "online",
+        "WANDB_API_KEY": None,
+        "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}",
+    }
     with patched_environ(env):
-        kernel = make_kernel(["wandb", "tensorboard"], log_with=["wandb", "tensorboard"],
-                             project_dir=tmp_path / "project")
+        kernel = make_kernel(
+            ["wandb", "tensorboard"], log_with=["wandb", "tensorboard"], project_dir=tmp_path / "project"
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             kernel.init_trackers("creds")

@@ -69,10 +69,16 @@ def test_every_call_reaches_every_tracker() -> None:
     kernel.init_trackers("proj", config={"lr": 0.1}, init_kwargs={"rec_a": {"x": 1}})
     kernel.log({"loss": 0.5}, step=3, log_kwargs={"rec_b": {"commit": False}})
     kernel.end_training()
-    assert a.component.calls == [("init", ("proj", {"lr": 0.1}, {"x": 1})), ("log", ({"loss": 0.5}, 3, {})),
-                                 ("end", None)]
-    assert b.component.calls == [("init", ("proj", {"lr": 0.1}, {})), ("log", ({"loss": 0.5}, 3, {"commit": False})),
-                                 ("end", None)]
+    assert a.component.calls == [
+        ("init", ("proj", {"lr": 0.1}, {"x": 1})),
+        ("log", ({"loss": 0.5}, 3, {})),
+        ("end", None),
+    ]
+    assert b.component.calls == [
+        ("init", ("proj", {"lr": 0.1}, {})),
+        ("log", ({"loss": 0.5}, 3, {"commit": False})),
+        ("end", None),
+    ]
     assert kernel.get_tracker("rec_a") is a.component
     assert kernel.get_tracker("rec_a", unwrap=True) == {"project": "proj"}
 
@@ -152,12 +158,16 @@ def test_tracker_that_is_not_installed_names_the_distribution(tmp_path: Path) ->
     """accel-plugin-mlflow hidden by an empty distribution of the same name (tests/plugin_shadow.py), so for the
     subprocess it is not installed."""
     hidden = hide_plugins(tmp_path / "hidden", keep=["ddp", "tensorboard", "wandb", "jsonl"])
-    code = ("from accel import Kernel, UsageError\n"
-            "try:\n    Kernel(log_with='mlflow')\nexcept UsageError as exc:\n    print(exc)\n")
+    code = (
+        "from accel import Kernel, UsageError\n"
+        "try:\n    Kernel(log_with='mlflow')\nexcept UsageError as exc:\n    print(exc)\n"
+    )
     env = isolated_env(tmp_path / "home", extra={"PYTHONPATH": str(hidden)})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout == ("log_with='mlflow' needs a plugin that provides 'tracker:mlflow', and none is active; "
-                          "install one: `pip install accel-plugin-mlflow`\n"), out.stderr
+    assert out.stdout == (
+        "log_with='mlflow' needs a plugin that provides 'tracker:mlflow', and none is active; "
+        "install one: `pip install accel-plugin-mlflow`\n"
+    ), out.stderr
 
 
 def test_disabled_or_misspelt_tracker_is_one_clear_error() -> None:
@@ -171,10 +181,22 @@ def test_helpers_flatten_and_scalars() -> None:
     import numpy as np
     import torch
 
-    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None, "e": torch.tensor(2.5)}) == \
-        {"a/b": 1, "a/c": "[1, 2]", "d": "None", "e": 2.5}
-    assert [as_scalar(v) for v in (3, 2.5, True, np.float32(1.5), np.int64(4), torch.tensor([7]), "x", [1])] == \
-        [3, 2.5, 1, 1.5, 4, 7, None, None]
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None, "e": torch.tensor(2.5)}) == {
+        "a/b": 1,
+        "a/c": "[1, 2]",
+        "d": "None",
+        "e": 2.5,
+    }
+    assert [as_scalar(v) for v in (3, 2.5, True, np.float32(1.5), np.int64(4), torch.tensor([7]), "x", [1])] == [
+        3,
+        2.5,
+        1,
+        1.5,
+        4,
+        7,
+        None,
+        None,
+    ]
 
 
 RECORDING_SCRIPT = """

@@ -21,7 +21,9 @@ def test_every_file_shown_is_the_template_output_and_every_file_is_shown() -> No
     for (kind, name, path), body in shown.items():
         assert body == render(name, kind)[path], f"{path} in {DOC.name} differs from `accel new-plugin {name}`"
     for kind, name in (("tracker", "jsonl"), ("strategy", "avgdp")):
-        missing = {p for p in render(name, kind) if p not in ("README.md", "LICENSE")} - {p for k, n, p in shown if n == name}
+        missing = {p for p in render(name, kind) if p not in ("README.md", "LICENSE")} - {
+            p for k, n, p in shown if n == name
+        }
         assert not missing, f"the walk-through does not show {sorted(missing)}"
 
 

@@ -33,8 +33,13 @@ XLA_VERSION = "2.9.0"
 SYMBOL = "undefined symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE"
 
 
-def settings(phase: str = "run", env: dict[str, str] | None = None, config: dict | None = None,
-             world_size: int = 1, **kwargs: object) -> Settings:
+def settings(
+    phase: str = "run",
+    env: dict[str, str] | None = None,
+    config: dict | None = None,
+    world_size: int = 1,
+    **kwargs: object,
+) -> Settings:
     options = Plugins.load(env={}).options()
     values, sources = resolve(options, kwargs=kwargs, config=config, env=env or {})
     return Settings(values, sources, world_size=world_size, phase=phase, env=env or {})
@@ -53,9 +58,23 @@ def broken_torch_xla() -> Path:
     target = ROOT / ".cache" / f"torch-xla-{XLA_VERSION}"
     if not (target / "torch_xla" / "__init__.py").is_file() or not list(target.glob("torch_xla-*.dist-info")):
         tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                               "--target", str(tmp), f"torch-xla=={XLA_VERSION}"],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--target",
+                str(tmp),
+                f"torch-xla=={XLA_VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         if target.exists():
             import shutil
@@ -87,8 +106,16 @@ def test_listed_as_unavailable_without_torch_xla(tmp_path: Path) -> None:
     assert row["distribution"] == "accel-plugin-xla" and row["status"] == "unavailable"
     assert row["reason"].startswith("torch_xla is not installed;"), row
     assert "pip install torch==2.9.0 torch-xla==2.9.0" in row["reason"]
-    assert {"accel_activate", "accel_unavailable_reason", "accel_launch", "accel_setup", "accel_optimizer_step",
-            "accel_prepare_dataloader", "accel_save_state", "accel_load_state"} <= set(row["hooks"])
+    assert {
+        "accel_activate",
+        "accel_unavailable_reason",
+        "accel_launch",
+        "accel_setup",
+        "accel_optimizer_step",
+        "accel_prepare_dataloader",
+        "accel_save_state",
+        "accel_load_state",
+    } <= set(row["hooks"])
 
 
 @pytest.mark.slow
@@ -119,8 +146,10 @@ def test_installed_torch_xla_that_cannot_load_is_reported_not_crashed(tmp_path: 
     assert proc.err_lines[0].startswith("accel: error: plugin 'xla': torch_xla cannot be imported: ImportError:")
     assert SYMBOL in proc.stderr and f"pip install torch=={XLA_VERSION}" in proc.stderr
 
-    code = ("from accel import Kernel, UsageError\n"
-            "try:\n    Kernel(plugins=['xla'])\nexcept UsageError as exc:\n    print('UsageError:', exc)\n")
+    code = (
+        "from accel import Kernel, UsageError\n"
+        "try:\n    Kernel(plugins=['xla'])\nexcept UsageError as exc:\n    print('UsageError:', exc)\n"
+    )
     env = clean_env(tmp_path / "home", hide=False, PYTHONPATH=str(broken_torch_xla))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
@@ -150,15 +179,21 @@ def test_activation_when_selected_or_pjrt_device(available: None) -> None:
     from accel_xla.strategy import XLAStrategy
 
     assert accel_xla.accel_activate(settings()) is None
-    for chosen in (settings(plugins=["xla"]), settings(config={"distributed_type": "XLA"}),
-                   settings(config={"distributed_type": "TPU"}), settings(env={"PJRT_DEVICE": "TPU"})):
+    for chosen in (
+        settings(plugins=["xla"]),
+        settings(config={"distributed_type": "XLA"}),
+        settings(config={"distributed_type": "TPU"}),
+        settings(env={"PJRT_DEVICE": "TPU"}),
+    ):
         comp = accel_xla.accel_activate(chosen)
         assert isinstance(comp, XLAStrategy) and comp.role == "strategy"
         assert {"distributed", "precision:bf16"} <= comp.provides
 
 
 def test_unavailable_refuses_when_selected_and_stays_out_otherwise() -> None:
-    with pytest.raises(UsageError, match=r"^torch_xla is not installed; .*pip install torch==2\.9\.0 torch-xla==2\.9\.0"):
+    with pytest.raises(
+        UsageError, match=r"^torch_xla is not installed; .*pip install torch==2\.9\.0 torch-xla==2\.9\.0"
+    ):
         accel_xla.accel_activate(settings(plugins=["xla"]))
     with pytest.raises(UsageError, match="torch_xla is not installed"):
         accel_xla.accel_activate(settings(config={"distributed_type": "XLA"}))
@@ -169,8 +204,9 @@ def test_unavailable_refuses_when_selected_and_stays_out_otherwise() -> None:
 
 def test_selected_xla_wins_the_strategy_role_over_ddp(available: None) -> None:
     plugins = Plugins.load(env={})
-    found = plugins.activate(settings(phase="launch", world_size=8, config={"distributed_type": "XLA",
-                                                                             "num_processes": 8}))
+    found = plugins.activate(
+        settings(phase="launch", world_size=8, config={"distributed_type": "XLA", "num_processes": 8})
+    )
     assert [c.name for c in found if c.role == "strategy"] == ["xla"]
 
 
@@ -186,13 +222,27 @@ def test_config_questions() -> None:
     assert accel_xla.accel_config_questions({"distributed_type": "MULTI_GPU"}) is None
     keys = [q.key for q in accel_xla.accel_config_questions({"distributed_type": "XLA"})]
     assert keys == ["main_training_function", "tpu_use_cluster"]
-    keys = [q.key for q in accel_xla.accel_config_questions({"distributed_type": "XLA", "tpu_use_cluster": True,
-                                                             "mixed_precision": "bf16"})]
-    assert keys == ["main_training_function", "tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo",
-                    "downcast_bf16"]
+    keys = [
+        q.key
+        for q in accel_xla.accel_config_questions(
+            {"distributed_type": "XLA", "tpu_use_cluster": True, "mixed_precision": "bf16"}
+        )
+    ]
+    assert keys == [
+        "main_training_function",
+        "tpu_use_cluster",
+        "tpu_name",
+        "tpu_zone",
+        "tpu_use_sudo",
+        "downcast_bf16",
+    ]
     options = Plugins.load(env={}).options()
-    assert {q.key for q in accel_xla.accel_config_questions({"distributed_type": "XLA", "tpu_use_cluster": True,
-                                                             "mixed_precision": "bf16"})} <= {o.name for o in options}
+    assert {
+        q.key
+        for q in accel_xla.accel_config_questions(
+            {"distributed_type": "XLA", "tpu_use_cluster": True, "mixed_precision": "bf16"}
+        )
+    } <= {o.name for o in options}
 
 
 # ---- launch commands ------------------------------------------------------------------------------------------
@@ -218,10 +268,12 @@ def test_local_launch_command(tmp_path: Path, available: None, capsys: pytest.Ca
     line, err = _dry_run_in_process(["--plugin", "xla", str(script), "--lr", "1"], tmp_path, capsys)
     assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", str(script), "--lr", "1"])
     assert err == ""
-    line, err = _dry_run_in_process(["--plugin", "xla", "-n", "1", "--main_training_function", "train",
-                                     str(script)], tmp_path, capsys)
-    assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", "--single_process",
-                                      "--main_training_function", "train", str(script)])
+    line, err = _dry_run_in_process(
+        ["--plugin", "xla", "-n", "1", "--main_training_function", "train", str(script)], tmp_path, capsys
+    )
+    assert line == head + shlex.join(
+        [sys.executable, "-m", "accel_xla.spawn", "--single_process", "--main_training_function", "train", str(script)]
+    )
     line, err = _dry_run_in_process(["--plugin", "xla", "-m", "pkg.train", "x"], tmp_path, capsys)
     assert line == head + shlex.join([sys.executable, "-m", "accel_xla.spawn", "-m", "pkg.train", "x"])
     line, err = _dry_run_in_process(["--plugin", "xla", "-n", "4", str(script)], tmp_path, capsys)
@@ -236,7 +288,7 @@ def _pod_parts(stdout: str, name: str) -> tuple[list[str], list[str], list[str],
     prefix = f"launcher: xla (TPU pod {name}, every worker through gcloud): "
     line = _launcher_line(stdout)
     assert line.startswith(prefix), line
-    cmd = shlex.split(line[len(prefix):])
+    cmd = shlex.split(line[len(prefix) :])
     assert cmd[-2] == "--command"
     steps = cmd[-1].split(" && ")
     worker = shlex.split(steps[-1])
@@ -248,32 +300,99 @@ def _pod_parts(stdout: str, name: str) -> tuple[list[str], list[str], list[str],
 
 def test_tpu_pod_command_from_flags(tmp_path: Path) -> None:
     """No torch_xla is needed here for a pod launch: gcloud starts the run on every worker."""
-    proc = accel(["launch", "--plugin", "xla", "--tpu_cluster", "--tpu_name", "my-pod", "--tpu_zone", "us-central2-b",
-                  "--tpu_use_sudo", "--env", "XLA_FLAGS=--xla_dump_to=/tmp/d", "--env", "B=2", "--command",
-                  "pip install -e .", "--mixed_precision", "bf16", "--dry-run", "train.py", "--epochs", "2"], tmp_path)
+    proc = accel(
+        [
+            "launch",
+            "--plugin",
+            "xla",
+            "--tpu_cluster",
+            "--tpu_name",
+            "my-pod",
+            "--tpu_zone",
+            "us-central2-b",
+            "--tpu_use_sudo",
+            "--env",
+            "XLA_FLAGS=--xla_dump_to=/tmp/d",
+            "--env",
+            "B=2",
+            "--command",
+            "pip install -e .",
+            "--mixed_precision",
+            "bf16",
+            "--dry-run",
+            "train.py",
+            "--epochs",
+            "2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc
     gcloud, startup, worker, handed = _pod_parts(proc.stdout, "my-pod")
-    assert gcloud == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-pod", "--zone", "us-central2-b",
-                      "--worker", "all"]
+    assert gcloud == [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        "my-pod",
+        "--zone",
+        "us-central2-b",
+        "--worker",
+        "all",
+    ]
     assert startup == [f"cd {tmp_path}", "pip install -e ."]
-    assert worker == ["sudo", "env", "PJRT_DEVICE=TPU", "XLA_FLAGS=--xla_dump_to=/tmp/d", "B=2", "python3", "-m",
-                      "accel_xla.spawn", "train.py", "--epochs", "2"]
+    assert worker == [
+        "sudo",
+        "env",
+        "PJRT_DEVICE=TPU",
+        "XLA_FLAGS=--xla_dump_to=/tmp/d",
+        "B=2",
+        "python3",
+        "-m",
+        "accel_xla.spawn",
+        "train.py",
+        "--epochs",
+        "2",
+    ]
     assert handed == {"mixed_precision": "bf16", "plugins": ["xla"]}
     assert "xla (strategy)" in proc.stdout
 
-    proc = accel(["launch", "--plugin", "xla", "--tpu_cluster", "--tpu_name", "p2", "--use_alpha", "--dry-run",
-                  "-m", "pkg.train"], tmp_path, ACCEL_DISABLE_PLUGINS="wandb")
+    proc = accel(
+        [
+            "launch",
+            "--plugin",
+            "xla",
+            "--tpu_cluster",
+            "--tpu_name",
+            "p2",
+            "--use_alpha",
+            "--dry-run",
+            "-m",
+            "pkg.train",
+        ],
+        tmp_path,
+        ACCEL_DISABLE_PLUGINS="wandb",
+    )
     assert proc.returncode == 0, proc
     gcloud, startup, worker, handed = _pod_parts(proc.stdout, "p2")
     assert gcloud == ["gcloud", "alpha", "compute", "tpus", "tpu-vm", "ssh", "p2", "--worker", "all"]
-    assert worker == ["env", "PJRT_DEVICE=TPU", "ACCEL_DISABLE_PLUGINS=wandb", "python3", "-m", "accel_xla.spawn",
-                      "-m", "pkg.train"]
+    assert worker == [
+        "env",
+        "PJRT_DEVICE=TPU",
+        "ACCEL_DISABLE_PLUGINS=wandb",
+        "python3",
+        "-m",
+        "accel_xla.spawn",
+        "-m",
+        "pkg.train",
+    ]
 
 
 def test_tpu_pod_command_from_an_accelerate_config(tmp_path: Path) -> None:
     (tmp_path / "setup.sh").write_text("# run on every worker\npip install -r requirements.txt\n\nexport X=1\n")
     config = tmp_path / "tpu.yaml"
-    config.write_text(textwrap.dedent("""\
+    config.write_text(
+        textwrap.dedent("""\
         compute_environment: LOCAL_MACHINE
         distributed_type: XLA
         downcast_bf16: 'no'
@@ -292,41 +411,72 @@ def test_tpu_pod_command_from_an_accelerate_config(tmp_path: Path) -> None:
         tpu_vm: []
         command_file: setup.sh
         use_cpu: false
-        """))
+        """)
+    )
     proc = accel(["launch", "--config_file", str(config), "--dry-run", "train.py"], tmp_path)
     assert proc.returncode == 0, proc
     gcloud, startup, worker, handed = _pod_parts(proc.stdout, "accel-pod")
-    assert gcloud == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "accel-pod", "--zone", "europe-west4-a",
-                      "--worker", "all"]
+    assert gcloud == [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        "accel-pod",
+        "--zone",
+        "europe-west4-a",
+        "--worker",
+        "all",
+    ]
     assert startup == [f"cd {tmp_path}", "pip install -r requirements.txt", "export X=1"]
-    assert worker == ["env", "PJRT_DEVICE=TPU", "TPU_LOG=1", "python3", "-m", "accel_xla.spawn",
-                      "--main_training_function", "main", "train.py"]
+    assert worker == [
+        "env",
+        "PJRT_DEVICE=TPU",
+        "TPU_LOG=1",
+        "python3",
+        "-m",
+        "accel_xla.spawn",
+        "--main_training_function",
+        "main",
+        "train.py",
+    ]
     assert handed["distributed_type"] == "XLA" and handed["mixed_precision"] == "bf16"
     assert handed["num_processes"] == 8 and handed["downcast_bf16"] is False
     assert not [k for k in handed if k.startswith("tpu_") or k in ("command_file", "commands")]
     assert "downcast_bf16 = False (file)" in proc.stdout and "tpu_use_cluster = True (file)" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tpu_cluster"], "a TPU pod launch (tpu_use_cluster) needs --tpu_name"),
-    (["--tpu_cluster", "--tpu_name", "p", "--vm", "v1"], "tpu_vm (legacy TPU-node VM names) is not supported"),
-    (["--tpu_cluster", "--tpu_name", "p", "--env", "NOEQUALS"], "tpu_env entries are NAME=VALUE, got 'NOEQUALS'"),
-    (["--tpu_cluster", "--tpu_name", "p", "--command_file", "missing.sh"], "command_file 'missing.sh' cannot be read"),
-    (["--tpu_cluster", "--tpu_name", "p", "--downcast_bf16"], "downcast_bf16 stores the parameters in bf16"),
-    (["--tpu_cluster", "--tpu_name", "p", "--mixed_precision", "fp16"], "mixed_precision=fp16 is not supported"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tpu_cluster"], "a TPU pod launch (tpu_use_cluster) needs --tpu_name"),
+        (["--tpu_cluster", "--tpu_name", "p", "--vm", "v1"], "tpu_vm (legacy TPU-node VM names) is not supported"),
+        (["--tpu_cluster", "--tpu_name", "p", "--env", "NOEQUALS"], "tpu_env entries are NAME=VALUE, got 'NOEQUALS'"),
+        (
+            ["--tpu_cluster", "--tpu_name", "p", "--command_file", "missing.sh"],
+            "command_file 'missing.sh' cannot be read",
+        ),
+        (["--tpu_cluster", "--tpu_name", "p", "--downcast_bf16"], "downcast_bf16 stores the parameters in bf16"),
+        (["--tpu_cluster", "--tpu_name", "p", "--mixed_precision", "fp16"], "mixed_precision=fp16 is not supported"),
+    ],
+)
 def test_bad_launch_options_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     proc = accel(["launch", "--plugin", "xla", *args, "--dry-run", "train.py"], tmp_path)
     assert proc.returncode == 2, proc
     assert len(proc.err_lines) == 1 and message in proc.err_lines[0], proc
 
 
-@pytest.mark.parametrize("given, message", [
-    ({"num_processes": 2, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.1.2.3"},
-     "does not carry out num_machines=2, machine_rank=1, main_process_ip='10.1.2.3' (torch_xla.launch"),
-    ({"max_restarts": 2}, "the xla plugin does not carry out max_restarts=2 (torch_xla.launch"),
-    ({"log_dir": "logs", "tee": "3"}, "the xla plugin does not carry out tee='3', log_dir='logs' (torch"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (
+            {"num_processes": 2, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.1.2.3"},
+            "does not carry out num_machines=2, machine_rank=1, main_process_ip='10.1.2.3' (torch_xla.launch",
+        ),
+        ({"max_restarts": 2}, "the xla plugin does not carry out max_restarts=2 (torch_xla.launch"),
+        ({"log_dir": "logs", "tee": "3"}, "the xla plugin does not carry out tee='3', log_dir='logs' (torch"),
+    ],
+)
 def test_launch_settings_it_cannot_carry_out_are_refused(available: None, given: dict, message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         xla_launch.plan(settings(phase="launch", plugins=["xla"], **given))

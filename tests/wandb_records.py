@@ -31,11 +31,11 @@ def chunks(data: bytes) -> Iterator[bytes]:
         if left < HEADER:  # block trailer: zero padding
             pos += left
             continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
         if kind == 0 and length == 0:
             pos += left  # padding up to the next block
             continue
-        payload = data[pos + HEADER:pos + HEADER + length]
+        payload = data[pos + HEADER : pos + HEADER + length]
         if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
             raise ValueError(f"checksum mismatch at offset {pos}")
         pos += HEADER + length

@@ -59,8 +59,12 @@ def main() -> None:
     random.seed(1234)
     np.random.seed(1234)
     config = ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2) if args.project else None
-    kernel = Kernel(gradient_accumulation_steps=args.accum, project_dir=args.project, project_config=config,
-                    async_save=args.async_save)
+    kernel = Kernel(
+        gradient_accumulation_steps=args.accum,
+        project_dir=args.project,
+        project_config=config,
+        async_save=args.async_save,
+    )
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(101, 6, generator=gen), torch.randn(101, 1, generator=gen)
     dl = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True, num_workers=args.workers)
@@ -90,8 +94,12 @@ def main() -> None:
             progress.step += 1
             if args.save_every and progress.step % args.save_every == 0:
                 kernel.save_state()
-            if (args.kill_at and progress.step == args.kill_at and kernel.is_last_process
-                    and not Path(args.marker).exists()):
+            if (
+                args.kill_at
+                and progress.step == args.kill_at
+                and kernel.is_last_process
+                and not Path(args.marker).exists()
+            ):
                 Path(args.marker).write_text("killed once\n")
                 os.kill(os.getpid(), signal.SIGKILL)
             if progress.step == args.save_at:
@@ -101,8 +109,15 @@ def main() -> None:
             if progress.step == args.steps:
                 break
     if args.out and kernel.is_main_process:
-        torch.save({"model": kernel.unwrap_model(model).state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "step": progress.step}, args.out)
+        torch.save(
+            {
+                "model": kernel.unwrap_model(model).state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "step": progress.step,
+            },
+            args.out,
+        )
     kernel.end_training()
 
 

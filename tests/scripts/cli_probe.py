@@ -15,9 +15,12 @@ kernel = Kernel()
 model = torch.nn.Linear(3, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = kernel.prepare(model, optimizer)
-print(f"PROBE rank={kernel.process_index} world={kernel.num_processes} "
-      f"hello_imported={'accel_hello' in sys.modules} components={sorted(c.name for c in kernel.components)} "
-      f"args={args}", flush=True)
+print(
+    f"PROBE rank={kernel.process_index} world={kernel.num_processes} "
+    f"hello_imported={'accel_hello' in sys.modules} components={sorted(c.name for c in kernel.components)} "
+    f"args={args}",
+    flush=True,
+)
 kernel.end_training()
 if args[:1] == ["--exit"]:
     sys.exit(int(args[1]))

@@ -72,8 +72,14 @@ def train(name: str, kernel: Kernel, teacher: bool = False) -> dict:
         from safetensors.torch import save_file
 
         save_file({k: v.contiguous() for k, v in state.items()}, OUT / f"{name}.safetensors")
-    result = {"losses": losses, "norms": norms, "lrs": lrs, "seconds": time.perf_counter() - started,
-              "dtypes": sorted({str(v.dtype) for v in state.values()}), "keys": sorted(state)}
+    result = {
+        "losses": losses,
+        "norms": norms,
+        "lrs": lrs,
+        "seconds": time.perf_counter() - started,
+        "dtypes": sorted({str(v.dtype) for v in state.values()}),
+        "keys": sorted(state),
+    }
     if teacher:
         result["teacher_type"] = type(getattr(tutor, "module", tutor)).__name__
         exported = kernel.get_state_dict(tutor)  # frozen: still the weights it was built with
@@ -91,8 +97,9 @@ RUNS = {
     "zero2": dict(plugins=["deepspeed"], zero_stage=2),
     "zero3": dict(plugins=["deepspeed"], zero_stage=3),
     "zero2_offload": dict(plugins=["deepspeed"], zero_stage=2, offload_optimizer_device="cpu"),
-    "zero3_offload": dict(plugins=["deepspeed"], zero_stage=3, offload_optimizer_device="cpu",
-                          offload_param_device="cpu"),
+    "zero3_offload": dict(
+        plugins=["deepspeed"], zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu"
+    ),
     "zero2_bf16": dict(plugins=["deepspeed"], zero_stage=2, mixed_precision="bf16"),
     "zero3_bf16_16bit": dict(plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", zero3_save_16bit_model=True),
 }
@@ -106,12 +113,17 @@ def main() -> None:
             continue
         results[name] = train(name, Kernel(gradient_accumulation_steps=GAS, **kwargs))
     if not ONLY or "teacher" in ONLY:
-        results["teacher_ddp"] = train("teacher_ddp", Kernel(plugins=["ddp"], gradient_accumulation_steps=GAS),
-                                       teacher=True)
-        results["teacher_zero3"] = train("teacher_zero3", Kernel(plugins=["deepspeed"], zero_stage=3,
-                                                                 gradient_accumulation_steps=GAS), teacher=True)
-        results["teacher_zero3_bf16"] = train("teacher_zero3_bf16", Kernel(
-            plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", gradient_accumulation_steps=GAS), teacher=True)
+        results["teacher_ddp"] = train(
+            "teacher_ddp", Kernel(plugins=["ddp"], gradient_accumulation_steps=GAS), teacher=True
+        )
+        results["teacher_zero3"] = train(
+            "teacher_zero3", Kernel(plugins=["deepspeed"], zero_stage=3, gradient_accumulation_steps=GAS), teacher=True
+        )
+        results["teacher_zero3_bf16"] = train(
+            "teacher_zero3_bf16",
+            Kernel(plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", gradient_accumulation_steps=GAS),
+            teacher=True,
+        )
         kernel = Kernel(plugins=["deepspeed"], zero_stage=2)
         a, b = net(), net(1)
         oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)

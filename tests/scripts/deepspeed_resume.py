@@ -107,9 +107,12 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo")
     results: dict = {"mid_cycle": mid_cycle_save_is_refused()}
-    for name, kwargs in {"zero2": dict(zero_stage=2), "zero3": dict(zero_stage=3),
-                         "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16"),
-                         "zero3_teacher": dict(zero_stage=3, teacher=True)}.items():
+    for name, kwargs in {
+        "zero2": dict(zero_stage=2),
+        "zero3": dict(zero_stage=3),
+        "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16"),
+        "zero3_teacher": dict(zero_stage=3, teacher=True),
+    }.items():
         ckpt = OUT / f"ckpt_{name}"
         first = build(dict(plugins=["deepspeed"], **kwargs), seed=0)
         after_save = train(first, save_to=ckpt)
@@ -136,12 +139,19 @@ def main() -> None:
         resumed_final = weights(fresh[0], fresh[2])
         fresh[0].end_training()
         manifest = json.loads((ckpt / MANIFEST).read_text())
-        results[name] = {"after_save": after_save, "again": again, "resumed": resumed,
-                         "final_equal": final == resumed_final, "again_equal": final == again_final,
-                         "init_differs": before_load != final, "final": final,
-                         "same_as_zero_to_fp32": same_as_zero_to_fp32,
-                         "items": {k: {f: v.get(f) for f in ("plugin", "format", "extra")}
-                                   for k, v in manifest.get("items", {}).items()}}
+        results[name] = {
+            "after_save": after_save,
+            "again": again,
+            "resumed": resumed,
+            "final_equal": final == resumed_final,
+            "again_equal": final == again_final,
+            "init_differs": before_load != final,
+            "final": final,
+            "same_as_zero_to_fp32": same_as_zero_to_fp32,
+            "items": {
+                k: {f: v.get(f) for f in ("plugin", "format", "extra")} for k, v in manifest.get("items", {}).items()
+            },
+        }
     # a checkpoint of a DDP run does not fit a ZeRO engine: refused before anything is loaded
     ddp = build(dict(plugins=["ddp"]), seed=0)
     train(ddp, save_to=OUT / "ckpt_ddp")

@@ -32,8 +32,9 @@ def run(kernel: Kernel) -> dict:
     built_partitioned = all(hasattr(p, "ds_id") for p in model.parameters())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(3)
-    loader = DataLoader(TensorDataset(torch.randn(24, 8, generator=gen), torch.randn(24, 1, generator=gen)),
-                        batch_size=4)
+    loader = DataLoader(
+        TensorDataset(torch.randn(24, 8, generator=gen), torch.randn(24, 1, generator=gen)), batch_size=4
+    )
     model, optimizer, loader = kernel.prepare(model, optimizer, loader)
     first = kernel.get_state_dict(model)
     losses = []
@@ -51,8 +52,13 @@ def run(kernel: Kernel) -> dict:
     except UsageError as err:
         refused = str(err)
     kernel.end_training()
-    return {"partitioned": built_partitioned, "losses": losses, "first": {k: v.tolist() for k, v in first.items()},
-            "state": state, "inputs_refused": refused}
+    return {
+        "partitioned": built_partitioned,
+        "losses": losses,
+        "first": {k: v.tolist() for k, v in first.items()},
+        "state": state,
+        "inputs_refused": refused,
+    }
 
 
 def main() -> None:

@@ -152,8 +152,9 @@ def coordination(kernel: Kernel) -> dict[str, Any]:
     return res
 
 
-def shard(kernel: Kernel, n: int, batch_size: int, shuffle: bool = False, iterable: bool = False,
-          epochs: int = 1) -> dict[str, Any]:
+def shard(
+    kernel: Kernel, n: int, batch_size: int, shuffle: bool = False, iterable: bool = False, epochs: int = 1
+) -> dict[str, Any]:
     """Iterate a prepared loader over arange(n); record this process's batches and what gather_for_metrics
     returned (the first epoch's, and what gather_for_metrics returned in each epoch). A collective runs every
     step, so a process that ran out of batches would hang the others."""
@@ -168,8 +169,12 @@ def shard(kernel: Kernel, n: int, batch_size: int, shuffle: bool = False, iterab
             gathered.extend(kernel.gather_for_metrics(x).tolist())
             kernel.reduce(torch.tensor([len(x)]), "sum")  # another collective per step
         per_epoch.append((batches, gathered))
-    return {"batches": per_epoch[0][0], "len": None if iterable else len(dl), "gathered": per_epoch[0][1],
-            "epochs": [{"batches": b, "gathered": g} for b, g in per_epoch]}
+    return {
+        "batches": per_epoch[0][0],
+        "len": None if iterable else len(dl),
+        "gathered": per_epoch[0][1],
+        "epochs": [{"batches": b, "gathered": g} for b, g in per_epoch],
+    }
 
 
 def sharding(even: Kernel, uneven: Kernel) -> dict[str, Any]:
@@ -199,8 +204,12 @@ def uneven_training(uneven: Kernel) -> dict[str, Any]:
         opt.step()
         opt.zero_grad()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
-    return {"rows": rows, "params": params, "all_params": uneven.gather(params[None]),
-            "finite": bool(torch.isfinite(params).all())}
+    return {
+        "rows": rows,
+        "params": params,
+        "all_params": uneven.gather(params[None]),
+        "finite": bool(torch.isfinite(params).all()),
+    }
 
 
 def accumulation(k: int) -> dict[str, Any]:
@@ -246,8 +255,7 @@ def accumulation(k: int) -> dict[str, Any]:
         "grads_equal_across_processes": grads_equal,
         "norms": norms,
         "optimizer_steps": opt_steps,
-        "params_equal_everywhere": bool(all(torch.equal(p, params) for p in
-                                            kernel.gather(params[None]).unbind(0))),
+        "params_equal_everywhere": bool(all(torch.equal(p, params) for p in kernel.gather(params[None]).unbind(0))),
     }
 
 

@@ -90,8 +90,17 @@ def main() -> None:
         print("process 0 fails on purpose (first attempt)", file=sys.stderr)
         sys.exit(1)
     acc_kernel = Kernel(plugins=args.plugin, gradient_accumulation_steps=2, scheduler_steps="per_optimizer_step")
-    env_keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "TORCHELASTIC_RESTART_COUNT", "TEST_LAUNCHER")
+    env_keys = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TEST_LAUNCHER",
+    )
     result = {
         "process_index": kernel.process_index,
         "local_process_index": kernel.local_process_index,

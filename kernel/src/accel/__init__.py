@@ -35,11 +35,31 @@ _LAZY = {
 }
 
 __all__ = [
-    "AccelError", "CheckpointError", "Component", "DataLoaderConfiguration", "GradientAccumulationPlugin",
-    "HardwareInfo", "ItemRecord", "Kernel", "LaunchPlan", "Options",
-    "PluginError", "PreparedOptimizer", "PreparedScheduler", "ProjectConfiguration", "Question", "Settings",
-    "Topology", "Tracker", "UsageError", "debug_launcher", "hookimpl", "hookspec", "load_model",
-    "notebook_launcher", "skip_first_batches",
+    "AccelError",
+    "CheckpointError",
+    "Component",
+    "DataLoaderConfiguration",
+    "GradientAccumulationPlugin",
+    "HardwareInfo",
+    "ItemRecord",
+    "Kernel",
+    "LaunchPlan",
+    "Options",
+    "PluginError",
+    "PreparedOptimizer",
+    "PreparedScheduler",
+    "ProjectConfiguration",
+    "Question",
+    "Settings",
+    "Topology",
+    "Tracker",
+    "UsageError",
+    "debug_launcher",
+    "hookimpl",
+    "hookspec",
+    "load_model",
+    "notebook_launcher",
+    "skip_first_batches",
 ]
 
 

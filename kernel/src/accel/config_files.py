@@ -58,16 +58,20 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                         "save the file as UTF-8") from None
+        raise UsageError(
+            f"{p}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save the file as UTF-8"
+        ) from None
     except OSError as exc:
-        raise UsageError(f"config file {p} cannot be read: {exc.strerror or exc}; fix its permissions or pass "
-                         "another --config_file") from None
+        raise UsageError(
+            f"config file {p} cannot be read: {exc.strerror or exc}; fix its permissions or pass another --config_file"
+        ) from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except RecursionError:
-        raise UsageError(f"{p}: nested too deeply to be a config file (Python's recursion limit was reached "
-                         "reading it; accel's keys are at most two levels deep); fix the file") from None
+        raise UsageError(
+            f"{p}: nested too deeply to be a config file (Python's recursion limit was reached "
+            "reading it; accel's keys are at most two levels deep); fix the file"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -112,7 +116,10 @@ def _is_set(value: Any) -> bool:
 
 
 def validate_config(
-    data: Mapping[str, Any], options: Options, loaded: Iterable[str], where: str,
+    data: Mapping[str, Any],
+    options: Options,
+    loaded: Iterable[str],
+    where: str,
     unavailable: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Check a parsed config file against the options. Return (values by option name, notes on ignored keys).
@@ -123,9 +130,7 @@ def validate_config(
     known = known_plugins()
     loaded = set(loaded)
     unavailable = unavailable or {}
-    owner = {
-        key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in loaded
-    }
+    owner = {key: name for name, info in known["plugins"].items() for key in info["config_keys"] if name not in loaded}
     by_path = options.by_path()
     sections = {path[0] for path in by_path if len(path) > 1}
     values: dict[str, Any] = {}
@@ -162,12 +167,17 @@ def validate_config(
                 elif key in owner or ".".join(path) in owner:
                     ignore(".".join(path), sub_raw, owner.get(key) or owner[".".join(path)])
                 else:
-                    raise unknown(".".join(path), [p[1] for p in by_path if len(p) > 1 and p[0] == key]
-                                  + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")])
+                    raise unknown(
+                        ".".join(path),
+                        [p[1] for p in by_path if len(p) > 1 and p[0] == key]
+                        + [k.split(".", 1)[1] for k in owner if k.startswith(f"{key}.")],
+                    )
         elif key in sections:  # a section of a loaded plugin given as a single value (`fsdp_config: 5`)
             example = next(p[1] for p in by_path if len(p) > 1 and p[0] == key)
-            raise UsageError(f"{where}: `{key}` must be a mapping of settings (e.g. `{key}: {{{example}: ...}}`), "
-                             f"got {raw!r}; put its keys under it, one per line, indented")
+            raise UsageError(
+                f"{where}: `{key}` must be a mapping of settings (e.g. `{key}: {{{example}: ...}}`), "
+                f"got {raw!r}; put its keys under it, one per line, indented"
+            )
         elif key in owner:
             ignore(key, raw, owner[key])
         elif key in known["refused"]["keys"]:

@@ -57,11 +57,26 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel
 
 __all__ = [
-    "BatchSamplerShard", "IterableDatasetShard", "Padding", "PaddingBatch", "PaddingCollate", "PreparedDataLoader",
-    "SeedableRandomSampler", "SeededBatch", "SkipBatchSampler", "WorkerSeededDataset", "empty_like_batch",
-    "innermost_sampler", "rng_states", "seed_everything", "send_to_device", "set_rng_states", "shard_dataloader",
+    "BatchSamplerShard",
+    "IterableDatasetShard",
+    "Padding",
+    "PaddingBatch",
+    "PaddingCollate",
+    "PreparedDataLoader",
+    "SeedableRandomSampler",
+    "SeededBatch",
+    "SkipBatchSampler",
+    "WorkerSeededDataset",
+    "empty_like_batch",
+    "innermost_sampler",
+    "rng_states",
+    "seed_everything",
+    "send_to_device",
+    "set_rng_states",
+    "shard_dataloader",
     "skip_first_batches",
 ]
+
 
 def _accelerator_present() -> bool:
     """Whether this process can see any accelerator (GPU, XPU, ...), through torch's device-neutral API."""
@@ -80,8 +95,14 @@ def send_to_device(batch: Any, device: torch.device, non_blocking: bool = False)
     if kind is list or kind is tuple:  # the common case first (a default collate's batch)
         if _tensors_on(batch, device):
             return batch if kind is tuple else batch.copy()
-        return kind([v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor)
-                     else send_to_device(v, device, non_blocking) for v in batch])
+        return kind(
+            [
+                v.to(device, non_blocking=non_blocking)
+                if isinstance(v, torch.Tensor)
+                else send_to_device(v, device, non_blocking)
+                for v in batch
+            ]
+        )
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if kind is dict:
@@ -104,8 +125,17 @@ def empty_like_batch(batch: Any) -> Any:
     return map_tensors(lambda t: t[:0], batch)
 
 
-_LOADER_ARGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                "generator", "persistent_workers", "pin_memory_device")
+_LOADER_ARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "persistent_workers",
+    "pin_memory_device",
+)
 
 
 def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
@@ -124,9 +154,17 @@ class PreparedDataLoader:
     an iterable dataset is read one batch ahead. ``state_dict``/``load_state_dict`` save and restore the position
     in the current pass (see the module docstring). Other attributes are those of the underlying DataLoader."""
 
-    def __init__(self, kernel: Kernel, base: DataLoader, steps: int | None, remainder: int,
-                 device_placement: bool = True, shard: Any = None, skipper: SkipBatchSampler | None = None,
-                 device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None):
+    def __init__(
+        self,
+        kernel: Kernel,
+        base: DataLoader,
+        steps: int | None,
+        remainder: int,
+        device_placement: bool = True,
+        shard: Any = None,
+        skipper: SkipBatchSampler | None = None,
+        device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+    ):
         self.kernel = kernel
         #: A plugin's device loader (see ``shard_dataloader``): it gets each pass's stream of CPU batches and yields
         #: them on the device; the position and end-of-epoch bookkeeping stay here, in the iterating thread.
@@ -191,9 +229,11 @@ class PreparedDataLoader:
             raise UsageError(f"skip_first_batches needs a number of batches >= 0, got {num_batches}")
         if self._restored is not None:
             if num_batches != self._restored:
-                raise UsageError(f"skip_first_batches({num_batches}) disagrees with the checkpoint: load_state "
-                                 f"restored this dataloader to batch {self._restored} of its epoch, where its next "
-                                 f"pass starts; skip {self._restored} batches or leave the call out")
+                raise UsageError(
+                    f"skip_first_batches({num_batches}) disagrees with the checkpoint: load_state "
+                    f"restored this dataloader to batch {self._restored} of its epoch, where its next "
+                    f"pass starts; skip {self._restored} batches or leave the call out"
+                )
             return
         self._skip = int(num_batches)
 
@@ -237,8 +277,11 @@ class PreparedDataLoader:
             from accel.tracking import user_stacklevel
 
             dataset = self.shard.dataset if isinstance(self.shard, IterableDatasetShard) else self.dataset
-            warnings.warn(f"save_state: the prepared dataloader over {type(dataset).__name__} {problem}",
-                          RuntimeWarning, stacklevel=user_stacklevel())
+            warnings.warn(
+                f"save_state: the prepared dataloader over {type(dataset).__name__} {problem}",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),
+            )
         return {
             "position": self._position if in_pass else 0,
             "start": self._start if in_pass else self._snapshot(),
@@ -250,18 +293,28 @@ class PreparedDataLoader:
         """Why a run resumed from a checkpoint taken now may load different batches, or None."""
         if not isinstance(self.base.dataset, IterableDataset):
             if in_pass and self._position and self.base.num_workers > 0 and self.base.batch_sampler is None:
-                return ("loads single samples (batch_size=None) in worker processes, which cannot be given seeds per "
-                        "batch: random draws in the dataset can differ after resuming (give the DataLoader a "
-                        "batch_size to resume exactly)")
+                return (
+                    "loads single samples (batch_size=None) in worker processes, which cannot be given seeds per "
+                    "batch: random draws in the dataset can differ after resuming (give the DataLoader a "
+                    "batch_size to resume exactly)"
+                )
             return None
-        if self.base.num_workers > 0 and self.base.persistent_workers and getattr(self.base, "_iterator", None) is not None:
-            return ("has persistent worker processes, whose dataset copies and random generators cannot be saved: "
-                    "the resumed run starts new ones, so its batches can differ (persistent_workers=False resumes "
-                    "exactly)")
+        if (
+            self.base.num_workers > 0
+            and self.base.persistent_workers
+            and getattr(self.base, "_iterator", None) is not None
+        ):
+            return (
+                "has persistent worker processes, whose dataset copies and random generators cannot be saved: "
+                "the resumed run starts new ones, so its batches can differ (persistent_workers=False resumes "
+                "exactly)"
+            )
         if in_pass and self._position:
-            return (f"is an iterable dataset with no index to resume at: the resumed run reads the {self._position} "
-                    "batches already seen again and drops them, which is exact only if the dataset yields the same "
-                    "samples each time it is iterated")
+            return (
+                f"is an iterable dataset with no index to resume at: the resumed run reads the {self._position} "
+                "batches already seen again and drops them, which is exact only if the dataset yields the same "
+                "samples each time it is iterated"
+            )
         return None
 
     def check_state(self, state: dict[str, Any]) -> str | None:
@@ -270,12 +323,16 @@ class PreparedDataLoader:
             return None
         saved_n, saved_steps = state.get("num_processes"), state.get("steps")
         if saved_n != self.kernel.num_processes:
-            return (f"the dataloader stopped mid-epoch with {saved_n} process(es); this run has "
-                    f"{self.kernel.num_processes}, so the rest of that epoch cannot be replayed: resume with "
-                    f"{saved_n} process(es)")
+            return (
+                f"the dataloader stopped mid-epoch with {saved_n} process(es); this run has "
+                f"{self.kernel.num_processes}, so the rest of that epoch cannot be replayed: resume with "
+                f"{saved_n} process(es)"
+            )
         if saved_steps != self.steps:
-            return (f"the dataloader had {saved_steps} batches per process per epoch when saved and has {self.steps} "
-                    "now (different dataset, batch size or drop_last)")
+            return (
+                f"the dataloader had {saved_steps} batches per process per epoch when saved and has {self.steps} "
+                "now (different dataset, batch size or drop_last)"
+            )
         return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -411,8 +468,10 @@ class PreparedDataLoader:
             if self._position == total:
                 # Finish the pass (a seeded sampler moves on to its next epoch) before the last batch is handed out.
                 if next(it, _END) is not _END:
-                    raise UsageError(f"the dataloader's sampler yields more batches than its length ({total}); "
-                                     "give it a __len__ that matches what it yields")
+                    raise UsageError(
+                        f"the dataloader's sampler yields more batches than its length ({total}); "
+                        "give it a __len__ that matches what it yields"
+                    )
                 self.end_of_dataloader = True
                 self.kernel.gradient_state.refresh()
                 yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
@@ -420,9 +479,12 @@ class PreparedDataLoader:
             yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
         # Fewer batches than the length said: the pass ended without its last batch being known as such.
         self.end_of_dataloader = True
-        warnings.warn(f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
-                      "the epoch was not known in time for accumulate/gather_for_metrics", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
+            "the epoch was not known in time for accumulate/gather_for_metrics",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _read_ahead(self, it: Iterator[Any], device: torch.device | None, resume: dict[str, Any]) -> Iterator[Any]:
         """A pass of unknown length: one batch is read ahead, so the last one is known when it is handed out. When
@@ -454,8 +516,12 @@ class PreparedDataLoader:
         yield current if device is None else send_to_device(current, device, self.kernel.non_blocking)
 
 
-def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: bool = True,
-                     device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None) -> PreparedDataLoader:
+def shard_dataloader(
+    kernel: Kernel,
+    dataloader: DataLoader,
+    device_placement: bool = True,
+    device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+) -> PreparedDataLoader:
     """The kernel's default ``accel_prepare_dataloader``: shard by ``kernel.data_parallel_index`` of
     ``kernel.data_parallel_size`` (the process index and count unless the strategy says otherwise) and wrap in a :class:`PreparedDataLoader`. Plugins may call it and wrap the result.
 
@@ -476,20 +542,25 @@ def shard_dataloader(kernel: Kernel, dataloader: DataLoader, device_placement: b
         bs = dataloader.batch_size or 1
         if split:  # each group of `bs` samples is one global batch: a process takes bs / n of them
             if bs % n:
-                raise UsageError(f"split_batches=True needs a batch size that divides by the number of processes "
-                                 f"({n}); this dataloader's batch size is {bs}")
+                raise UsageError(
+                    f"split_batches=True needs a batch size that divides by the number of processes "
+                    f"({n}); this dataloader's batch size is {bs}"
+                )
             bs //= n
         shard = IterableDatasetShard(dataloader.dataset, bs, n, r, dataloader.drop_last, even)
         if not even and n > 1:  # a process that has run out gets empty batches while another still has one
             kwargs["collate_fn"] = PaddingCollate(kwargs["collate_fn"])
-        base = DataLoader(shard, batch_size=bs if dataloader.batch_size else None, drop_last=dataloader.drop_last,
-                          **kwargs)
+        base = DataLoader(
+            shard, batch_size=bs if dataloader.batch_size else None, drop_last=dataloader.drop_last, **kwargs
+        )
         return PreparedDataLoader(kernel, base, None, -1, device_placement, shard, device_loader=device_loader)
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:  # batch_size=None: the dataset yields whole batches
         if split:
-            raise UsageError("split_batches=True needs a DataLoader with a batch_size (this one has batch_size=None: "
-                             "its dataset yields whole batches, which accel does not split)")
+            raise UsageError(
+                "split_batches=True needs a DataLoader with a batch_size (this one has batch_size=None: "
+                "its dataset yields whole batches, which accel does not split)"
+            )
         skipper = SkipBatchSampler(dataloader.sampler)
         base = DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)
         return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper, device_loader)

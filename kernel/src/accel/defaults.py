@@ -157,7 +157,9 @@ def accel_state_items(kernel: Kernel) -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def accel_save_state(kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool) -> dict[str, ItemRecord]:
+def accel_save_state(
+    kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+) -> dict[str, ItemRecord]:
     # called last, once the plugins' claims are agreed between processes: writes every item nobody claimed
     from accel.checkpoint import write_unclaimed
 

@@ -91,8 +91,15 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
         time.sleep(0.05)
 
-def torchrun_args(settings: Settings, command: list[str], no_python: bool = False, with_launcher: bool = False,
-                  python: str = "", log_dir: str | None = None) -> list[str]:
+
+def torchrun_args(
+    settings: Settings,
+    command: list[str],
+    no_python: bool = False,
+    with_launcher: bool = False,
+    python: str = "",
+    log_dir: str | None = None,
+) -> list[str]:
     """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
     interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
     executable. With ``with_launcher`` each worker starts through the parent-death prelude of
@@ -101,22 +108,31 @@ def torchrun_args(settings: Settings, command: list[str], no_python: bool = Fals
     nnodes = settings["num_machines"]
     total = settings["num_processes"]
     if total % nnodes:
-        raise UsageError(f"--num_processes {total} is not a multiple of --num_machines {nnodes}; "
-                         "num_processes counts processes over all machines")
+        raise UsageError(
+            f"--num_processes {total} is not a multiple of --num_machines {nnodes}; "
+            "num_processes counts processes over all machines"
+        )
     rank = settings["machine_rank"]
     backend = settings["rdzv_backend"]
     ip = settings["main_process_ip"]
     port = settings["main_process_port"]
-    args = [f"--nnodes={nnodes}", f"--nproc_per_node={total // nnodes}",
-            f"--max_restarts={settings['max_restarts']}", f"--monitor_interval={settings['monitor_interval']:g}"]
+    args = [
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={total // nnodes}",
+        f"--max_restarts={settings['max_restarts']}",
+        f"--monitor_interval={settings['monitor_interval']:g}",
+    ]
     if backend == "static":
         if nnodes == 1:
             ip = ip or "127.0.0.1"
             port = port or free_port()
         args += [f"--node_rank={rank}", f"--master_addr={ip}", f"--master_port={port or 29500}"]
     else:
-        args += [f"--rdzv_backend={backend}", f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
-                 f"--rdzv_id={settings.get('rdzv_id') or 'accel'}"]
+        args += [
+            f"--rdzv_backend={backend}",
+            f"--rdzv_endpoint={ip or '127.0.0.1'}:{port or 29500}",
+            f"--rdzv_id={settings.get('rdzv_id') or 'accel'}",
+        ]
     if settings.get("rdzv_conf"):
         args.append(f"--rdzv_conf={settings['rdzv_conf']}")
     if settings.get("role") not in (None, "", "default"):
@@ -171,14 +187,17 @@ def failure_line(exc: Any, settings: Settings, log_dir: str | None) -> tuple[str
     code to return."""
     failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
     rank, first = failures[0]
-    code = first.exitcode if first.exitcode and first.exitcode > 0 else (128 - first.exitcode if first.exitcode
-                                                                          else 1)
-    how = (f"was killed by {signal_name(-first.exitcode)}" if first.exitcode and first.exitcode < 0
-           else f"exited with code {first.exitcode}")
+    code = first.exitcode if first.exitcode and first.exitcode > 0 else (128 - first.exitcode if first.exitcode else 1)
+    how = (
+        f"was killed by {signal_name(-first.exitcode)}"
+        if first.exitcode and first.exitcode < 0
+        else f"exited with code {first.exitcode}"
+    )
     others = f" ({len(failures) - 1} more failed after it)" if len(failures) > 1 else ""
     where = rank_log(log_dir, first.local_rank) if log_dir else None
-    output = (f"its output: {where}" if where else
-              "its output is above; --log_dir DIR keeps each process's output in a file")
+    output = (
+        f"its output: {where}" if where else "its output is above; --log_dir DIR keeps each process's output in a file"
+    )
     return f"accel: process {rank} of {settings['num_processes']} {how}{others}; {output}", code
 
 
@@ -203,8 +222,14 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         import tempfile
 
         log_dir = tempfile.mkdtemp(prefix="accel-logs-")  # where torchrun would put them, but known to us
-    args = torchrun_args(plan.settings, plan.command, no_python=not plan.python, with_launcher=True,
-                         python=plan.python or sys.executable, log_dir=log_dir)
+    args = torchrun_args(
+        plan.settings,
+        plan.command,
+        no_python=not plan.python,
+        with_launcher=True,
+        python=plan.python or sys.executable,
+        log_dir=log_dir,
+    )
     env = plan.env
     gpu_ids = plan.settings.get("gpu_ids")
     if gpu_ids and str(gpu_ids).lower() != "all":
@@ -275,8 +300,11 @@ def restart_store_args(env: Mapping[str, str], timeout: Any, prefix: str) -> dic
 
     world = int(env["WORLD_SIZE"])
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    return {"store": dist.PrefixStore(f"{prefix}/restart_{restart}", store), "rank": int(env["RANK"]),
-            "world_size": world}
+    return {
+        "store": dist.PrefixStore(f"{prefix}/restart_{restart}", store),
+        "rank": int(env["RANK"]),
+        "world_size": world,
+    }
 
 
 def world_of_one(env: MutableMapping[str, str]) -> None:

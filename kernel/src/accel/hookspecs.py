@@ -68,8 +68,14 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks a plugin module may implement at module level. All others belong on components.
-DISCOVERY_HOOKS = ("accel_add_options", "accel_detect_hardware", "accel_activate", "accel_config_questions",
-                   "accel_unavailable_reason", "accel_estimate_memory")
+DISCOVERY_HOOKS = (
+    "accel_add_options",
+    "accel_detect_hardware",
+    "accel_activate",
+    "accel_config_questions",
+    "accel_unavailable_reason",
+    "accel_estimate_memory",
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -497,7 +503,9 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
 
 
 @hookspec
-def accel_init_trackers(kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]) -> None:
+def accel_init_trackers(
+    kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+) -> None:
     """Start a run in each active tracker and record the hyper-parameters (``config``, possibly nested).
 
     When: ``kernel.init_trackers(project_name, config, init_kwargs)``. Who: every tracker component, each isolated:
@@ -520,7 +528,9 @@ def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_k
 
 
 @hookspec
-def accel_log_images(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+def accel_log_images(
+    kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+) -> None:
     """Log images. ``values`` maps a name to one image or a list of images; an image is an array or tensor of shape
     H x W, H x W x 3 or H x W x 4 (channels last; uint8 in 0..255 or float in 0..1) or a PIL image.
 
@@ -532,7 +542,11 @@ def accel_log_images(kernel: Kernel, values: Mapping[str, Any], step: int | None
 
 @hookspec
 def accel_log_table(
-    kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]], step: int | None,
+    kernel: Kernel,
+    table_name: str,
+    columns: list[str],
+    data: list[list[Any]],
+    step: int | None,
     log_kwargs: Mapping[str, Any],
 ) -> None:
     """Log a table: ``columns`` (names) and ``data`` (rows, each as long as ``columns``; the kernel checked).

@@ -41,9 +41,15 @@ from accel.project import ProjectConfiguration, check_project_config, configure_
 from accel.tracking import TrackingMixin, user_stacklevel
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
-_ARGUMENTS = ("mixed_precision", "gradient_accumulation_steps", "cpu", "log_with", "project_dir", "dynamo_backend",
-              "plugins")
-
+_ARGUMENTS = (
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "cpu",
+    "log_with",
+    "project_dir",
+    "dynamo_backend",
+    "plugins",
+)
 
 
 class Kernel(ProcessOpsMixin, TrackingMixin):
@@ -91,10 +97,16 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         **options: Any,
     ) -> None:
         data, gradient_accumulation_steps = resolve_data_settings(
-            split_batches=split_batches, even_batches=even_batches, dataloader_config=dataloader_config,
-            rng_types=rng_types, device_placement=device_placement, dispatch_batches=dispatch_batches,
-            use_seedable_sampler=use_seedable_sampler, gradient_accumulation_plugin=gradient_accumulation_plugin,
-            gradient_accumulation_steps=gradient_accumulation_steps)
+            split_batches=split_batches,
+            even_batches=even_batches,
+            dataloader_config=dataloader_config,
+            rng_types=rng_types,
+            device_placement=device_placement,
+            dispatch_batches=dispatch_batches,
+            use_seedable_sampler=use_seedable_sampler,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        )
         check_bool("Kernel(step_scheduler_with_optimizer=...)", step_scheduler_with_optimizer)
         env = dict(os.environ)
         check_project_config(project_config)
@@ -107,25 +119,34 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
                 refusal = argument_refusal(name)
                 if refusal:
                     raise UsageError(refusal)
-                raise TypeError(f"Kernel() got an unexpected argument {name!r}{did_you_mean(name, [o.name for o in declared])}")
+                raise TypeError(
+                    f"Kernel() got an unexpected argument {name!r}{did_you_mean(name, [o.name for o in declared])}"
+                )
         from accel.utils.handlers import route  # Accelerate's kwargs handlers -> the options plugins declare for them
 
         handled = route(kwargs_handlers or (), declared, options)
         self.profile_handler = handled.profile
         kwargs = {**handled.options, **options}
-        for name, value in (("mixed_precision", mixed_precision), ("gradient_accumulation_steps", gradient_accumulation_steps),
-                            ("cpu", cpu), ("dynamo_backend", dynamo_backend), ("plugins", plugins),
-                            ("project_dir", None if project_dir is None else os.fspath(project_dir)),
-                            ("log_with", [log_with] if isinstance(log_with, str) else log_with)):
+        for name, value in (
+            ("mixed_precision", mixed_precision),
+            ("gradient_accumulation_steps", gradient_accumulation_steps),
+            ("cpu", cpu),
+            ("dynamo_backend", dynamo_backend),
+            ("plugins", plugins),
+            ("project_dir", None if project_dir is None else os.fspath(project_dir)),
+            ("log_with", [log_with] if isinstance(log_with, str) else log_with),
+        ):
             if value is not None:
                 kwargs[name] = value
         text = env.get("ACCEL_CONFIG") or "{}"
         try:
             if text.startswith("base64:"):  # launchers that re-quote exported values (pdsh, mpirun) carry it encoded
-                text = base64.b64decode(text[len("base64:"):], validate=True).decode()
+                text = base64.b64decode(text[len("base64:") :], validate=True).decode()
             launched = json.loads(text)
         except ValueError:
-            raise UsageError("environment variable ACCEL_CONFIG is not valid JSON; unset it or launch with accel launch") from None
+            raise UsageError(
+                "environment variable ACCEL_CONFIG is not valid JSON; unset it or launch with accel launch"
+            ) from None
         values, sources = resolve(declared, env=env, launched=launched, kwargs=kwargs)
         world = int_env(env, "WORLD_SIZE", 1)
         self.settings = Settings(values, sources, world_size=world, phase="run", env=env)
@@ -194,9 +215,14 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
         data = self._data
-        return DataLoaderConfiguration(split_batches=data.split_batches, even_batches=self.even_batches,
-                                       use_seedable_sampler=True, data_seed=data.data_seed,
-                                       non_blocking=data.non_blocking, use_stateful_dataloader=True)
+        return DataLoaderConfiguration(
+            split_batches=data.split_batches,
+            even_batches=self.even_batches,
+            use_seedable_sampler=True,
+            data_seed=data.data_seed,
+            non_blocking=data.non_blocking,
+            use_stateful_dataloader=True,
+        )
 
     dispatch_batches = False  # every process reads its own shard
     use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
@@ -287,9 +313,15 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     def __repr__(self) -> str:
         comps = ", ".join(f"{c.name}:{c.role}" for c in self.plugins.components) or "none"
         own = self.__dict__  # also while Kernel() is still asking the plugins (hook tracing prints the kernel)
-        where = f"process {own['topology'].process_index}/{own['topology'].num_processes}" if "topology" in own else "starting"
-        return (f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
-                f"plugins=[{comps}])")
+        where = (
+            f"process {own['topology'].process_index}/{own['topology'].num_processes}"
+            if "topology" in own
+            else "starting"
+        )
+        return (
+            f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
+            f"plugins=[{comps}])"
+        )
 
     # ---- prepare ------------------------------------------------------------------------------------------
 
@@ -337,8 +369,11 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         self._optimizers.extend(prepared_opts)
         prepared_scheds = [PreparedScheduler(self, s, self._optimizers) for s in w_scheds]
         self._schedulers.extend(prepared_scheds)
-        queues = {"model": iter(self._models[len(self._models) - len(models):]), "optimizer": iter(prepared_opts),
-                  "scheduler": iter(prepared_scheds)}
+        queues = {
+            "model": iter(self._models[len(self._models) - len(models) :]),
+            "optimizer": iter(prepared_opts),
+            "scheduler": iter(prepared_scheds),
+        }
         out = []
         for obj, kind in zip(args, kinds, strict=True):
             if kind == "dataloader":
@@ -355,8 +390,11 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
 
     def _is_prepared(self, obj: Any) -> bool:
         """Whether ``prepare`` returned ``obj`` before (Accelerate returns such objects as they are, too)."""
-        return any(obj is known for group in (self._models, self._optimizers, self._schedulers, self._dataloaders)
-                   for known in group)
+        return any(
+            obj is known
+            for group in (self._models, self._optimizers, self._schedulers, self._dataloaders)
+            for known in group
+        )
 
     def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
         """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that
@@ -426,7 +464,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     def unscale_gradients(self) -> None:
         self._hot.unscale_gradients(kernel=self)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
         """Clip by global norm on sync steps and return the norm; on accumulation steps do nothing, return None
         (the local gradients are partial there)."""
         if not self.gradient_state.sync_gradients:
@@ -452,7 +492,12 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         """Save on the main process only: a flat dict of tensors as safetensors, anything else with torch.save."""
         if not self.is_main_process:
             return
-        if safe_serialization and isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        if (
+            safe_serialization
+            and isinstance(obj, Mapping)
+            and obj
+            and all(isinstance(v, torch.Tensor) for v in obj.values())
+        ):
             from safetensors.torch import save_file
 
             save_file({k: v.detach().contiguous().cpu() for k, v in obj.items()}, os.fspath(f))
@@ -470,12 +515,15 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         ``custom_0``, ``custom_1``, ... in registration order)."""
         for obj in objects:
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise UsageError(f"register_for_checkpointing: {type(obj).__name__} has no state_dict() and "
-                                 "load_state_dict(); only such objects can be checkpointed")
+                raise UsageError(
+                    f"register_for_checkpointing: {type(obj).__name__} has no state_dict() and "
+                    "load_state_dict(); only such objects can be checkpointed"
+                )
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike[str] | None = None,
-                   asynchronous: bool | None = None) -> os.PathLike[str]:
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None
+    ) -> os.PathLike[str]:
         """Save everything needed to resume exactly: prepared models, optimizers, schedulers and dataloader
         positions, registered objects, plugin items (grad scaler, ...), and every process's random states.
         Call it on every process. Without ``output_dir`` it writes ``project_dir/checkpoints/checkpoint_<i>``
@@ -524,8 +572,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
         """The number the next automatic checkpoint gets."""
         return self.project_configuration.iteration
 
-    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike[str],
-                   max_shard_size: int | str = "10GB") -> list[os.PathLike[str]]:
+    def save_model(
+        self, model: torch.nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB"
+    ) -> list[os.PathLike[str]]:
         """Write a prepared model's full weights as safetensors (``model.safetensors``, or shards plus
         ``model.safetensors.index.json`` above ``max_shard_size``); tied weights are stored once. Call it on every
         process; the main process writes. Load with :func:`accel.load_model`."""
@@ -578,8 +627,11 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
             except Exception as exc:  # logging and teardown must never stop training
                 self._failed.add(key)
                 who = f"tracker {one.plugin.name!r}" if tracker else f"plugin {one.plugin_name!r}"
-                warnings.warn(f"{who} failed in {hook_name} and is skipped from now on: "
-                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=user_stacklevel())
+                warnings.warn(
+                    f"{who} failed in {hook_name} and is skipped from now on: {type(exc).__name__}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=user_stacklevel(),
+                )
 
     def end_training(self) -> None:
         """Finish trackers and release the processes' resources (process group). Safe to call once at the end.

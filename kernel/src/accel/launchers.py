@@ -72,8 +72,9 @@ def importable(function: Callable[..., Any], args: Sequence[Any]) -> bool:
     return True
 
 
-def choose_start_method(function: Callable[..., Any], args: Sequence[Any], requested: str | None,
-                        accelerator: str | None) -> str:
+def choose_start_method(
+    function: Callable[..., Any], args: Sequence[Any], requested: str | None, accelerator: str | None
+) -> str:
     """``fork`` unless the accelerator is already initialised here (or fork does not exist on this platform);
     then ``spawn`` for an importable function, else a UsageError that says what to do."""
     import multiprocessing
@@ -91,17 +92,21 @@ def choose_start_method(function: Callable[..., Any], args: Sequence[Any], reque
         return "spawn"
     if accelerator:
         raise UsageError(fork_message(accelerator, function))
-    raise UsageError(f"{getattr(function, '__qualname__', function)!r} cannot be started: this platform cannot fork, "
-                     "and a new interpreter cannot import it; define it in a module (a .py file) and import it")
+    raise UsageError(
+        f"{getattr(function, '__qualname__', function)!r} cannot be started: this platform cannot fork, "
+        "and a new interpreter cannot import it; define it in a module (a .py file) and import it"
+    )
 
 
 def fork_message(accelerator: str, function: Callable[..., Any]) -> str:
     name = getattr(function, "__qualname__", repr(function))
-    return (f"{accelerator} was already initialised in this process (something used the device: a tensor or model "
-            f"moved to it, torch.{accelerator}.* calls), and processes started with fork cannot use it "
-            f"(\"Cannot re-initialize {accelerator.upper()} in forked subprocess\"). Restart the notebook kernel and "
-            f"call notebook_launcher before anything touches {accelerator} (do that work inside the launched "
-            f"function), or define {name!r} in a .py module and import it, so it can be started with spawn")
+    return (
+        f"{accelerator} was already initialised in this process (something used the device: a tensor or model "
+        f"moved to it, torch.{accelerator}.* calls), and processes started with fork cannot use it "
+        f'("Cannot re-initialize {accelerator.upper()} in forked subprocess"). Restart the notebook kernel and '
+        f"call notebook_launcher before anything touches {accelerator} (do that work inside the launched "
+        f"function), or define {name!r} in a .py module and import it, so it can be started with spawn"
+    )
 
 
 @contextmanager
@@ -227,8 +232,10 @@ def notebook_launcher(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if dist.is_available() and dist.is_initialized():
-        raise UsageError("a process group already exists in this process (a Kernel of several processes was created "
-                         "here?); call kernel.end_training() first, and create the Kernel inside the launched function")
+        raise UsageError(
+            "a process group already exists in this process (a Kernel of several processes was created "
+            "here?); call kernel.end_training() first, and create the Kernel inside the launched function"
+        )
     method = choose_start_method(function, args, start_method, initialized_accelerator())
     port = int(use_port) if use_port not in (None, "") else (free_port() if num_nodes == 1 else 29500)
     conf = dict(rdzv_conf or {})
@@ -237,18 +244,31 @@ def notebook_launcher(
     # accel handles SIGINT, SIGTERM and SIGHUP (below); a torch without the field forwards them as before
     handled: dict[str, Any] = {"signals_to_handle": signals} if (signals := elastic_signals()) else {}
     config = LaunchConfig(
-        min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
-        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}", rdzv_backend=rdzv_backend, rdzv_configs=conf,
-        max_restarts=max_restarts, monitor_interval=monitor_interval, start_method=method, **handled,
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=num_processes,
+        run_id=rdzv_id,
+        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=conf,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method=method,
+        **handled,
     )
     total = num_processes * num_nodes
     print(f"accel: launching {total} process(es) ({num_processes} on this machine, start method {method})")
+
     def stop(signum: int) -> None:
         quiet_torch_elastic()
         raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.SIGTERM)
 
-    entry = functools.update_wrapper(functools.partial(_worker, function, os.getpid()), function,
-                                     assigned=("__module__", "__name__", "__qualname__"), updated=())  # torch names it
+    entry = functools.update_wrapper(
+        functools.partial(_worker, function, os.getpid()),
+        function,
+        assigned=("__module__", "__name__", "__qualname__"),
+        updated=(),
+    )  # torch names it
     with environment(updates), stop_signals(stop) as request:
         try:
             results = elastic_launch(config, entrypoint=entry)(*args)

@@ -211,64 +211,150 @@ class Options:
 def core_options(options: Options) -> None:
     """The kernel's own options: Accelerate's launch flags and top-level config keys that are not a backend's."""
     add = options.add
-    add("num_processes", type="int", default=1, minimum=1, flags=("-n",),
-        help="Total number of processes to run, over all machines.")
+    add(
+        "num_processes",
+        type="int",
+        default=1,
+        minimum=1,
+        flags=("-n",),
+        help="Total number of processes to run, over all machines.",
+    )
     add("num_machines", type="int", default=1, minimum=1, help="Number of machines (nodes) taking part.")
     add("machine_rank", type="int", default=0, minimum=0, help="Rank of this machine, 0 .. num_machines-1.")
     add("main_process_ip", check=check_host, help="Address of the machine of rank 0 (multi-machine runs).")
-    add("main_process_port", type="int", minimum=0, maximum=65535,
-        help="Port of the main process; 0 or unset picks a free one on a single machine, 29500 on several.")
-    add("rdzv_backend", default="static", choices=("static", "c10d", "etcd", "etcd-v2"),
-        help="Rendezvous backend: static (fixed ranks) or c10d (ranks by arrival order).")
+    add(
+        "main_process_port",
+        type="int",
+        minimum=0,
+        maximum=65535,
+        help="Port of the main process; 0 or unset picks a free one on a single machine, 29500 on several.",
+    )
+    add(
+        "rdzv_backend",
+        default="static",
+        choices=("static", "c10d", "etcd", "etcd-v2"),
+        help="Rendezvous backend: static (fixed ranks) or c10d (ranks by arrival order).",
+    )
     add("same_network", type="bool", default=True, help="All machines are on the same local network.")
     add("max_restarts", type="int", default=0, minimum=0, help="Restart the worker group this many times on failure.")
-    add("monitor_interval", type="float", default=0.1, minimum=0,
-        help="Seconds between checks of the workers' state.")
-    add("cpu", type="bool", default=False, config_key="use_cpu", env=("ACCEL_USE_CPU", "ACCELERATE_USE_CPU"),
-        help="Train on the CPU even when an accelerator is present.")
+    add("monitor_interval", type="float", default=0.1, minimum=0, help="Seconds between checks of the workers' state.")
+    add(
+        "cpu",
+        type="bool",
+        default=False,
+        config_key="use_cpu",
+        env=("ACCEL_USE_CPU", "ACCELERATE_USE_CPU"),
+        help="Train on the CPU even when an accelerator is present.",
+    )
     add("multi_gpu", type="bool", default=False, help="Accelerate's flag for several GPUs; accepted as a hint.")
     add("gpu_ids", check=check_device_ids, help="Comma-separated device ids to use on this machine, or 'all'.")
-    add("mixed_precision", default="no", choices=("no", "fp16", "bf16", "fp8"),
+    add(
+        "mixed_precision",
+        default="no",
+        choices=("no", "fp16", "bf16", "fp8"),
         env=("ACCEL_MIXED_PRECISION", "MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"),
-        help="Mixed precision mode: no, fp16, bf16 or fp8 (needs a plugin that provides it, e.g. accel-plugin-amp).")
-    add("dynamo_backend", default="no", config_key="dynamo_config.dynamo_backend",
+        help="Mixed precision mode: no, fp16, bf16 or fp8 (needs a plugin that provides it, e.g. accel-plugin-amp).",
+    )
+    add(
+        "dynamo_backend",
+        default="no",
+        config_key="dynamo_config.dynamo_backend",
         env=("ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
-        help="torch.compile backend, or 'no' (needs a plugin that provides 'compile', e.g. accel-plugin-dynamo).")
-    add("gradient_accumulation_steps", type="int", default=1, minimum=1,
+        help="torch.compile backend, or 'no' (needs a plugin that provides 'compile', e.g. accel-plugin-dynamo).",
+    )
+    add(
+        "gradient_accumulation_steps",
+        type="int",
+        default=1,
+        minimum=1,
         env=("ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),
         help="Micro-batches per optimizer step (the Kernel's gradient_accumulation_steps unless the script "
-             "gives its own; strategies with a config of their own fill its 'auto' from it).")
-    add("plugins", type="list", default=[], flags=("--plugin",),
-        help="Select a plugin explicitly by the name `accel plugins` lists (repeatable).")
+        "gives its own; strategies with a config of their own fill its 'auto' from it).",
+    )
+    add(
+        "plugins",
+        type="list",
+        default=[],
+        flags=("--plugin",),
+        help="Select a plugin explicitly by the name `accel plugins` lists (repeatable).",
+    )
     add("log_with", type="list", default=[], cli=False, help="Trackers to log to (Kernel argument).")
-    add("scheduler_steps", default="accelerate", choices=("accelerate", "per_optimizer_step"),
+    add(
+        "scheduler_steps",
+        default="accelerate",
+        choices=("accelerate", "per_optimizer_step"),
         env=("ACCEL_SCHEDULER_STEPS",),
         help="How often a prepared LR scheduler steps: 'accelerate' (Accelerate's rule: num_processes times per "
-             "optimizer step, once with split_batches) or 'per_optimizer_step' (once per optimizer step).")
+        "optimizer step, once with split_batches) or 'per_optimizer_step' (once per optimizer step).",
+    )
     add("project_dir", cli=False, help="Directory for checkpoints and logs (Kernel argument).")
-    add("async_save", type="bool", default=False, cli=False, env=("ACCEL_ASYNC_SAVE",),
-        help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).")
+    add(
+        "async_save",
+        type="bool",
+        default=False,
+        cli=False,
+        env=("ACCEL_ASYNC_SAVE",),
+        help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).",
+    )
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
-    add("compute_environment", default="LOCAL_MACHINE", choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"), cli=False,
-        help="Accelerate's compute environment; only LOCAL_MACHINE is supported.")
-    add("distributed_type", default="NO", cli=False,
-        choices=("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
-                 "MULTI_HPU", "MULTI_NEURON", "DEEPSPEED", "FSDP", "XLA", "TPU", "MEGATRON_LM"),
+    add(
+        "compute_environment",
+        default="LOCAL_MACHINE",
+        choices=("LOCAL_MACHINE", "AMAZON_SAGEMAKER"),
+        cli=False,
+        help="Accelerate's compute environment; only LOCAL_MACHINE is supported.",
+    )
+    add(
+        "distributed_type",
+        default="NO",
+        cli=False,
+        choices=(
+            "NO",
+            "MULTI_CPU",
+            "MULTI_GPU",
+            "MULTI_XPU",
+            "MULTI_NPU",
+            "MULTI_MLU",
+            "MULTI_SDAA",
+            "MULTI_MUSA",
+            "MULTI_HPU",
+            "MULTI_NEURON",
+            "DEEPSPEED",
+            "FSDP",
+            "XLA",
+            "TPU",
+            "MEGATRON_LM",
+        ),
         refused=known_plugins()["refused"]["distributed_type"],
-        help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.")
+        help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.",
+    )
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
     add("debug", type="bool", default=False, help="Check distributed operations (slower).")
-    add("enable_cpu_affinity", type="bool", default=False,
+    add(
+        "enable_cpu_affinity",
+        type="bool",
+        default=False,
         help="Bind each process to the CPUs of its GPU's NUMA node (torchrun --numa-binding=node; needs numactl). "
-             "Without a GPU there is nothing to bind: a notice says so.")
-    add("num_cpu_threads_per_process", type="int", minimum=1,
-        help="OMP_NUM_THREADS for each process (default: yours, else 1 with several processes per machine).")
+        "Without a GPU there is nothing to bind: a notice says so.",
+    )
+    add(
+        "num_cpu_threads_per_process",
+        type="int",
+        minimum=1,
+        help="OMP_NUM_THREADS for each process (default: yours, else 1 with several processes per machine).",
+    )
     # torchrun's own launch settings, passed through (Accelerate's flags of the same names).
-    add("tee", flags=("-t",),
+    add(
+        "tee",
+        flags=("-t",),
         help="Also write these processes' streams to files under --log_dir: 0 none, 1 stdout, 2 stderr, 3 both, "
-             "or per local rank as '0:3,1:2' (torchrun's --tee; 3 when --log_dir is given alone).")
-    add("log_dir", help="Directory for each process's output (torchrun's --log_dir): "
-                        "<log_dir>/<run>/attempt_<n>/<local_rank>/stdout.log and stderr.log.")
+        "or per local rank as '0:3,1:2' (torchrun's --tee; 3 when --log_dir is given alone).",
+    )
+    add(
+        "log_dir",
+        help="Directory for each process's output (torchrun's --log_dir): "
+        "<log_dir>/<run>/attempt_<n>/<local_rank>/stdout.log and stderr.log.",
+    )
     add("role", default="default", help="Name of the worker role (torchrun's --role).")
     add("rdzv_conf", help="Extra rendezvous settings, 'key1=value1,key2=value2' (torchrun's --rdzv_conf).")
 
@@ -341,8 +427,10 @@ def int_env(env: Mapping[str, str], var: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise UsageError(f"environment variable {var} must be a whole number, got {raw!r}; unset it (launchers set "
-                         "it) or set it to a number") from None
+        raise UsageError(
+            f"environment variable {var} must be a whole number, got {raw!r}; unset it (launchers set "
+            "it) or set it to a number"
+        ) from None
 
 
 def env_value(opt: Option, env: Mapping[str, str]) -> tuple[Any, str] | None:

@@ -128,8 +128,13 @@ class Plugins:
             if name in disabled or (allow is not None and name not in allow):
                 for rec in recs:
                     rec.status = "disabled"
-                    rec.reason = ("disabled by ACCEL_DISABLE_PLUGINS" if name in from_env else
-                                  f"disabled by -p no:{name}" if name in disabled else "not in ACCEL_PLUGINS")
+                    rec.reason = (
+                        "disabled by ACCEL_DISABLE_PLUGINS"
+                        if name in from_env
+                        else f"disabled by -p no:{name}"
+                        if name in disabled
+                        else "not in ACCEL_PLUGINS"
+                    )
                 continue
             if len(recs) > 1:  # pluggy would silently keep one: refuse both, naming both
                 dists = " and ".join(f"{r.distribution} {r.version}" for r in recs)
@@ -216,7 +221,9 @@ class Plugins:
         names = [r.name if r.status == "loaded" else f"{r.name} ({r.status})" for r in self.all_records]
         return ", ".join(names) or "none"
 
-    def call_each(self, hook: str, isolate: Callable[[str], bool] | None = None, **kwargs: Any) -> list[tuple[str, Any]]:
+    def call_each(
+        self, hook: str, isolate: Callable[[str], bool] | None = None, **kwargs: Any
+    ) -> list[tuple[str, Any]]:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
         An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type), except for
         plugins ``isolate`` answers true for: those are marked failed and left out (``self.fail``). Unavailable
@@ -272,8 +279,9 @@ class Plugins:
                     raise
                 except (Exception, SystemExit) as exc:
                     if name == KERNEL or name not in self.records:
-                        raise PluginError(f"plugin {name!r} failed in accel_add_options: "
-                                          f"{describe_exception(exc)}") from exc
+                        raise PluginError(
+                            f"plugin {name!r} failed in accel_add_options: {describe_exception(exc)}"
+                        ) from exc
                     failures.append((name, f"accel_add_options failed: {describe_exception(exc)}"))
                     options.remove_plugin(name)
             options.current_plugin = KERNEL
@@ -312,8 +320,9 @@ class Plugins:
         found: list[Component] = []
         # An unselected plugin that raises is left out (it must not block runs that do not ask for it);
         # a selected one's failure is the run's error. A UsageError (a deliberate refusal) always stops the run.
-        for name, comp in self.call_each("accel_activate", settings=settings,
-                                         isolate=lambda plugin: not settings.is_selected(plugin)):
+        for name, comp in self.call_each(
+            "accel_activate", settings=settings, isolate=lambda plugin: not settings.is_selected(plugin)
+        ):
             if comp is None:
                 continue
             if not isinstance(comp, Component):
@@ -337,8 +346,9 @@ class Plugins:
             if name not in active:
                 rec = self.records.get(name)
                 if rec is not None and rec.status == "unavailable":
-                    raise UsageError(f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used here: "
-                                     f"{rec.reason}")
+                    raise UsageError(
+                        f"plugin {name!r} ({rec.distribution} {rec.version}) cannot be used here: {rec.reason}"
+                    )
                 raise UsageError(f"plugin {name!r} was selected but does not take part with these settings")
         strategy = next((c for c in found if c.role == "strategy"), None)
         if strategy is not None and f"precision:{settings.mixed_precision}" in strategy.provides:
@@ -371,12 +381,19 @@ class Plugins:
             if rec is None or opt.name not in settings.values or settings[opt.name] == opt.default:
                 continue
             source = settings.sources.get(opt.name, "")
-            labels = {"flag": f"--{opt.name}", "argument": f"Kernel({opt.name}=...)",
-                      "file": f"config key `{opt.dotted}`", "launch": f"`{opt.name}` (from accel launch)"}
-            where = labels.get(source) or (f"environment variable {source[4:]}" if source.startswith("env ")
-                                           else f"`{opt.name}`")
-            raise UsageError(f"{where} needs plugin {rec.name!r} ({rec.distribution} {rec.version}), which cannot "
-                             f"be used: {rec.reason}")
+            labels = {
+                "flag": f"--{opt.name}",
+                "argument": f"Kernel({opt.name}=...)",
+                "file": f"config key `{opt.dotted}`",
+                "launch": f"`{opt.name}` (from accel launch)",
+            }
+            where = labels.get(source) or (
+                f"environment variable {source[4:]}" if source.startswith("env ") else f"`{opt.name}`"
+            )
+            raise UsageError(
+                f"{where} needs plugin {rec.name!r} ({rec.distribution} {rec.version}), which cannot "
+                f"be used: {rec.reason}"
+            )
 
     def _dist(self, name: str) -> str:
         rec = self.records.get(name)
@@ -408,9 +425,13 @@ class Plugins:
                 hints = [install_hint(n) for n in names if n not in self.records]
                 hint = (
                     f"plugin {blocked[0]!r} is installed but {self.records[blocked[0]].status}: "
-                    f"{self.records[blocked[0]].reason}" if blocked else
-                    ("install one: " + " or ".join(f"`{h}`" for h in hints) if hints else
-                     "no published plugin has it" + did_you_mean(capability, known_capabilities()))
+                    f"{self.records[blocked[0]].reason}"
+                    if blocked
+                    else (
+                        "install one: " + " or ".join(f"`{h}`" for h in hints)
+                        if hints
+                        else "no published plugin has it" + did_you_mean(capability, known_capabilities())
+                    )
                 )
             raise UsageError(f"{why} needs a plugin that provides {capability!r}, and none is active; {hint}")
 
@@ -455,9 +476,11 @@ def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | 
     for caller in sorted(callers, key=lambda c: c.name):
         for impl in caller.get_hookimpls():
             if impl.plugin is plugin and impl.kwargnames:
-                return (f"{what + '.' if what else ''}{caller.name} gives argument {impl.kwargnames[0]!r} a default value, and hook "
-                        "arguments with defaults are never passed (it would always get its default); remove "
-                        "the default")
+                return (
+                    f"{what + '.' if what else ''}{caller.name} gives argument {impl.kwargnames[0]!r} a default value, and hook "
+                    "arguments with defaults are never passed (it would always get its default); remove "
+                    "the default"
+                )
     return None
 
 

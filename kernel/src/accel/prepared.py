@@ -166,7 +166,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
             if self.step_was_skipped:  # (a store through __setattr__ costs a Python call: only when it changes)
                 self.__dict__["step_was_skipped"] = False
         else:
-            self.__dict__["step_was_skipped"] = kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
+            self.__dict__["step_was_skipped"] = (
+                kernel._hot.optimizer_step(kernel=kernel, optimizer=self.optimizer) is False
+            )
 
     def __repr__(self) -> str:
         return f"Prepared{self.optimizer!r}"

@@ -161,7 +161,9 @@ class ProcessOpsMixin:
         if tensor.ndim == 0:
             tensor = tensor[None]
         tensor = tensor.contiguous()
-        sizes = [int(s.item()) for s in self.collectives.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device))]
+        sizes = [
+            int(s.item()) for s in self.collectives.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device))
+        ]
         top = max(sizes)
         if top != tensor.shape[0]:
             pad = tensor.new_zeros((top - tensor.shape[0], *tensor.shape[1:]))
@@ -194,7 +196,9 @@ class ProcessOpsMixin:
             else:
                 data = map_tensors(lambda t: self._gather_one(t, keep), input_data, strict=True)
         else:
-            data = self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
+            data = (
+                self.gather_object(input_data) if (use_gather_object or not tensors_only) else self.gather(input_data)
+            )
         state = self.gradient_state
         if state.end_of_dataloader and state.remainder > 0:
             if isinstance(data, list) and not tensors_only:
@@ -261,8 +265,9 @@ class ProcessOpsMixin:
         if handler.output_trace_dir is None:
             return
         os.makedirs(handler.output_trace_dir, exist_ok=True)
-        profiler.export_chrome_trace(os.path.join(handler.output_trace_dir,
-                                                  PROFILE_PATTERN_NAME.format(suffix=self.process_index)))
+        profiler.export_chrome_trace(
+            os.path.join(handler.output_trace_dir, PROFILE_PATTERN_NAME.format(suffix=self.process_index))
+        )
         self.wait_for_everyone()
 
     def set_trigger(self) -> None:

@@ -131,45 +131,77 @@ class TrackingMixin:
             raise UsageError(f"init_trackers(project_name=...) expects a non-empty string, got {project_name!r}")
         for key, value in (init_kwargs or {}).items():
             if not isinstance(value, Mapping):
-                raise UsageError(f"init_trackers(init_kwargs=...): the entry for {key!r} must be a dict of keyword "
-                                 f"arguments, got {type(value).__name__}")
+                raise UsageError(
+                    f"init_trackers(init_kwargs=...): the entry for {key!r} must be a dict of keyword "
+                    f"arguments, got {type(value).__name__}"
+                )
         self._trackers_started = True
         self._trackers_ended = False
-        self.call_isolated("accel_init_trackers", kernel=self, project_name=project_name, config=dict(config or {}),
-                           init_kwargs={k: dict(v) for k, v in (init_kwargs or {}).items()})
+        self.call_isolated(
+            "accel_init_trackers",
+            kernel=self,
+            project_name=project_name,
+            config=dict(config or {}),
+            init_kwargs={k: dict(v) for k, v in (init_kwargs or {}).items()},
+        )
 
     def _tracking_ready(self, what: str) -> bool:
         if not self.trackers:
             return False
         if not self._trackers_started:
-            self._warn_once(f"{what}-before-init", f"kernel.{what}() was called before kernel.init_trackers(); "
-                            "nothing was logged")
+            self._warn_once(
+                f"{what}-before-init", f"kernel.{what}() was called before kernel.init_trackers(); nothing was logged"
+            )
             return False
         return True
 
-    def log(self, values: Mapping[str, Any], step: int | None = None,
-            log_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def log(
+        self,
+        values: Mapping[str, Any],
+        step: int | None = None,
+        log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         """Log a dict of values (numbers, and whatever else a tracker understands) at ``step`` to every active
         tracker. ``log_kwargs`` maps a tracker name to extra keyword arguments for its log call."""
         if not self._tracking_ready("log"):
             return
-        self.call_isolated("accel_log", kernel=self, values=dict(values), step=step,
-                           log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()})
+        self.call_isolated(
+            "accel_log",
+            kernel=self,
+            values=dict(values),
+            step=step,
+            log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()},
+        )
 
-    def log_images(self, values: Mapping[str, Any], step: int | None = None,
-                   log_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def log_images(
+        self,
+        values: Mapping[str, Any],
+        step: int | None = None,
+        log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         """Log images to the active trackers that can show them. ``values`` maps a name to an image or a list of
         images; an image is an array or tensor of shape H x W, H x W x 3 or H x W x 4 (channels last; uint8 in
         0..255 or float in 0..1) or a PIL image."""
         if not self._tracking_ready("log_images"):
             return
         self._warn_unsupported("accel_log_images", "log_images")
-        self.call_isolated("accel_log_images", kernel=self, values=dict(values), step=step,
-                           log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()})
+        self.call_isolated(
+            "accel_log_images",
+            kernel=self,
+            values=dict(values),
+            step=step,
+            log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()},
+        )
 
-    def log_table(self, table_name: str, columns: Sequence[str] | None = None,
-                  data: Iterable[Sequence[Any]] | None = None, dataframe: Any = None, step: int | None = None,
-                  log_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def log_table(
+        self,
+        table_name: str,
+        columns: Sequence[str] | None = None,
+        data: Iterable[Sequence[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         """Log a table (``columns`` and rows of ``data``, or a pandas ``dataframe``) to the active trackers that can
         show tables."""
         if dataframe is not None:
@@ -186,8 +218,15 @@ class TrackingMixin:
         if not self._tracking_ready("log_table"):
             return
         self._warn_unsupported("accel_log_table", "log_table")
-        self.call_isolated("accel_log_table", kernel=self, table_name=table_name, columns=list(columns), data=rows,
-                           step=step, log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()})
+        self.call_isolated(
+            "accel_log_table",
+            kernel=self,
+            table_name=table_name,
+            columns=list(columns),
+            data=rows,
+            step=step,
+            log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()},
+        )
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The active tracker component called ``name``; with ``unwrap=True`` the backend's own run object
@@ -205,12 +244,16 @@ class TrackingMixin:
             self.call_isolated("accel_end_training", kernel=self, trackers=True)
 
     def _warn_unsupported(self, hook: str, what: str) -> None:
-        answering = {impl.plugin_name for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()
-                     if not (impl.wrapper or impl.hookwrapper)}  # a wrapper alone logs nothing
+        answering = {
+            impl.plugin_name
+            for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()
+            if not (impl.wrapper or impl.hookwrapper)
+        }  # a wrapper alone logs nothing
         if not answering:
             names = ", ".join(c.name for c in self.trackers)
-            self._warn_once(hook, f"kernel.{what}(): none of the active trackers ({names}) can log this; "
-                            "nothing was logged")
+            self._warn_once(
+                hook, f"kernel.{what}(): none of the active trackers ({names}) can log this; nothing was logged"
+            )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

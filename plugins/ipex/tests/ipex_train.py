@@ -42,14 +42,23 @@ def describe_optimizer(opt: torch.optim.Optimizer) -> dict[str, Any]:
         "has_original_step": hasattr(opt, "_original_step"),
         "params_attr": len(wrappers),
         "split_master": sum(1 for w in wrappers if getattr(w, "parameter_trail", None) is not None),
-        "fp32_master": sum(1 for w in wrappers if getattr(w, "master_parameter", None) is not None
-                           and w.master_parameter.dtype == torch.float32),
+        "fp32_master": sum(
+            1
+            for w in wrappers
+            if getattr(w, "master_parameter", None) is not None and w.master_parameter.dtype == torch.float32
+        ),
         "param_dtypes": sorted({str(p.dtype) for g in opt.param_groups for p in g["params"]}),
     }
 
 
-def run(out: Path, optimizer_name: str = "adam", epochs: int = 2, mixed_precision: str | None = None,
-        plugins: list[str] | None = None, workdir: Path | None = None) -> dict[str, Any]:
+def run(
+    out: Path,
+    optimizer_name: str = "adam",
+    epochs: int = 2,
+    mixed_precision: str | None = None,
+    plugins: list[str] | None = None,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
     torch.manual_seed(0)
     kernel = Kernel(plugins=plugins, mixed_precision=mixed_precision)
     train_ds, test_ds = datasets()
@@ -91,7 +100,9 @@ def run(out: Path, optimizer_name: str = "adam", epochs: int = 2, mixed_precisio
             seen += len(y)
     report["accuracy"] = correct / seen
     # the model's own weights (IPEX adds empty placeholder parameters to prepacked modules; not counted)
-    report["param_dtypes"] = sorted({str(p.dtype) for n, p in inner.named_parameters() if "_ipex_module_empty" not in n})
+    report["param_dtypes"] = sorted(
+        {str(p.dtype) for n, p in inner.named_parameters() if "_ipex_module_empty" not in n}
+    )
 
     # Weights as the user gets them: plain fp32 tensors under the model's own names, loadable into a fresh Net.
     state = {k: v.detach().clone() for k, v in kernel.get_state_dict(model).items()}
@@ -104,7 +115,8 @@ def run(out: Path, optimizer_name: str = "adam", epochs: int = 2, mixed_precisio
     # bf16 weights with fp32 master weights: the state dict holds values that bf16 cannot represent (a model
     # trained with bf16 weights alone could only give bf16 values).
     report["state_dict_finer_than_bf16"] = any(
-        bool((v != v.to(torch.bfloat16).float()).any()) for v in state.values() if v.is_floating_point())
+        bool((v != v.to(torch.bfloat16).float()).any()) for v in state.values() if v.is_floating_point()
+    )
     x = test_ds.tensors[0][:64]
     with torch.no_grad():
         plain.eval()
@@ -132,8 +144,10 @@ def run(out: Path, optimizer_name: str = "adam", epochs: int = 2, mixed_precisio
         after = optimizer.state_dict()
         report["load_state_restores_optimizer"] = all(
             torch.equal(torch.as_tensor(a), torch.as_tensor(b))
-            for i in saved_opt["state"] for key, a in saved_opt["state"][i].items()
-            for b in [after["state"][i][key]])
+            for i in saved_opt["state"]
+            for key, a in saved_opt["state"][i].items()
+            for b in [after["state"][i][key]]
+        )
     kernel.end_training()
     if kernel.is_main_process:
         out.write_text(json.dumps(report, indent=1))

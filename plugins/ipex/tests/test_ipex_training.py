@@ -26,9 +26,16 @@ TRAIN = HERE / "ipex_train.py"
 EXAMPLE = REPO / "examples" / "train_digits.py"
 ACCEL = str(Path(sys.executable).parent / "accel")
 FUSED_ADAM = "intel_extension_for_pytorch.optim._functional.adam_step"
-NET_STATE = {"features.0.weight": [16, 1, 3, 3], "features.0.bias": [16], "features.2.weight": [32, 16, 3, 3],
-             "features.2.bias": [32], "head.2.weight": [64, 512], "head.2.bias": [64], "head.4.weight": [10, 64],
-             "head.4.bias": [10]}
+NET_STATE = {
+    "features.0.weight": [16, 1, 3, 3],
+    "features.0.bias": [16],
+    "features.2.weight": [32, 16, 3, 3],
+    "features.2.bias": [32],
+    "head.2.weight": [64, 512],
+    "head.2.bias": [64],
+    "head.4.weight": [10, 64],
+    "head.4.bias": [10],
+}
 
 sys.path.insert(0, str(HERE))
 import ipex_train  # noqa: E402
@@ -42,8 +49,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "accel_home"))
 
 
-def launch(tmp_path: Path, *args: str, script: Path = TRAIN, script_args: tuple[str, ...] | None = None,
-           timeout: float = 300) -> tuple[dict[str, Any] | None, subprocess.CompletedProcess[str]]:
+def launch(
+    tmp_path: Path, *args: str, script: Path = TRAIN, script_args: tuple[str, ...] | None = None, timeout: float = 300
+) -> tuple[dict[str, Any] | None, subprocess.CompletedProcess[str]]:
     """``accel launch ARGS script`` in a subprocess; the report it wrote (for ipex_train.py) and the process."""
     out = tmp_path / "report.json"
     work = tmp_path / "work"
@@ -52,8 +60,14 @@ def launch(tmp_path: Path, *args: str, script: Path = TRAIN, script_args: tuple[
         script_args = ("--out", str(out), "--workdir", str(work))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     env.update(ACCEL_HOME=str(tmp_path / "accel_home"), PYTHONUNBUFFERED="1")
-    proc = subprocess.run([ACCEL, "launch", *args, str(script), *script_args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [ACCEL, "launch", *args, str(script), *script_args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return (json.loads(out.read_text()) if out.exists() else None), proc
 
@@ -157,8 +171,9 @@ def test_the_example_trains_with_the_plugin(tmp_path):
     """examples/train_digits.py, unchanged, through accel launch --plugin ipex. IPEX logs its deprecation notice for
     fuse_update_step from inside ipex.optimize only, so its presence shows the call happened in the worker."""
     _, proc = launch(tmp_path, "--plugin", "ipex", script=EXAMPLE, script_args=("--epochs", "2"))
-    accuracies = [float(line.split("accuracy ")[1].split()[0]) for line in proc.stdout.splitlines()
-                  if line.startswith("epoch ")]
+    accuracies = [
+        float(line.split("accuracy ")[1].split()[0]) for line in proc.stdout.splitlines() if line.startswith("epoch ")
+    ]
     assert len(accuracies) == 2 and accuracies[-1] > 0.8, proc.stdout
     assert "'fuse_update_step' will be deprecated" in proc.stdout + proc.stderr
 
@@ -215,7 +230,9 @@ def test_a_replaced_module_is_what_unwrap_model_returns():
     assert losses[-1] < 0.8 * losses[0], losses
     state = kernel.get_state_dict(model)
     assert {k: (v.dtype, tuple(v.shape)) for k, v in state.items()} == {
-        "weight": (torch.float32, (10, 64)), "bias": (torch.float32, (10,))}
+        "weight": (torch.float32, (10, 64)),
+        "bias": (torch.float32, (10,)),
+    }
     kernel.end_training()
 
 

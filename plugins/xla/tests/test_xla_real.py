@@ -32,8 +32,9 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 
 def launch(args: list[str], tmp_path: Path, timeout: float = 280, **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "ACCEL_HOME": str(tmp_path / "home"), "PJRT_DEVICE": "CPU", **env}
-    return subprocess.run([ACCEL, "launch", "-q", *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return subprocess.run(
+        [ACCEL, "launch", "-q", *args], env=full_env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )
 
 
 def json_lines(text: str) -> list[dict]:
@@ -111,7 +112,8 @@ def test_main_training_function_is_called(tmp_path: Path) -> None:
         "    from accel import Kernel\n"
         "    k = Kernel()\n"
         "    print(json.dumps({'argv': sys.argv[1:], 'device': str(k.device), 'name': __name__}))\n"
-        "    k.end_training()\n")
+        "    k.end_training()\n"
+    )
     proc = launch(["--plugin", "xla", "--main_training_function", "train", str(script), "a", "--b"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (out,) = json_lines(proc.stdout)
@@ -133,11 +135,19 @@ def test_two_cpu_devices_do_not_rendezvous(tmp_path: Path) -> None:
 def test_torchrun_world_that_xla_does_not_see_is_refused(tmp_path: Path) -> None:
     """torchrun + PJRT CPU gives every process an XLA world of 1 (README.md): refused, not trained separately."""
     script = tmp_path / "k.py"
-    script.write_text("from accel import Kernel, UsageError\n"
-                      "try:\n    Kernel(plugins=['xla'])\nexcept UsageError as exc:\n    print('refused:', exc)\n")
+    script.write_text(
+        "from accel import Kernel, UsageError\n"
+        "try:\n    Kernel(plugins=['xla'])\nexcept UsageError as exc:\n    print('refused:', exc)\n"
+    )
     env = {**os.environ, "ACCEL_HOME": str(tmp_path / "home"), "PJRT_DEVICE": "CPU"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", str(script)],
-                          env=env, capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     refused = [line for line in proc.stdout.splitlines() if line.startswith("refused:")]
     assert len(refused) == 2, proc.stdout
@@ -218,8 +228,14 @@ def test_collectives_on_one_device() -> None:
         kernel.end_training()
 
 
-def _train(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, steps: int,
-           it: Iterator | None = None) -> tuple[list[float], Iterator]:
+def _train(
+    kernel: Kernel,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    steps: int,
+    it: Iterator | None = None,
+) -> tuple[list[float], Iterator]:
     """``steps`` micro-batches with gradient accumulation, going on with iterator ``it`` (new passes as needed)."""
     losses = []
     it = iter(loader) if it is None else it
@@ -268,8 +284,13 @@ def test_save_load_round_trip_restores_exactly(tmp_path: Path) -> None:
         writers = {key: item["plugin"] for key, item in manifest["items"].items()}
         assert writers["model"] == "accel", "the model is written by the kernel (portable safetensors)"
         assert writers["optimizer"] == writers["gradients"] == writers["xla_rng"] == "xla"
-        assert {"optimizer.json", "optimizer.safetensors", "gradients_rank0.json", "xla_rng_rank0.json",
-                "model.safetensors"} <= set(os.listdir(saved))
+        assert {
+            "optimizer.json",
+            "optimizer.safetensors",
+            "gradients_rank0.json",
+            "xla_rng_rank0.json",
+            "model.safetensors",
+        } <= set(os.listdir(saved))
 
         _train(kernel, model, optimizer, loader, 7, it)  # move everything away from the saved state
         assert not torch.equal(cpu_state(kernel.unwrap_model(model))["0.weight"], params["0.weight"])

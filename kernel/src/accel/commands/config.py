@@ -43,16 +43,29 @@ from accel.options import (
 from accel.plugins import Plugins
 
 #: Keys every written file has (Accelerate's ClusterConfig), with the kernel option's default when not answered.
-STANDARD_KEYS = ("compute_environment", "distributed_type", "mixed_precision", "cpu", "debug", "num_processes",
-                 "num_machines", "machine_rank", "rdzv_backend", "same_network", "main_training_function",
-                 "enable_cpu_affinity")
+STANDARD_KEYS = (
+    "compute_environment",
+    "distributed_type",
+    "mixed_precision",
+    "cpu",
+    "debug",
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "rdzv_backend",
+    "same_network",
+    "main_training_function",
+    "enable_cpu_affinity",
+)
 
 #: Asks one question; ``disabled`` maps a choice value to the reason it cannot be chosen. Returns the raw answer.
 Asker = Callable[[Question, Mapping[str, str]], Any]
 
-NO_TERMINAL = ("`accel config` asks questions and needs a terminal, but {stream} is not one; write a config without "
-               "questions with `accel config default [--mixed_precision bf16] [--config_file PATH]`, or pass flags "
-               "to `accel launch` (see `accel launch --help`)")
+NO_TERMINAL = (
+    "`accel config` asks questions and needs a terminal, but {stream} is not one; write a config without "
+    "questions with `accel config default [--mixed_precision bf16] [--config_file PATH]`, or pass flags "
+    "to `accel launch` (see `accel launch --help`)"
+)
 
 
 def default_config_path(env: Mapping[str, str] | None = None) -> Path:
@@ -124,12 +137,15 @@ class Questionnaire:
         if q.kind not in QUESTION_KINDS:
             raise PluginError(f"plugin {owner!r}: question {q.key!r} has unknown kind {q.kind!r}")
         if q.titles and len(q.titles) != len(q.choices):
-            raise PluginError(f"plugin {owner!r}: question {q.key!r} has {len(q.titles)} titles for "
-                              f"{len(q.choices)} choices")
+            raise PluginError(
+                f"plugin {owner!r}: question {q.key!r} has {len(q.titles)} titles for {len(q.choices)} choices"
+            )
         opt = self.options[q.key] if q.key in self.options else None
         if q.store and opt is None:
-            raise PluginError(f"plugin {owner!r} asks about {q.key!r}, which no plugin declares as an option; declare "
-                              "it in accel_add_options or return the question with store=False")
+            raise PluginError(
+                f"plugin {owner!r} asks about {q.key!r}, which no plugin declares as an option; declare "
+                "it in accel_add_options or return the question with store=False"
+            )
         if q.default is None and opt is not None and opt.default is not None:
             q = dataclasses.replace(q, default=opt.default)
         if q.kind == "select" and opt is not None and opt.choices and not q.choices:
@@ -148,8 +164,10 @@ class Questionnaire:
             for name, questions in self.plugins.call_each("accel_config_questions", answers=dict(self.answers)):
                 for q in questions or ():
                     if not isinstance(q, Question):
-                        raise PluginError(f"plugin {name!r}: accel_config_questions must return accel.Question "
-                                          f"records, got {type(q).__name__}")
+                        raise PluginError(
+                            f"plugin {name!r}: accel_config_questions must return accel.Question "
+                            f"records, got {type(q).__name__}"
+                        )
                 pending = [q for q in questions or () if q.key not in self.answers]
                 if pending:
                     self.question(pending[0], owner=name)
@@ -168,62 +186,139 @@ class Questionnaire:
 
         # 1. The machine.
         machine = self.question(
-            Question("distributed_type", "Which type of machine are you using?", kind="select",
-                     choices=tuple(t["distributed_type"] for t in types), titles=tuple(t["title"] for t in types),
-                     default="NO"),
-            disabled={t["distributed_type"]: reason for t in types
-                      if (reason := plugin_missing(self.plugins, table.get(t["distributed_type"])))},
+            Question(
+                "distributed_type",
+                "Which type of machine are you using?",
+                kind="select",
+                choices=tuple(t["distributed_type"] for t in types),
+                titles=tuple(t["title"] for t in types),
+                default="NO",
+            ),
+            disabled={
+                t["distributed_type"]: reason
+                for t in types
+                if (reason := plugin_missing(self.plugins, table.get(t["distributed_type"])))
+            },
         )
         entry = by_type[machine]
         if entry.get("processes"):
-            machines = self.question(Question(
-                "num_machines", "How many different machines will you use (use more than 1 for multi-node training)?",
-                kind="int", default=1))
+            machines = self.question(
+                Question(
+                    "num_machines",
+                    "How many different machines will you use (use more than 1 for multi-node training)?",
+                    kind="int",
+                    default=1,
+                )
+            )
             if machines > 1:
-                self.question(Question("machine_rank", "What is the rank of this machine?", kind="select",
-                                       choices=tuple(str(i) for i in range(machines)), default="0"))
-                self.question(Question("main_process_ip", "What is the IP address of the machine that will host the "
-                                       "main process (or its host name)?", kind="text"))
-                self.question(Question("main_process_port", "What is the port you will use to communicate with the "
-                                       "main process?", kind="int", default=29500))
-                same = self.question(Question("same_network", "Are all the machines on the same local network?",
-                                              kind="confirm", default=True))
+                self.question(
+                    Question(
+                        "machine_rank",
+                        "What is the rank of this machine?",
+                        kind="select",
+                        choices=tuple(str(i) for i in range(machines)),
+                        default="0",
+                    )
+                )
+                self.question(
+                    Question(
+                        "main_process_ip",
+                        "What is the IP address of the machine that will host the main process (or its host name)?",
+                        kind="text",
+                    )
+                )
+                self.question(
+                    Question(
+                        "main_process_port",
+                        "What is the port you will use to communicate with the main process?",
+                        kind="int",
+                        default=29500,
+                    )
+                )
+                same = self.question(
+                    Question(
+                        "same_network", "Are all the machines on the same local network?", kind="confirm", default=True
+                    )
+                )
                 if not same:
-                    self.question(Question("rdzv_backend", "What rendezvous backend will you use?", kind="select",
-                                           default="static"))
-            self.question(Question("debug", "Should distributed operations be checked while running for errors? "
-                                   "This can avoid timeout issues but will be slower.", kind="confirm", default=False))
+                    self.question(
+                        Question(
+                            "rdzv_backend", "What rendezvous backend will you use?", kind="select", default="static"
+                        )
+                    )
+            self.question(
+                Question(
+                    "debug",
+                    "Should distributed operations be checked while running for errors? "
+                    "This can avoid timeout issues but will be slower.",
+                    kind="confirm",
+                    default=False,
+                )
+            )
         if entry.get("cpu"):
             self.answers["cpu"] = True
             self.stored.append("cpu")
         elif machine == "NO":
-            self.question(Question("cpu", "Do you want to run your training on CPU only (even if a GPU is available)?",
-                                   kind="confirm", default=hardware.name == "cpu"))
+            self.question(
+                Question(
+                    "cpu",
+                    "Do you want to run your training on CPU only (even if a GPU is available)?",
+                    kind="confirm",
+                    default=hardware.name == "cpu",
+                )
+            )
         on_cpu = bool(self.answers.get("cpu"))
         if entry.get("strategies") and (entry.get("processes") or not on_cpu):
             # On the CPU: the strategies that run there (every one the menu marks "cpu"), for several processes.
             strategies = [s for s in menu()["strategies"] if s.get("cpu") or not on_cpu]
-            plain = "data parallel (a full copy of the model on each device)" if entry.get("processes") \
+            plain = (
+                "data parallel (a full copy of the model on each device)"
+                if entry.get("processes")
                 else "none (one process on one device)"
+            )
             choice = self.question(
-                Question("strategy", "Which training strategy do you want to use?", kind="select",
-                         choices=(machine, *(s["distributed_type"] for s in strategies)),
-                         titles=(plain, *(s["title"] for s in strategies)), default=machine, store=False),
-                disabled={s["distributed_type"]: reason for s in strategies
-                          if (reason := plugin_missing(self.plugins, table.get(s["distributed_type"])))},
+                Question(
+                    "strategy",
+                    "Which training strategy do you want to use?",
+                    kind="select",
+                    choices=(machine, *(s["distributed_type"] for s in strategies)),
+                    titles=(plain, *(s["title"] for s in strategies)),
+                    default=machine,
+                    store=False,
+                ),
+                disabled={
+                    s["distributed_type"]: reason
+                    for s in strategies
+                    if (reason := plugin_missing(self.plugins, table.get(s["distributed_type"])))
+                },
             )
             self.answers["distributed_type"] = choice
         self.plugin_rounds()
 
         # 2. Compilation.
         compile_missing = capability_missing(self.plugins, "compile")
-        use = self.question(Question("use_dynamo", "Do you wish to optimize your script with torch dynamo?",
-                                     kind="select", choices=("no", "yes"), default="no", store=False),
-                            disabled={"yes": compile_missing} if compile_missing else {})
+        use = self.question(
+            Question(
+                "use_dynamo",
+                "Do you wish to optimize your script with torch dynamo?",
+                kind="select",
+                choices=("no", "yes"),
+                default="no",
+                store=False,
+            ),
+            disabled={"yes": compile_missing} if compile_missing else {},
+        )
         if use == "yes":
             backends = tuple(menu()["dynamo_backends"])
-            self.question(Question("dynamo_backend", "Which dynamo backend would you like to use?", kind="select",
-                                   choices=backends, default=backends[0]))
+            self.question(
+                Question(
+                    "dynamo_backend",
+                    "Which dynamo backend would you like to use?",
+                    kind="select",
+                    choices=backends,
+                    default=backends[0],
+                )
+            )
         else:
             self.answers.setdefault("dynamo_backend", "no")
         self.plugin_rounds()
@@ -232,18 +327,38 @@ class Questionnaire:
         distributed = self.answers["distributed_type"]
         if entry.get("processes") or distributed != machine:
             per_machine = hardware.device_count if hardware.name != "cpu" and not self.answers.get("cpu") else 2
-            self.question(Question("num_processes", "How many processes should be used for distributed training, "
-                                   "over all machines?", kind="int",
-                                   default=max(1, per_machine) * int(self.answers.get("num_machines", 1))))
+            self.question(
+                Question(
+                    "num_processes",
+                    "How many processes should be used for distributed training, over all machines?",
+                    kind="int",
+                    default=max(1, per_machine) * int(self.answers.get("num_machines", 1)),
+                )
+            )
         if entry.get("devices") and not self.answers.get("cpu"):
-            self.question(Question("gpu_ids", "What GPU(s) (by id) should be used for training on this machine as a "
-                                   "comma-separated list?", kind="text", default="all"))
+            self.question(
+                Question(
+                    "gpu_ids",
+                    "What GPU(s) (by id) should be used for training on this machine as a comma-separated list?",
+                    kind="text",
+                    default="all",
+                )
+            )
         precisions = self.options["mixed_precision"].choices or ("no",)
         self.question(
-            Question("mixed_precision", "Do you wish to use mixed precision?", kind="select", choices=precisions,
-                     default="no"),
-            disabled={p: reason for p in precisions if p != "no"
-                      if (reason := capability_missing(self.plugins, f"precision:{p}"))},
+            Question(
+                "mixed_precision",
+                "Do you wish to use mixed precision?",
+                kind="select",
+                choices=precisions,
+                default="no",
+            ),
+            disabled={
+                p: reason
+                for p in precisions
+                if p != "no"
+                if (reason := capability_missing(self.plugins, f"precision:{p}"))
+            },
         )
         self.plugin_rounds()
         return self.answers
@@ -305,8 +420,11 @@ def check_writable(path: Path, env: Mapping[str, str] | None = None) -> None:
 
 def cannot_write(path: Path, exc: OSError, env: Mapping[str, str] | None) -> UsageError:
     home = (env if env is not None else os.environ).get("ACCEL_HOME")
-    fix = "set ACCEL_HOME to a writable directory" if home and Path(home) in (path.parent, *path.parents) \
+    fix = (
+        "set ACCEL_HOME to a writable directory"
+        if home and Path(home) in (path.parent, *path.parents)
         else "choose a writable place"
+    )
     why = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc)
     blocker = next((p for p in path.parents if p.is_file()), None)
     if blocker is not None:
@@ -326,12 +444,15 @@ def questionary_asker() -> Asker:
             print(f"  {q.help}")
         if q.kind == "select":
             titles = q.titles or q.choices
-            choices = [questionary.Choice(str(title), value=str(value), disabled=disabled.get(str(value)))
-                       for title, value in zip(titles, q.choices, strict=True)]
+            choices = [
+                questionary.Choice(str(title), value=str(value), disabled=disabled.get(str(value)))
+                for title, value in zip(titles, q.choices, strict=True)
+            ]
             enabled = [c.value for c in choices if not c.disabled]
             if not enabled:
-                raise UsageError(f"no choice is available for {q.prompt!r}: " + "; ".join(
-                    f"{v}: {r}" for v, r in disabled.items()))
+                raise UsageError(
+                    f"no choice is available for {q.prompt!r}: " + "; ".join(f"{v}: {r}" for v, r in disabled.items())
+                )
             default = str(q.default) if str(q.default) in enabled else enabled[0]
             return questionary.select(q.prompt, choices=choices, default=default).unsafe_ask()
         if q.kind == "confirm":
@@ -385,10 +506,14 @@ def config_command(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in ("default", "update", "show"):
         return {"default": default_command, "update": update_command, "show": show_command}[argv[0]](argv[1:])
-    parser = Parser(prog="accel config", description="Answer questions about this machine and write the config file. "
-                    "Subcommands: default (no questions), update (upgrade a file), show (effective settings).")
-    parser.add_argument("--config_file", "--config-file", default=None,
-                        help=f"where to write [default: {default_config_path()}]")
+    parser = Parser(
+        prog="accel config",
+        description="Answer questions about this machine and write the config file. "
+        "Subcommands: default (no questions), update (upgrade a file), show (effective settings).",
+    )
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help=f"where to write [default: {default_config_path()}]"
+    )
     args = parser.parse_args(argv)
     for stream, name in ((sys.stdin, "standard input"), (sys.stdout, "standard output")):
         if not stream.isatty():
@@ -415,7 +540,9 @@ def default_config(plugins: Plugins, options: Options, env: Mapping[str, str], m
     """A config for the detected hardware: all its devices when several are found and a plugin can run several
     processes, else one process (on the CPU when no accelerator is found)."""
     hardware = plugins.detect_hardware(env)
-    values: dict[str, Any] = {"mixed_precision": options["mixed_precision"].coerce(mixed_precision, "--mixed_precision")}
+    values: dict[str, Any] = {
+        "mixed_precision": options["mixed_precision"].coerce(mixed_precision, "--mixed_precision")
+    }
     if hardware.name == "cpu":
         values.update(distributed_type="NO", num_processes=1, cpu=True)
     elif hardware.device_count > 1 and capability_missing(plugins, "distributed", unknown_may_provide=False) is None:
@@ -431,15 +558,19 @@ def default_command(argv: Sequence[str]) -> int:
     plugins = Plugins.load(env=env)
     options = plugins.options()
     parser = Parser(prog="accel config default", description="Write a config for the detected hardware, no questions.")
-    parser.add_argument("--config_file", "--config-file", default=None,
-                        help=f"where to write [default: {default_config_path(env)}]")
-    parser.add_argument("--mixed_precision", "--mixed-precision", default="no",
-                        help="no, fp16, bf16 or fp8 [default: no]")
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help=f"where to write [default: {default_config_path(env)}]"
+    )
+    parser.add_argument(
+        "--mixed_precision", "--mixed-precision", default="no", help="no, fp16, bf16 or fp8 [default: no]"
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     args = parser.parse_args(list(argv))
     path = Path(args.config_file) if args.config_file else default_config_path(env)
     if path.exists() and not args.force:
-        raise UsageError(f"{path} already exists; pass --force to overwrite it, or --config_file PATH to write elsewhere")
+        raise UsageError(
+            f"{path} already exists; pass --force to overwrite it, or --config_file PATH to write elsewhere"
+        )
     data = default_config(plugins, options, env, args.mixed_precision)
     if data["mixed_precision"] != "no" and (why := capability_missing(plugins, f"precision:{data['mixed_precision']}")):
         print(f"accel: note: mixed_precision {data['mixed_precision']} {why}", file=sys.stderr)
@@ -452,10 +583,15 @@ def upgrade(data: Mapping[str, Any], options: Options) -> tuple[dict[str, Any], 
     """The current-schema form of an older or Accelerate-written config, and what changed (one line each)."""
     new, changes = migrate_legacy(data)
     section = new.get("dynamo_config")
-    if isinstance(section, dict) and isinstance(section.get("dynamo_backend"), str) \
-            and section["dynamo_backend"] != section["dynamo_backend"].lower():
-        changes.append(f"`dynamo_config.dynamo_backend: {section['dynamo_backend']}` -> "
-                       f"`{section['dynamo_backend'].lower()}` (torch's name)")
+    if (
+        isinstance(section, dict)
+        and isinstance(section.get("dynamo_backend"), str)
+        and section["dynamo_backend"] != section["dynamo_backend"].lower()
+    ):
+        changes.append(
+            f"`dynamo_config.dynamo_backend: {section['dynamo_backend']}` -> "
+            f"`{section['dynamo_backend'].lower()}` (torch's name)"
+        )
         section["dynamo_backend"] = section["dynamo_backend"].lower()
     for key in [k for k, v in new.items() if v is None]:
         del new[key]
@@ -479,8 +615,10 @@ def config_path_for(args_path: str | None, env: Mapping[str, str]) -> Path:
     found = find_default_config(env)
     if found is None:
         where = ", ".join(str(d) for d in default_config_dirs(env))
-        raise UsageError(f"no config file found (looked in {where}); pass --config_file PATH or create one with "
-                         "`accel config` / `accel config default`")
+        raise UsageError(
+            f"no config file found (looked in {where}); pass --config_file PATH or create one with "
+            "`accel config` / `accel config default`"
+        )
     return found
 
 
@@ -488,10 +626,13 @@ def update_command(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     plugins = Plugins.load(env=env)
     options = plugins.options()
-    parser = Parser(prog="accel config update", description="Rewrite a config file (older accel or Accelerate) in "
-                    "the current schema, keeping its values.")
-    parser.add_argument("--config_file", "--config-file", default=None, help="the file to update [default: the "
-                        "default config file]")
+    parser = Parser(
+        prog="accel config update",
+        description="Rewrite a config file (older accel or Accelerate) in the current schema, keeping its values.",
+    )
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help="the file to update [default: the default config file]"
+    )
     args = parser.parse_args(list(argv))
     path = config_path_for(args.config_file, env)
     data = read_config_file(path)
@@ -511,8 +652,12 @@ def show_command(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     plugins = Plugins.load(env=env, blocked=blocked_plugins(argv))
     options = plugins.options()
-    parser = Parser(prog="accel config show", allow_abbrev=False, description="Print the effective settings (what "
-                    "`accel launch` would use with these flags) and where each value comes from.")
+    parser = Parser(
+        prog="accel config show",
+        allow_abbrev=False,
+        description="Print the effective settings (what "
+        "`accel launch` would use with these flags) and where each value comes from.",
+    )
     parser.add_argument("--config_file", "--config-file", default=None)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME")
@@ -527,8 +672,17 @@ def show_command(argv: Sequence[str]) -> int:
     values, sources = resolve(options, flags=flags, config=config, env=env)
     rows = [_row(opt, values[opt.name], sources[opt.name], path) for opt in options]
     if args.json:
-        print(json.dumps({"config_file": str(path) if path else None, "ignored": ignored,
-                          "settings": {r["name"]: r for r in rows}}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "config_file": str(path) if path else None,
+                    "ignored": ignored,
+                    "settings": {r["name"]: r for r in rows},
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     print(f"config file: {path or 'none (defaults)'}")
     width = max(len(r["key"]) for r in rows)

@@ -30,8 +30,14 @@ def _version(dist: str) -> str:
 
 
 def _load(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namespace]:
-    parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
-                        help="Disable a plugin: -p no:NAME (repeatable).")
+    parser.add_argument(
+        "-p",
+        dest="blocked",
+        action="append",
+        default=[],
+        metavar="no:NAME",
+        help="Disable a plugin: -p no:NAME (repeatable).",
+    )
     args = parser.parse_args(list(argv))
     for value in args.blocked:
         if not value.startswith("no:") or not value[3:]:
@@ -49,8 +55,18 @@ def plugins_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel plugins", description="List installed accel plugins (entry-point group 'accel').")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     plugins, args = _load(argv, parser)
-    rows = [{"name": r.name, "distribution": r.distribution, "version": r.version, "hooks": r.hooks,
-             "status": _status(r), "reason": r.reason, "entry_point": r.value} for r in plugins.all_records]
+    rows = [
+        {
+            "name": r.name,
+            "distribution": r.distribution,
+            "version": r.version,
+            "hooks": r.hooks,
+            "status": _status(r),
+            "reason": r.reason,
+            "entry_point": r.value,
+        }
+        for r in plugins.all_records
+    ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -68,8 +84,10 @@ def _plugins_table(records: Sequence[PluginRecord], width: int) -> str:
     folds at its hyphens only when the status would get under 20 columns, and width the status does not need goes
     to the hooks (fewer lines)."""
     names = ("name", "distribution", "version", "hooks", "status")
-    rows = [(r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
-            for r in records]
+    rows = [
+        (r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
+        for r in records
+    ]
     widths = [max(len(names[i]), *(len(row[i]) for row in rows)) for i in range(5)]
     widths[3] = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])  # a whole name and its comma
     gaps = 2 * (len(names) - 1)
@@ -80,12 +98,18 @@ def _plugins_table(records: Sequence[PluginRecord], width: int) -> str:
     free = width - gaps - sum(widths[:4])
     widths[4] = max(10, min(free, widths[4]))
     widths[3] += max(0, free - widths[4])
-    lines = ["  ".join(name.ljust(w) for name, w in zip(names, widths, strict=True)).rstrip(),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        "  ".join(name.ljust(w) for name, w in zip(names, widths, strict=True)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
     for row in rows:
-        cells = [[row[0]], textwrap.wrap(row[1], widths[1]), [row[2]],
-                 textwrap.wrap(row[3], widths[3], break_long_words=False, break_on_hyphens=False),
-                 textwrap.wrap(row[4], widths[4], break_on_hyphens=False)]
+        cells = [
+            [row[0]],
+            textwrap.wrap(row[1], widths[1]),
+            [row[2]],
+            textwrap.wrap(row[3], widths[3], break_long_words=False, break_on_hyphens=False),
+            textwrap.wrap(row[4], widths[4], break_on_hyphens=False),
+        ]
         for line in itertools.zip_longest(*cells, fillvalue=""):
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
     return "\n".join(lines)
@@ -161,8 +185,12 @@ def env_command(argv: Sequence[str]) -> int:
         details = f" {dict(hw.details)}" if hw.details else ""
         lines.append((f"Devices reported by {name}", f"{hw.name} x{hw.device_count} (priority {hw.priority}){details}"))
     for rec in plugins.all_records:
-        lines.append((f"Plugin {rec.name}", f"{rec.distribution} {rec.version}: {_status(rec)}"
-                      + (f" ({rec.reason})" if rec.reason else "")))
+        lines.append(
+            (
+                f"Plugin {rec.name}",
+                f"{rec.distribution} {rec.version}: {_status(rec)}" + (f" ({rec.reason})" if rec.reason else ""),
+            )
+        )
     if not plugins.all_records:
         lines.append(("Plugins", "none installed"))
     versions = _package_versions(plugins)

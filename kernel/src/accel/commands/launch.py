@@ -103,8 +103,9 @@ class BoolFlag(argparse.Action):
 class SelectPlugin(BoolFlag):
     """Accelerate's ``--use_deepspeed``-style flag: the same as ``--plugin NAME`` (when true)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, plugin: str = "", installed: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, plugin: str = "", installed: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.plugin, self.installed = plugin, installed
 
@@ -114,8 +115,10 @@ class SelectPlugin(BoolFlag):
         if str(values).lower() in ("false", "no", "off", "0"):
             return
         if not self.installed:
-            raise UsageError(f"{option_string} selects plugin {self.plugin!r}, which is not installed; install it "
-                             f"with `{install_hint(self.plugin)}`")
+            raise UsageError(
+                f"{option_string} selects plugin {self.plugin!r}, which is not installed; install it "
+                f"with `{install_hint(self.plugin)}`"
+            )
         chosen = getattr(namespace, "plugins", None) or []
         namespace.plugins = chosen if self.plugin in chosen else [*chosen, self.plugin]
 
@@ -156,14 +159,20 @@ def add_accelerate_flags(parser: argparse.ArgumentParser, plugins: Plugins) -> N
     accelerate = table["accelerate_launch_flags"]
     for flag, plugin in accelerate["select"].items():
         if free(flag):
-            parser.add_argument(*free(flag), dest="select_" + flag, action=SelectPlugin, plugin=plugin,
-                                installed=plugin in plugins.records,
-                                help=f"Same as --plugin {plugin} (Accelerate's flag).")
+            parser.add_argument(
+                *free(flag),
+                dest="select_" + flag,
+                action=SelectPlugin,
+                plugin=plugin,
+                installed=plugin in plugins.records,
+                help=f"Same as --plugin {plugin} (Accelerate's flag).",
+            )
     for flag, target in accelerate["negate"].items():
         action = taken.get(f"--{target}")
         if action is not None and free(flag):
-            parser.add_argument(*free(flag), dest=action.dest, action="store_const", const="false",
-                                help=f"Same as --{target} false.")
+            parser.add_argument(
+                *free(flag), dest=action.dest, action="store_const", const="false", help=f"Same as --{target} false."
+            )
     for flag, message in accelerate["refused"].items():
         if not flag.endswith("*") and free(flag):
             parser.add_argument(*free(flag), action=Refuse, message=message)
@@ -171,8 +180,11 @@ def add_accelerate_flags(parser: argparse.ArgumentParser, plugins: Plugins) -> N
         rec = plugins.records.get(plugin)
         if rec is not None and rec.status in ("loaded", "unavailable"):
             continue  # its own options are declared (an unavailable plugin refuses them when they are set)
-        why = (f"which is installed but {rec.status}: {rec.reason}" if rec is not None
-               else f"which is not installed; install it with `pip install {info['distribution']}`")
+        why = (
+            f"which is installed but {rec.status}: {rec.reason}"
+            if rec is not None
+            else f"which is not installed; install it with `pip install {info['distribution']}`"
+        )
         for flag in info.get("launch_flags", []):
             if free(flag):
                 parser.add_argument(*free(flag), action=Refuse, message=f"an option of plugin {plugin!r}, {why}")
@@ -216,16 +228,30 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Options) -> None:
 
 
 def build_parser(options: Options, prog: str = "accel launch", plugins: Plugins | None = None) -> Parser:
-    parser = Parser(prog=prog, allow_abbrev=False,
-                    description="Launch a training script on one or many processes and machines.")
-    parser.add_argument("--config_file", "--config-file", default=None, help="YAML config (Accelerate's keys accepted).")
-    parser.add_argument("-p", dest="blocked", action="append", default=[], metavar="no:NAME",
-                        help="Disable a plugin: -p no:NAME (repeatable).")
+    parser = Parser(
+        prog=prog, allow_abbrev=False, description="Launch a training script on one or many processes and machines."
+    )
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help="YAML config (Accelerate's keys accepted)."
+    )
+    parser.add_argument(
+        "-p",
+        dest="blocked",
+        action="append",
+        default=[],
+        metavar="no:NAME",
+        help="Disable a plugin: -p no:NAME (repeatable).",
+    )
     parser.add_argument("-m", "--module", action="store_true", help="Run the script as a module (python -m).")
     parser.add_argument("--no_python", "--no-python", action="store_true", help="Run the script as an executable.")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                        help="Print the resolved plan (settings that differ from their defaults, plugins per hook, "
-                             "launcher command, environment) and exit.")
+    parser.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="Print the resolved plan (settings that differ from their defaults, plugins per hook, "
+        "launcher command, environment) and exit.",
+    )
     parser.add_argument("--verbose", action="store_true", help="With --dry-run: list every setting.")
     parser.add_argument("-q", "--quiet", action="store_true", help="No notices.")
     add_option_flags(parser, options)
@@ -243,19 +269,25 @@ TEE = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
 def check(values: dict[str, Any]) -> None:
     """Checks that need several values at once (single values were checked by their Option)."""
     if values.get("cpu") and values.get("gpu_ids") and str(values["gpu_ids"]).lower() != "all":
-        raise UsageError(f"--cpu and --gpu_ids {values['gpu_ids']} contradict each other: --cpu trains on the CPU; "
-                         "drop one of them")
+        raise UsageError(
+            f"--cpu and --gpu_ids {values['gpu_ids']} contradict each other: --cpu trains on the CPU; drop one of them"
+        )
     tee = values.get("tee")
     if tee is not None and not TEE.fullmatch(str(tee)):
-        raise UsageError(f"--tee expects 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as "
-                         f"'0:3,1:2', got {tee!r}")
+        raise UsageError(
+            f"--tee expects 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as '0:3,1:2', got {tee!r}"
+        )
 
     if values["machine_rank"] >= values["num_machines"]:
-        raise UsageError(f"--machine_rank {values['machine_rank']} is out of range for --num_machines "
-                         f"{values['num_machines']} (ranks go from 0 to {values['num_machines'] - 1})")
+        raise UsageError(
+            f"--machine_rank {values['machine_rank']} is out of range for --num_machines "
+            f"{values['num_machines']} (ranks go from 0 to {values['num_machines'] - 1})"
+        )
     if values["num_processes"] % values["num_machines"]:
-        raise UsageError(f"--num_processes {values['num_processes']} is not a multiple of --num_machines "
-                         f"{values['num_machines']} (num_processes counts the processes of all machines)")
+        raise UsageError(
+            f"--num_processes {values['num_processes']} is not a multiple of --num_machines "
+            f"{values['num_machines']} (num_processes counts the processes of all machines)"
+        )
     if values["num_machines"] > 1 and not values["main_process_ip"]:
         raise UsageError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
     if values["compute_environment"] != "LOCAL_MACHINE":
@@ -273,7 +305,9 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     args = build_parser(options, plugins=plugins).parse_args(argv)
     for value in args.blocked:
         if not value.startswith("no:") or not value[3:]:
-            raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}; select plugins with --plugin NAME")
+            raise UsageError(
+                f"-p expects no:NAME to disable a plugin, got {value!r}; select plugins with --plugin NAME"
+            )
     if not args.training_script:
         raise UsageError("no training script given: accel launch [options] script.py [script args]")
     path = args.config_file
@@ -284,14 +318,17 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
             notices.append(f"using the default config file {path} (--config_file FILE picks another)")
         elif (found := find_accelerate_config(env)) is not None:
             path = str(found)
-            notices.append(f"using Accelerate's default config file {path}, as accel has none of its own "
-                           "(--config_file FILE picks another; `accel config` writes accel's)")
+            notices.append(
+                f"using Accelerate's default config file {path}, as accel has none of its own "
+                "(--config_file FILE picks another; `accel config` writes accel's)"
+            )
     config: dict[str, Any] = {}
     if path is not None:
         data, legacy = migrate_legacy(read_config_file(path))
         if legacy:
-            notices.append(f"read old Accelerate keys of {path}: {'; '.join(legacy)} "
-                           "(`accel config update` rewrites the file)")
+            notices.append(
+                f"read old Accelerate keys of {path}: {'; '.join(legacy)} (`accel config update` rewrites the file)"
+            )
         config, ignored = validate_config(data, options, plugins.loaded, path, plugins.unavailable())
         if ignored:
             notices.append(f"ignoring config keys: {'; '.join(ignored)}")
@@ -303,8 +340,10 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     check(values)
     if values["enable_cpu_affinity"] and plugins.detect_hardware(env).name == "cpu":
         values["enable_cpu_affinity"] = False
-        notices.append("--enable_cpu_affinity binds each process to the CPUs next to its GPU; there is no GPU here, "
-                       "so it does nothing")
+        notices.append(
+            "--enable_cpu_affinity binds each process to the CPUs next to its GPU; there is no GPU here, "
+            "so it does nothing"
+        )
     script = args.training_script
     if not (args.module or args.no_python) and not os.path.isfile(script):
         raise UsageError(f"training script {script!r} does not exist")
@@ -314,8 +353,10 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     defaults = [n for n in ANNOUNCED if sources[n] in ("default", "hardware")]
     if path is None and defaults:
         listed = ", ".join(f"`--{n}` was set to a value of `{values[n]!r}`" for n in defaults)
-        notices.append(f"these values were not given, so defaults were used: {listed} "
-                       "(pass them or use a config file to silence this)")
+        notices.append(
+            f"these values were not given, so defaults were used: {listed} "
+            "(pass them or use a config file to silence this)"
+        )
     for rec in plugins.failed:
         notices.append(f"plugin {rec.name!r} ({rec.distribution} {rec.version}) is skipped: {rec.reason}")
     handed = {k: v for k, v in values.items() if sources[k] != "default"}
@@ -330,20 +371,28 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     else:
         command = (["-m", script] if args.module else [script]) + list(args.training_script_args)
         python = sys.executable
-    plan = LaunchPlan(settings=settings, command=command, env=env, python=python, dry_run=args.dry_run,
-                      verbose=args.verbose)
+    plan = LaunchPlan(
+        settings=settings, command=command, env=env, python=python, dry_run=args.dry_run, verbose=args.verbose
+    )
     return plugins, plan, [] if args.quiet else notices
 
 
-def refuse_idle_plugin_flags(options: Options, values: Mapping[str, Any], sources: Mapping[str, str],
-                             active: set[str]) -> None:
+def refuse_idle_plugin_flags(
+    options: Options, values: Mapping[str, Any], sources: Mapping[str, str], active: set[str]
+) -> None:
     """A flag of an installed plugin that does not take part in this run would silently change nothing: refuse it
     (one that sets the default value, such as ``--no_tpu_cluster``, asks for nothing and passes)."""
     for opt in options:
-        if (opt.plugin != KERNEL and sources.get(opt.name) == "flag" and opt.plugin not in active
-                and values.get(opt.name) != opt.default):
-            raise UsageError(f"--{opt.name} is an option of plugin {opt.plugin!r}, which does not take part in this "
-                             f"run; select it (--plugin {opt.plugin}) or drop the flag")
+        if (
+            opt.plugin != KERNEL
+            and sources.get(opt.name) == "flag"
+            and opt.plugin not in active
+            and values.get(opt.name) != opt.default
+        ):
+            raise UsageError(
+                f"--{opt.name} is an option of plugin {opt.plugin!r}, which does not take part in this "
+                f"run; select it (--plugin {opt.plugin}) or drop the flag"
+            )
 
 
 def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:

@@ -40,8 +40,10 @@ def template_files(kind: str) -> dict[str, str]:
 def render(name: str, kind: str = "tracker") -> dict[str, str]:
     """The files of a new plugin called ``name``: ``{relative path: text}``."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise UsageError(f"plugin name {name!r} must start with a lowercase letter and hold only a-z, 0-9 and _ "
-                         "(it becomes the entry-point name and the module accel_NAME)")
+        raise UsageError(
+            f"plugin name {name!r} must start with a lowercase letter and hold only a-z, 0-9 and _ "
+            "(it becomes the entry-point name and the module accel_NAME)"
+        )
     if kind not in KINDS:
         raise UsageError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     values = {
@@ -51,8 +53,10 @@ def render(name: str, kind: str = "tracker") -> dict[str, str]:
         "title": "".join(part.capitalize() for part in name.split("_")),
         "kernel_requirement": KERNEL_REQUIREMENT,
     }
-    return {path.replace("__name__", name): string.Template(text).substitute(values)
-            for path, text in template_files(kind).items()}
+    return {
+        path.replace("__name__", name): string.Template(text).substitute(values)
+        for path, text in template_files(kind).items()
+    }
 
 
 def write(target: Path, files: dict[str, str]) -> None:
@@ -68,8 +72,12 @@ def new_plugin_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel new-plugin", description="Write a new accel plugin project from a template.")
     parser.add_argument("name", help="the plugin's name: entry point NAME, module accel_NAME")
     parser.add_argument("--kind", default="tracker", help="tracker (default) or strategy")
-    parser.add_argument("--directory", "--dir", default=None,
-                        help="where to write it (default: ./accel-plugin-NAME); must not exist or be empty")
+    parser.add_argument(
+        "--directory",
+        "--dir",
+        default=None,
+        help="where to write it (default: ./accel-plugin-NAME); must not exist or be empty",
+    )
     args = parser.parse_args(list(argv))
     files = render(args.name, args.kind)
     target = Path(args.directory or f"accel-plugin-{args.name.replace('_', '-')}")

@@ -36,8 +36,9 @@ class Checks:
         except Exception as exc:  # a check that fails must not hide the others
             detail, ok = " ".join(f"{type(exc).__name__}: {exc}".split()), False
             traceback.print_exc()
-        self.results.append({"name": name, "ok": ok, "detail": detail,
-                             "seconds": round(time.perf_counter() - start, 3)})
+        self.results.append(
+            {"name": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - start, 3)}
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         # The same input must give the same output on every process (replicas in sync, or shards gathered alike).
         losses = kernel.gather(torch.tensor([after], device=kernel.device)).cpu()
         spread = (losses.max() - losses.min()).item()
-        assert abs(spread) < 1e-5, f"the model gives different losses on different processes (spread {spread:g}): " \
-            "gradients not synchronised"
+        assert abs(spread) < 1e-5, (
+            f"the model gives different losses on different processes (spread {spread:g}): gradients not synchronised"
+        )
         # The full parameters, through the kernel's state-dict API (gathered from shards where a plugin shards them):
         # every process that receives them (all, or only the main one) must hold the same values, of full shape.
         state = kernel.get_state_dict(model)
@@ -117,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         for other in everyone[1:]:
             diff = max(abs(a - b) for k in reference for a, b in zip(reference[k], other[k], strict=True))
             assert diff < 1e-5, f"parameters differ between processes by {diff:g} (gradients not synchronised)"
-        return (f"loss {before:.3f} -> {after:.3f}, same output on all processes, full parameters from "
-                f"get_state_dict on {len(everyone)} of {n} process(es) agree")
+        return (
+            f"loss {before:.3f} -> {after:.3f}, same output on all processes, full parameters from "
+            f"get_state_dict on {len(everyone)} of {n} process(es) agree"
+        )
 
     def metrics() -> str:
         items = torch.arange(13, dtype=torch.float32)
@@ -137,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             out = layer(torch.randn(2, 4, device=kernel.device))
         return f"{kernel.mixed_precision}: forward under autocast gives {out.dtype}"
 
-    for name, fn in (("world", world), ("collectives", collectives), ("training", training),
-                     ("gather_for_metrics", metrics), ("mixed precision", precision)):
+    for name, fn in (
+        ("world", world),
+        ("collectives", collectives),
+        ("training", training),
+        ("gather_for_metrics", metrics),
+        ("mixed precision", precision),
+    ):
         checks.run(name, fn)
     try:
         everyone = kernel.gather_object([{"process": rank, "results": checks.results}])
@@ -148,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(r["ok"] for p in everyone for r in p["results"])
     if kernel.is_main_process:
         summary = {
-            "ok": ok, "num_processes": n, "device": str(kernel.device), "mixed_precision": kernel.mixed_precision,
-            "plugins": [f"{c.name}:{c.role}" for c in kernel.components], "processes": everyone,
+            "ok": ok,
+            "num_processes": n,
+            "device": str(kernel.device),
+            "mixed_precision": kernel.mixed_precision,
+            "plugins": [f"{c.name}:{c.role}" for c in kernel.components],
+            "processes": everyone,
         }
         for proc in everyone:
             for r in proc["results"]:

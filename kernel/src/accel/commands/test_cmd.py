@@ -24,9 +24,12 @@ SCRIPT = Path(__file__).with_name("selfcheck.py")
 def test_command(argv: Sequence[str]) -> int:
     argv = list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        parser = Parser(prog="accel test", description="Run a short real check (a few training steps, collectives, "
-                        "gather_for_metrics) on every process with the current config. Every `accel launch` option is "
-                        "accepted, e.g. `accel test -n 2`, `accel test --config_file my.yaml`.")
+        parser = Parser(
+            prog="accel test",
+            description="Run a short real check (a few training steps, collectives, "
+            "gather_for_metrics) on every process with the current config. Every `accel launch` option is "
+            "accepted, e.g. `accel test -n 2`, `accel test --config_file my.yaml`.",
+        )
         parser.add_argument("--timeout", type=float, default=600, help="seconds before giving up [default: 600]")
         parser.parse_args(argv)
     timeout = 600.0
@@ -38,7 +41,7 @@ def test_command(argv: Sequence[str]) -> int:
             from accel.errors import UsageError
 
             raise UsageError("--timeout expects a number of seconds") from None
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     with tempfile.TemporaryDirectory(prefix="accel-test-") as report_dir:
         cmd = [sys.executable, "-m", "accel.commands.launch", *argv, str(SCRIPT), "--report", report_dir]
         print(f"accel test: running accel launch {' '.join(argv)} {SCRIPT.name}".replace("  ", " "), flush=True)
@@ -46,8 +49,10 @@ def test_command(argv: Sequence[str]) -> int:
         try:
             code = subprocess.call(cmd, timeout=timeout)
         except subprocess.TimeoutExpired:
-            print(f"accel test: FAILED: the processes did not finish within {timeout:g} s (a hang in a collective?)",
-                  file=sys.stderr)
+            print(
+                f"accel test: FAILED: the processes did not finish within {timeout:g} s (a hang in a collective?)",
+                file=sys.stderr,
+            )
             return 1
         seconds = time.perf_counter() - start
         report_file = Path(report_dir) / "report.json"
@@ -61,8 +66,10 @@ def summarize(code: int, report: dict[str, Any] | None, seconds: float) -> int:
         print("accel test: FAILED: `accel launch` refused these settings (see the error above)", file=sys.stderr)
         return 2
     if report is None:
-        print(f"accel test: FAILED: the processes exited with code {code} before reporting; see the output above",
-              file=sys.stderr)
+        print(
+            f"accel test: FAILED: the processes exited with code {code} before reporting; see the output above",
+            file=sys.stderr,
+        )
         return 1
     failures = [(p["process"], r) for p in report["processes"] for r in p["results"] if not r["ok"]]
     if failures or code != 0 or not report["ok"]:
@@ -73,9 +80,11 @@ def summarize(code: int, report: dict[str, Any] | None, seconds: float) -> int:
         return 1
     plugins = ", ".join(report["plugins"]) or "none (kernel only)"
     checks = len(report["processes"][0]["results"]) if report["processes"] else 0
-    print(f"accel test: success: {checks} checks passed on each of {report['num_processes']} process(es) "
-          f"(device {report['device']}, mixed precision {report['mixed_precision']}, plugins: {plugins}) "
-          f"in {seconds:.1f} s. You are ready for distributed training!")
+    print(
+        f"accel test: success: {checks} checks passed on each of {report['num_processes']} process(es) "
+        f"(device {report['device']}, mixed precision {report['mixed_precision']}, plugins: {plugins}) "
+        f"in {seconds:.1f} s. You are ready for distributed training!"
+    )
     return 0
 
 

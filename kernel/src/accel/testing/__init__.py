@@ -26,12 +26,23 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel
 
 #: Variables a launcher sets for its workers; a test's own process must not pass them on.
-WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                    "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID", "ACCEL_CONFIG")
+WORKER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "ACCEL_CONFIG",
+)
 
 
-def isolated_env(home: str | os.PathLike[str], registered: Iterable[str] | None = None,
-                 extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def isolated_env(
+    home: str | os.PathLike[str], registered: Iterable[str] | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """This process's environment for a subprocess, with ``ACCEL_HOME=home`` (no user config file leaks in),
     no launcher variables, and, when ``registered`` is given, ``ACCEL_PLUGINS`` set to exactly those names."""
     env = {k: v for k, v in os.environ.items() if k not in WORKER_VARIABLES and not k.startswith("SLURM_")}
@@ -79,20 +90,39 @@ def run_launch(
     ``["ddp", "mine"]``) and return the finished process (text output captured).
     With ``check``, a non-zero exit raises :class:`LaunchFailed` showing the output's tail."""
     command = [sys.executable, "-m", "accel.commands.launch", "--num_processes", str(num_processes), *args]
-    proc = subprocess.run(command, env=isolated_env(home, registered, env), cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        command,
+        env=isolated_env(home, registered, env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if check and proc.returncode != 0:
         tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
         raise LaunchFailed(f"`accel launch {' '.join(map(str, args))}` exited with {proc.returncode}:\n{tail}")
     return proc
 
 
-def run_accel(args: Sequence[str], *, home: str | os.PathLike[str], registered: Iterable[str] | None = None,
-              env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_accel(
+    args: Sequence[str],
+    *,
+    home: str | os.PathLike[str],
+    registered: Iterable[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
     """Run the ``accel`` command line (``accel plugins --json``, ``accel env``...) in a subprocess."""
     command = [sys.executable, "-m", "accel.commands.cli", *args]
-    return subprocess.run(command, env=isolated_env(home, registered, env), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        command,
+        env=isolated_env(home, registered, env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def imported_modules(module: str, watch: Iterable[str], attrs: Iterable[str] = ()) -> list[str]:
@@ -112,5 +142,13 @@ def imported_modules(module: str, watch: Iterable[str], attrs: Iterable[str] = (
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-__all__ = ["LaunchFailed", "free_port", "imported_modules", "isolated_env", "make_kernel", "patched_environ",
-           "run_accel", "run_launch"]
+__all__ = [
+    "LaunchFailed",
+    "free_port",
+    "imported_modules",
+    "isolated_env",
+    "make_kernel",
+    "patched_environ",
+    "run_accel",
+    "run_launch",
+]

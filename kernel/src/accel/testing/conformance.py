@@ -170,8 +170,9 @@ class TrackerConformance(_PluginChecks):
             yield
 
     def kernel(self, tmp_path: Path, log_with: list[str] | None = None, extra: Any = ()) -> Any:
-        return make_kernel([self.name], extra, log_with=[self.name] if log_with is None else log_with,
-                           project_dir=tmp_path / "project")
+        return make_kernel(
+            [self.name], extra, log_with=[self.name] if log_with is None else log_with, project_dir=tmp_path / "project"
+        )
 
     def _init_kwargs(self, tmp_path: Path) -> dict[str, Any]:
         return {self.name: self.init_kwargs(tmp_path)}
@@ -189,11 +190,13 @@ class TrackerConformance(_PluginChecks):
             steps = [step for step, _ in series[key]]
             assert len(steps) == STEPS, (
                 f"{key!r}: {len(steps)} points recorded for {STEPS} kernel.log() calls (steps {steps}); "
-                "each call must be recorded exactly once")
+                "each call must be recorded exactly once"
+            )
             assert steps == list(range(STEPS)), f"{key!r}: recorded steps {steps}, logged 0..{STEPS - 1} in order"
             for step, value in series[key]:
-                assert math.isclose(value, value_at(step), rel_tol=1e-6, abs_tol=1e-9), \
+                assert math.isclose(value, value_at(step), rel_tol=1e-6, abs_tol=1e-9), (
                     f"{key!r} at step {step}: recorded {value}, logged {value_at(step)}"
+                )
 
     # ---- the suite --------------------------------------------------------------------------------------------
 
@@ -231,7 +234,8 @@ class TrackerConformance(_PluginChecks):
         still_open = open_files_under(tmp_path)
         assert not still_open, (
             f"after end_training() this process still holds open {still_open}: close (and so flush) the "
-            "backend's files in accel_end_training")
+            "backend's files in accel_end_training"
+        )
         self._check_scalars(tmp_path, "closed")
 
     def test_get_tracker_unwraps_to_native_run(self, tmp_path: Path) -> None:
@@ -293,10 +297,21 @@ class TrackerConformance(_PluginChecks):
             self.count_runs(tmp_path, "__probe__")
         except NotImplementedError:
             pytest.skip("count_runs is not implemented")
-        proc = run_launch(["-m", "accel.testing.tracker_check", self.name, str(tmp_path / "project"), "two",
-                           json.dumps(self._init_kwargs(tmp_path))],
-                          num_processes=2, registered=[self.name, "ddp"], home=tmp_path / "accel_home",
-                          env=self.environment(tmp_path), check=False)
+        proc = run_launch(
+            [
+                "-m",
+                "accel.testing.tracker_check",
+                self.name,
+                str(tmp_path / "project"),
+                "two",
+                json.dumps(self._init_kwargs(tmp_path)),
+            ],
+            num_processes=2,
+            registered=[self.name, "ddp"],
+            home=tmp_path / "accel_home",
+            env=self.environment(tmp_path),
+            check=False,
+        )
         if proc.returncode and "provides 'distributed'" in proc.stderr:
             pytest.skip("no plugin providing 'distributed' (e.g. accel-plugin-ddp) is installed")
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -335,8 +350,12 @@ class StrategyConformance(_PluginChecks):
     def test_dry_run_selects_it(self, tmp_path: Path) -> None:
         script = tmp_path / "train.py"
         script.write_text("print('never run')\n")
-        proc = run_launch(["--dry-run", "--plugin", self.name, *self.launch_args, str(script)],
-                          num_processes=self.num_processes, registered=self.registered(), home=tmp_path)
+        proc = run_launch(
+            ["--dry-run", "--plugin", self.name, *self.launch_args, str(script)],
+            num_processes=self.num_processes,
+            registered=self.registered(),
+            home=tmp_path,
+        )
         assert f"{self.name} (strategy)" in proc.stdout, proc.stdout
 
     @pytest.mark.slow
@@ -345,9 +364,14 @@ class StrategyConformance(_PluginChecks):
         from accel.testing.strategy_check import SAMPLES, make_data, reference_weights
 
         out = tmp_path / "out"
-        run_launch(["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
-                   num_processes=self.num_processes, registered=self.registered(), home=tmp_path / "home",
-                   env=self.environment(tmp_path), timeout=self.timeout)
+        run_launch(
+            ["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
+            num_processes=self.num_processes,
+            registered=self.registered(),
+            home=tmp_path / "home",
+            env=self.environment(tmp_path),
+            timeout=self.timeout,
+        )
         reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
         expected = reference_weights()
         n = self.num_processes
@@ -359,21 +383,27 @@ class StrategyConformance(_PluginChecks):
             assert r["unwrapped_is_original"], (
                 f"unwrap_model(prepared) returned a {r['unwrapped_type']}, not the torch.nn.Linear object passed to "
                 "prepare(): it must return the user's own module (the kernel keeps it; a strategy's wrapper must "
-                "not replace it)")
+                "not replace it)"
+            )
             assert r["unwrapped_computes_like_prepared"], (
                 "unwrap_model(prepared) returned a module that computes differently from the prepared model: the "
                 "strategy's wrapper trains its own module, not the user's (a wrapper must hold the user's module "
-                "itself, so that unwrap_model, get_state_dict and save_model see the trained weights)")
+                "itself, so that unwrap_model, get_state_dict and save_model see the trained weights)"
+            )
             assert not _same(r["weights"], r["initial_weights"]), (
                 "the module unwrap_model(prepared) returns kept its initial weights through training: the strategy "
                 "trains something other than the user's module (a copy inside its own wrapper class?); a wrapper "
-                "must hold the user's module itself")
+                "must hold the user's module itself"
+            )
             for got, want in zip(r["weights"], expected, strict=True):
                 assert math.isclose(got, want, rel_tol=self.tolerance, abs_tol=self.tolerance), (r["weights"], expected)
-            assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), \
+            assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), (
                 "processes ended with different weights"
+            )
             assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-            for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
+            for got, want in zip(
+                r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True
+            ):
                 assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
             assert r["reduce_sum"] == n * (n + 1) / 2
             assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
@@ -414,7 +444,9 @@ def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool =
                 f"micro-batch {i} does not synchronise (kernel.sync_gradients is False inside accumulate()), yet "
                 f"the {n} processes hold identical gradients after it: the strategy synchronised gradients on "
                 "every micro-batch; skip the all-reduce while kernel.sync_gradients is False (answer "
-                "accel_no_sync, or test kernel.sync_gradients in accel_backward)")
+                "accel_no_sync, or test kernel.sync_gradients in accel_backward)"
+            )
     assert compared or not gradients_visible, (
         "the user's module held no gradients after any backward, so their synchronisation could not be checked; "
-        "set gradients_visible = False if the strategy keeps them in its own buffers")
+        "set gradients_visible = False if the strategy keeps them in its own buffers"
+    )

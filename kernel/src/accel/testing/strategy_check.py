@@ -102,8 +102,9 @@ def main(argv: list[str]) -> int:
             with kernel.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(xb), yb)
                 kernel.backward(loss)
-                micro_steps.append({"sync": kernel.sync_gradients,
-                                    "grads": local_gradients(kernel.unwrap_model(model))})
+                micro_steps.append(
+                    {"sync": kernel.sync_gradients, "grads": local_gradients(kernel.unwrap_model(model))}
+                )
                 optimizer.step()
                 optimizer.zero_grad()
                 steps += int(kernel.sync_gradients)

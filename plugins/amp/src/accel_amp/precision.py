@@ -33,15 +33,21 @@ def device_problem(mode: str, device: torch.device, emulate: bool = False) -> st
         return f"mixed_precision={mode} needs autocast, which torch does not have for device {device.type!r}"
     if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         name = torch.cuda.get_device_name(device)
-        return f"mixed_precision=bf16 needs a CUDA GPU of compute capability 8.0 or newer, and {name} is older; use fp16"
+        return (
+            f"mixed_precision=bf16 needs a CUDA GPU of compute capability 8.0 or newer, and {name} is older; use fp16"
+        )
     if mode == "fp8":
         if not emulate and device.type != "cuda":
-            return (f"mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9 or newer (H100, L4, RTX 4090), "
-                    f"and this process trains on {device.type}; use bf16, or fp8_emulate to test the fp8 recipe slowly")
+            return (
+                f"mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9 or newer (H100, L4, RTX 4090), "
+                f"and this process trains on {device.type}; use bf16, or fp8_emulate to test the fp8 recipe slowly"
+            )
         if not emulate and torch.cuda.get_device_capability(device) < (8, 9):
             major, minor = torch.cuda.get_device_capability(device)
-            return (f"mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9 or newer, and "
-                    f"{torch.cuda.get_device_name(device)} has {major}.{minor}; use bf16")
+            return (
+                f"mixed_precision=fp8 needs a CUDA GPU of compute capability 8.9 or newer, and "
+                f"{torch.cuda.get_device_name(device)} has {major}.{minor}; use bf16"
+            )
         if importlib.util.find_spec("torchao") is None:
             return "mixed_precision=fp8 needs torchao: pip install 'accel-plugin-amp[fp8]'"
     return None
@@ -95,8 +101,11 @@ class AmpPrecision(Component):
         if self.mode == "fp16":
             s = self.settings
             self.scaler = torch.amp.GradScaler(
-                device.type, init_scale=s["grad_scaler_init_scale"], growth_factor=s["grad_scaler_growth_factor"],
-                backoff_factor=s["grad_scaler_backoff_factor"], growth_interval=s["grad_scaler_growth_interval"],
+                device.type,
+                init_scale=s["grad_scaler_init_scale"],
+                growth_factor=s["grad_scaler_growth_factor"],
+                backoff_factor=s["grad_scaler_backoff_factor"],
+                growth_interval=s["grad_scaler_growth_interval"],
                 enabled=s["grad_scaler_enabled"],
             )
         dtype = torch.float16 if self.mode == "fp16" else torch.bfloat16
@@ -116,7 +125,8 @@ class AmpPrecision(Component):
 
         s = self.settings
         config = dataclasses.replace(
-            Float8LinearConfig.from_recipe_name(s["fp8_recipe"]), emulate=bool(s["fp8_emulate"]),
+            Float8LinearConfig.from_recipe_name(s["fp8_recipe"]),
+            emulate=bool(s["fp8_emulate"]),
             pad_inner_dim=bool(s["fp8_pad_inner_dim"]),
             enable_fsdp_float8_all_gather=bool(s["fp8_enable_fsdp_float8_all_gather"]),
         )
@@ -124,8 +134,11 @@ class AmpPrecision(Component):
         swapped: list[str] = []
 
         def eligible(module: torch.nn.Module, fqn: str) -> bool:
-            ok = fqn != "" and isinstance(module, torch.nn.Linear) and (
-                pad or (module.in_features % 16 == 0 and module.out_features % 16 == 0))
+            ok = (
+                fqn != ""
+                and isinstance(module, torch.nn.Linear)
+                and (pad or (module.in_features % 16 == 0 and module.out_features % 16 == 0))
+            )
             if ok:
                 swapped.append(fqn)
             return ok
@@ -133,13 +146,17 @@ class AmpPrecision(Component):
         convert_to_float8_training(model, config=config, module_filter_fn=eligible)
         self._converted.add(model)
         if not swapped:
-            warnings.warn("mixed_precision=fp8: no nn.Linear layer with both dimensions divisible by 16 was found, "
-                          "so nothing runs in fp8 (set fp8_pad_inner_dim to convert the others)", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "mixed_precision=fp8: no nn.Linear layer with both dimensions divisible by 16 was found, "
+                "so nothing runs in fp8 (set fp8_pad_inner_dim to convert the others)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     @hookimpl(wrapper=True)
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
-                               schedulers: list[Any]) -> Any:
+    def accel_prepare_training(
+        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> Any:
         """Remember the optimizers the strategy returned: the scaler unscales them all before clipping."""
         result = yield
         if result is not None:

@@ -34,29 +34,82 @@ DDP_KWARGS = "DistributedDataParallelKwargs"
 @hookimpl
 def accel_add_options(options: Options) -> None:
     add = options.add
-    add("ddp_backend", default="auto", choices=("auto", "gloo", "nccl", "mpi", "xccl"),
+    add(
+        "ddp_backend",
+        default="auto",
+        choices=("auto", "gloo", "nccl", "mpi", "xccl"),
         handler="InitProcessGroupKwargs.backend",
-        help="Process-group backend; auto picks nccl on CUDA and gloo otherwise.")
-    add("ddp_find_unused_parameters", type="bool", default=False, handler=f"{DDP_KWARGS}.find_unused_parameters",
-        help="DistributedDataParallel(find_unused_parameters=...).")
-    add("ddp_bucket_cap_mb", type="float", default=25.0, minimum=0, handler=f"{DDP_KWARGS}.bucket_cap_mb",
-        help="DDP gradient bucket size in MB.")
-    add("ddp_timeout", type="float", default=1800.0, minimum=1, handler="InitProcessGroupKwargs.timeout",
-        help="Collective timeout in seconds.")
+        help="Process-group backend; auto picks nccl on CUDA and gloo otherwise.",
+    )
+    add(
+        "ddp_find_unused_parameters",
+        type="bool",
+        default=False,
+        handler=f"{DDP_KWARGS}.find_unused_parameters",
+        help="DistributedDataParallel(find_unused_parameters=...).",
+    )
+    add(
+        "ddp_bucket_cap_mb",
+        type="float",
+        default=25.0,
+        minimum=0,
+        handler=f"{DDP_KWARGS}.bucket_cap_mb",
+        help="DDP gradient bucket size in MB.",
+    )
+    add(
+        "ddp_timeout",
+        type="float",
+        default=1800.0,
+        minimum=1,
+        handler="InitProcessGroupKwargs.timeout",
+        help="Collective timeout in seconds.",
+    )
     add("rdzv_id", default="accel", help="Job id for c10d/etcd rendezvous.")
-    add("ddp_broadcast_buffers", type="bool", default=True, cli=False, handler=f"{DDP_KWARGS}.broadcast_buffers",
-        help="DistributedDataParallel(broadcast_buffers=...): copy rank 0's buffers to all ranks at each forward.")
-    add("ddp_gradient_as_bucket_view", type="bool", default=False, cli=False,
+    add(
+        "ddp_broadcast_buffers",
+        type="bool",
+        default=True,
+        cli=False,
+        handler=f"{DDP_KWARGS}.broadcast_buffers",
+        help="DistributedDataParallel(broadcast_buffers=...): copy rank 0's buffers to all ranks at each forward.",
+    )
+    add(
+        "ddp_gradient_as_bucket_view",
+        type="bool",
+        default=False,
+        cli=False,
         handler=f"{DDP_KWARGS}.gradient_as_bucket_view",
-        help="DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the buckets.")
-    add("ddp_static_graph", type="bool", default=False, cli=False, handler=f"{DDP_KWARGS}.static_graph",
-        help="DistributedDataParallel(static_graph=...): the set of used parameters never changes.")
-    add("ddp_comm_hook", default="no", choices=COMM_HOOKS, handler=f"{DDP_KWARGS}.comm_hook",
-        help="DDP communication hook: no, fp16 or bf16 (compress gradients), power_sgd or batched_power_sgd.")
-    add("ddp_comm_wrapper", default="no", choices=COMM_WRAPPERS, handler=f"{DDP_KWARGS}.comm_wrapper",
-        help="Wrap the communication hook to compress what it sends: no, fp16 or bf16.")
-    add("ddp_comm_state_option", type="mapping", default={}, handler=f"{DDP_KWARGS}.comm_state_option",
-        help="PowerSGD state options as a JSON object (matrix_approximation_rank, start_powerSGD_iter, ...).")
+        help="DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the buckets.",
+    )
+    add(
+        "ddp_static_graph",
+        type="bool",
+        default=False,
+        cli=False,
+        handler=f"{DDP_KWARGS}.static_graph",
+        help="DistributedDataParallel(static_graph=...): the set of used parameters never changes.",
+    )
+    add(
+        "ddp_comm_hook",
+        default="no",
+        choices=COMM_HOOKS,
+        handler=f"{DDP_KWARGS}.comm_hook",
+        help="DDP communication hook: no, fp16 or bf16 (compress gradients), power_sgd or batched_power_sgd.",
+    )
+    add(
+        "ddp_comm_wrapper",
+        default="no",
+        choices=COMM_WRAPPERS,
+        handler=f"{DDP_KWARGS}.comm_wrapper",
+        help="Wrap the communication hook to compress what it sends: no, fp16 or bf16.",
+    )
+    add(
+        "ddp_comm_state_option",
+        type="mapping",
+        default={},
+        handler=f"{DDP_KWARGS}.comm_state_option",
+        help="PowerSGD state options as a JSON object (matrix_approximation_rank, start_powerSGD_iter, ...).",
+    )
 
 
 @hookimpl

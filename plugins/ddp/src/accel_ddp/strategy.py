@@ -43,15 +43,24 @@ def register_comm_hook(model: Any, hook: str, wrapper: str, state_option: Mappin
     does nothing."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    hooks: dict[str, Any] = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook,
-             "power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}
-    wrappers: dict[str, Any] = {"fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    hooks: dict[str, Any] = {
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+        "power_sgd": powerSGD_hook.powerSGD_hook,
+        "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook,
+    }
+    wrappers: dict[str, Any] = {
+        "fp16": default_hooks.fp16_compress_wrapper,
+        "bf16": default_hooks.bf16_compress_wrapper,
+    }
     if hook == "no":
         return
     if hook == "batched_power_sgd" and not batched_power_sgd_works():
-        raise UsageError("ddp_comm_hook=batched_power_sgd cannot be used with this torch: its batched_powerSGD_hook "
-                         "fails at the first compressed step (AssertionError in powerSGD_hook._orthogonalize, which "
-                         "it hands a 2-D matrix); use power_sgd")
+        raise UsageError(
+            "ddp_comm_hook=batched_power_sgd cannot be used with this torch: its batched_powerSGD_hook "
+            "fails at the first compressed step (AssertionError in powerSGD_hook._orthogonalize, which "
+            "it hands a 2-D matrix); use power_sgd"
+        )
     if hook not in ("power_sgd", "batched_power_sgd") and state_option:
         raise UsageError(f"ddp_comm_state_option is for the PowerSGD hooks; ddp_comm_hook is {hook!r}: remove it")
     function = hooks[hook]
@@ -106,16 +115,20 @@ class DDPStrategy(ProcessGroupComponent):
             if backend == "auto":
                 backend = dist.get_default_backend_for_device(self.device)
             timeout = timedelta(seconds=self.settings["ddp_timeout"])
-            dist.init_process_group(backend=backend, timeout=timeout,
-                                    device_id=self.device if self.device.type != "cpu" else None,
-                                    **restart_store_args(env, timeout, "accel"))
+            dist.init_process_group(
+                backend=backend,
+                timeout=timeout,
+                device_id=self.device if self.device.type != "cpu" else None,
+                **restart_store_args(env, timeout, "accel"),
+            )
             self.owns_process_group = True
 
     # ---- models -------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
-                               schedulers: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    def accel_prepare_training(
+        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         return [self.wrap_model(m) for m in models], list(optimizers), list(schedulers)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:

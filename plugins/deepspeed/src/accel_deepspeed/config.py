@@ -100,15 +100,17 @@ def base_config(settings: Settings) -> tuple[dict[str, Any], str]:
             continue
         present = _get(config, cfg_path)
         if present is not None and present != AUTO and present != value:
-            raise UsageError(f"{where} sets {'.'.join(cfg_path)}={present!r} but --{name} (deepspeed_config."
-                             f"{CONFIG_KEYS[name]}) is {value!r}; keep one of them, or write \"auto\" in the file")
+            raise UsageError(
+                f"{where} sets {'.'.join(cfg_path)}={present!r} but --{name} (deepspeed_config."
+                f'{CONFIG_KEYS[name]}) is {value!r}; keep one of them, or write "auto" in the file'
+            )
         _set(config, cfg_path, value)
     if not path:
         zero = config.setdefault("zero_optimization", {})
         zero.setdefault("stage", 2)  # Accelerate's default without a file
     stage = _get(config, ("zero_optimization", "stage"))
     if stage is not None and stage != AUTO and (type(stage) is not int or stage not in (0, 1, 2, 3)):
-        raise UsageError(f"{where}: zero_optimization.stage is {stage!r}; write a number 0, 1, 2 or 3 (or \"auto\")")
+        raise UsageError(f'{where}: zero_optimization.stage is {stage!r}; write a number 0, 1, 2 or 3 (or "auto")')
     return config, where
 
 
@@ -118,7 +120,7 @@ def stage_of(config: Mapping[str, Any]) -> int:
 
 
 def explicit_precision(config: Mapping[str, Any]) -> str | None:
-    """"bf16"/"fp16" when the config enables one explicitly (``true``), else None."""
+    """ "bf16"/"fp16" when the config enables one explicitly (``true``), else None."""
     for name in ("bf16", "fp16"):
         if _get(config, (name, "enabled")) is True:
             return name
@@ -133,7 +135,9 @@ def explicit_accumulation(config: Mapping[str, Any]) -> int | None:
 def placeholder_micro(config: Mapping[str, Any]) -> int | None:
     """A micro-batch size to check a config with when no DataLoader is known (at launch, for frozen models):
     ``None`` when the config determines it itself, else 1."""
-    fixed = isinstance(config.get("train_micro_batch_size_per_gpu"), int) or isinstance(config.get("train_batch_size"), int)
+    fixed = isinstance(config.get("train_micro_batch_size_per_gpu"), int) or isinstance(
+        config.get("train_batch_size"), int
+    )
     return None if fixed else 1
 
 
@@ -146,26 +150,34 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
         if present in (None, AUTO):
             config[key] = kernel_value
         elif present != kernel_value:
-            raise UsageError(f"{where}: {key} is {present!r} but {what} is {kernel_value!r}; set the same value in "
-                             f"both places, or \"auto\" in the DeepSpeed config")
+            raise UsageError(
+                f"{where}: {key} is {present!r} but {what} is {kernel_value!r}; set the same value in "
+                f'both places, or "auto" in the DeepSpeed config'
+            )
         return config[key]
 
     agree("gradient_accumulation_steps", gas, "the Kernel's gradient_accumulation_steps")
     micro = config.get("train_micro_batch_size_per_gpu")
     if facts.micro_batch_size is not None:
-        micro = agree("train_micro_batch_size_per_gpu", facts.micro_batch_size,
-                      "the batch size of the training DataLoader")
+        micro = agree(
+            "train_micro_batch_size_per_gpu", facts.micro_batch_size, "the batch size of the training DataLoader"
+        )
     elif micro in (None, AUTO):
         total = config.get("train_batch_size")
         if isinstance(total, int) and total % (gas * facts.world_size) == 0:
             micro = config["train_micro_batch_size_per_gpu"] = total // (gas * facts.world_size)
         else:
-            raise UsageError("DeepSpeed needs the per-process batch size: pass the training DataLoader to the same "
-                             "prepare() call as the model and optimizer, or set train_micro_batch_size_per_gpu in "
-                             "the DeepSpeed config")
-    agree("train_batch_size", int(micro) * gas * facts.world_size,
-          f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes ({micro} x {gas} x "
-          f"{facts.world_size})")
+            raise UsageError(
+                "DeepSpeed needs the per-process batch size: pass the training DataLoader to the same "
+                "prepare() call as the model and optimizer, or set train_micro_batch_size_per_gpu in "
+                "the DeepSpeed config"
+            )
+    agree(
+        "train_batch_size",
+        int(micro) * gas * facts.world_size,
+        f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x processes ({micro} x {gas} x "
+        f"{facts.world_size})",
+    )
 
     if facts.mixed_precision == "fp8":
         raise UsageError("mixed_precision fp8 is not supported by the DeepSpeed plugin; use bf16 or fp16")
@@ -175,12 +187,14 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
         if section is None or section == AUTO:
             section = config[name] = {}
         if not isinstance(section, dict):
-            raise UsageError(f"{where}: {name} must be an object like {{\"enabled\": true}}")
+            raise UsageError(f'{where}: {name} must be an object like {{"enabled": true}}')
         enabled = section.get("enabled", AUTO)
         if enabled != AUTO and bool(enabled) != wanted:
-            raise UsageError(f"{where}: {name}.enabled is {str(enabled).lower()} but the Kernel's mixed_precision is "
-                             f"{facts.mixed_precision!r}; set mixed_precision={name if enabled else 'no'} (or "
-                             f"--mixed_precision), or \"auto\" in the DeepSpeed config")
+            raise UsageError(
+                f"{where}: {name}.enabled is {str(enabled).lower()} but the Kernel's mixed_precision is "
+                f"{facts.mixed_precision!r}; set mixed_precision={name if enabled else 'no'} (or "
+                f'--mixed_precision), or "auto" in the DeepSpeed config'
+            )
         section["enabled"] = wanted
     if config.get("gradient_clipping") in (None, AUTO):
         config["gradient_clipping"] = 0.0
@@ -195,8 +209,9 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
                     del zero[key]  # DeepSpeed's default
         offload = _get(zero, ("offload_param", "device"))
         if offload not in (None, "none") and stage_of(config) != 3:
-            raise UsageError(f"{where}: offload_param_device={offload} needs ZeRO stage 3 (stage is "
-                             f"{stage_of(config)})")
+            raise UsageError(
+                f"{where}: offload_param_device={offload} needs ZeRO stage 3 (stage is {stage_of(config)})"
+            )
     # A client torch optimizer with offloaded optimizer states: run it on the CPU partitions as it is (no
     # DeepSpeedCPUAdam build); set "zero_force_ds_cpu_optimizer": true in the file to require DeepSpeed's.
     config.setdefault("zero_force_ds_cpu_optimizer", False)
@@ -206,7 +221,7 @@ def fill(config: dict[str, Any], facts: KernelFacts, where: str) -> dict[str, An
     # (fill_sections); they are not known at launch.
     left = [p for p in _autos(config) if p.split(".")[0] not in SECTIONS]
     if left:
-        raise UsageError(f"{where}: cannot fill \"auto\" for {', '.join(left)}; give values there")
+        raise UsageError(f'{where}: cannot fill "auto" for {", ".join(left)}; give values there')
     return config
 
 
@@ -227,7 +242,7 @@ def fill_sections(config: dict[str, Any], values: Mapping[str, Mapping[str, Any]
                 params[key] = values[section][key]
     left = [p for p in _autos(config) if p.split(".")[0] in SECTIONS]
     if left:
-        raise UsageError(f"{where}: cannot fill \"auto\" for {', '.join(left)}; give values there")
+        raise UsageError(f'{where}: cannot fill "auto" for {", ".join(left)}; give values there')
     return config
 
 

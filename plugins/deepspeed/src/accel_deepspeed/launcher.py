@@ -68,22 +68,27 @@ def uses_runner(settings: Settings) -> bool:
 def check_filters(settings: Settings) -> None:
     include, exclude = settings.get("deepspeed_inclusion_filter"), settings.get("deepspeed_exclusion_filter")
     if (include or exclude) and not uses_runner(settings):
-        raise UsageError("--deepspeed_inclusion_filter/--deepspeed_exclusion_filter select hosts and slots of "
-                         "DeepSpeed's runner: they need --num_machines > 1 and a --deepspeed_multinode_launcher other "
-                         "than standard")
+        raise UsageError(
+            "--deepspeed_inclusion_filter/--deepspeed_exclusion_filter select hosts and slots of "
+            "DeepSpeed's runner: they need --num_machines > 1 and a --deepspeed_multinode_launcher other "
+            "than standard"
+        )
     if include and exclude:
         raise UsageError("give either --deepspeed_inclusion_filter or --deepspeed_exclusion_filter, not both")
 
 
-def runner_plan(settings: Settings, command: list[str], python: str, env: Mapping[str, str],
-                no_python: bool = False) -> RunnerPlan:
+def runner_plan(
+    settings: Settings, command: list[str], python: str, env: Mapping[str, str], no_python: bool = False
+) -> RunnerPlan:
     """The exact DeepSpeed runner command and the variables every worker gets, for a multi-machine launch."""
     launcher = settings["deepspeed_multinode_launcher"]
     check_filters(settings)
     hostfile = settings.get("deepspeed_hostfile")
     if not hostfile:
-        raise UsageError(f"--deepspeed_multinode_launcher {launcher} needs --deepspeed_hostfile (lines "
-                         "'HOST slots=N', one per machine)")
+        raise UsageError(
+            f"--deepspeed_multinode_launcher {launcher} needs --deepspeed_hostfile (lines "
+            "'HOST slots=N', one per machine)"
+        )
     hosts = read_hostfile(hostfile)
     machines, total = settings["num_machines"], settings["num_processes"]
     if total % machines:
@@ -92,21 +97,40 @@ def runner_plan(settings: Settings, command: list[str], python: str, env: Mappin
     include, exclude = settings.get("deepspeed_inclusion_filter"), settings.get("deepspeed_exclusion_filter")
     if launcher in MPI_LAUNCHERS:
         if include or exclude:
-            raise UsageError(f"DeepSpeed's {launcher} launcher runs one process per slot of every host of the "
-                             "hostfile: it takes no inclusion/exclusion filter; edit the hostfile instead")
+            raise UsageError(
+                f"DeepSpeed's {launcher} launcher runs one process per slot of every host of the "
+                "hostfile: it takes no inclusion/exclusion filter; edit the hostfile instead"
+            )
         if len(hosts) != machines or sum(hosts.values()) != total:
-            raise UsageError(f"the {launcher} launcher starts one process per slot of {hostfile} ({len(hosts)} "
-                             f"hosts, {sum(hosts.values())} slots), but the run asks for {machines} machines and "
-                             f"{total} processes; make them agree")
+            raise UsageError(
+                f"the {launcher} launcher starts one process per slot of {hostfile} ({len(hosts)} "
+                f"hosts, {sum(hosts.values())} slots), but the run asks for {machines} machines and "
+                f"{total} processes; make them agree"
+            )
     elif not (include or exclude):
         if len(hosts) < machines or any(slots < per_machine for slots in list(hosts.values())[:machines]):
-            raise UsageError(f"{hostfile} does not offer {machines} hosts with {per_machine} slots each "
-                             f"(it lists {hosts})")
+            raise UsageError(
+                f"{hostfile} does not offer {machines} hosts with {per_machine} slots each (it lists {hosts})"
+            )
     ip = settings["main_process_ip"]
     port = settings["main_process_port"] or 29500
-    how = ["--no_ssh", "--node_rank", str(settings["machine_rank"])] if launcher == "nossh" else ["--launcher", launcher]
-    argv = [python, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, *how,
-            "--master_addr", str(ip), "--master_port", str(port), "--no_local_rank"]
+    how = (
+        ["--no_ssh", "--node_rank", str(settings["machine_rank"])] if launcher == "nossh" else ["--launcher", launcher]
+    )
+    argv = [
+        python,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        hostfile,
+        *how,
+        "--master_addr",
+        str(ip),
+        "--master_port",
+        str(port),
+        "--no_local_rank",
+    ]
     if include:
         argv += ["--include", include]
     elif exclude:

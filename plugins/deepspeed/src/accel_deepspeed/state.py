@@ -84,6 +84,7 @@ def save(engine: Any, root: Path, sub: str) -> list[str]:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 failures.append(f"{type(exc).__name__}: {first}")
                 return None
+
         return call
 
     saver = engine.checkpoint_engine
@@ -102,8 +103,10 @@ def save(engine: Any, root: Path, sub: str) -> list[str]:
         import shutil
 
         free = shutil.disk_usage(root).free
-        raise CheckpointError(f"DeepSpeed could not write its checkpoint into {root / sub} on process "
-                              f"{failed[0][0]}: {failed[0][1]} ({free} bytes free there)")
+        raise CheckpointError(
+            f"DeepSpeed could not write its checkpoint into {root / sub} on process "
+            f"{failed[0][0]}: {failed[0][1]} ({free} bytes free there)"
+        )
     return files_under(root, Path(sub))
 
 
@@ -134,8 +137,9 @@ def weights_only_loads() -> Iterator[None]:
             with torch.serialization.safe_globals(allowed):
                 return original(f, *args, **kwargs)
         except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"refusing to load {f}: it holds more than weights ({weights_only_reason(exc)})") \
-                from None
+            raise CheckpointError(
+                f"refusing to load {f}: it holds more than weights ({weights_only_reason(exc)})"
+            ) from None
         except Exception as exc:  # damaged or not a torch file: one line, like every checkpoint error
             raise CheckpointError(f"cannot load {f}: {weights_only_reason(exc)}") from None
 
@@ -165,8 +169,9 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
     if failed:
         raise CheckpointError(f"{failed[0][1]} (process {failed[0][0]})")
     with weights_only_loads():
-        path, _ = engine.load_checkpoint(os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer,
-                                         load_lr_scheduler_states=False)
+        path, _ = engine.load_checkpoint(
+            os.fspath(root / sub), tag=TAG, load_optimizer_states=with_optimizer, load_lr_scheduler_states=False
+        )
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load its checkpoint from {root / sub}")
 

@@ -47,10 +47,12 @@ RANK_VARIABLES = (
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 )
 
-LIMIT = ("DeepSpeed trains one model per Kernel: its engine owns backward() and the optimizer step of that model, "
-         "and accel cannot tell which engine a loss belongs to. Prepare the trained model with its optimizer once; "
-         "other models (a teacher, an EMA copy) may be prepared without an optimizer: they are frozen (partitioned "
-         "under ZeRO-3). To train two models (a GAN), use the ddp or fsdp plugin")
+LIMIT = (
+    "DeepSpeed trains one model per Kernel: its engine owns backward() and the optimizer step of that model, "
+    "and accel cannot tell which engine a loss belongs to. Prepare the trained model with its optimizer once; "
+    "other models (a teacher, an EMA copy) may be prepared without an optimizer: they are frozen (partitioned "
+    "under ZeRO-3). To train two models (a GAN), use the ddp or fsdp plugin"
+)
 
 
 def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
@@ -68,8 +70,10 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
             env.setdefault("LOCAL_RANK", env.get(local_rank, "0"))
             env.setdefault("LOCAL_WORLD_SIZE", env.get(local_size, "1").split("(")[0])
             if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-                raise UsageError(f"started by {rank.split('_')[0]} without MASTER_ADDR/MASTER_PORT: launch with "
-                                 "`accel launch --plugin deepspeed` (it exports them) or set them")
+                raise UsageError(
+                    f"started by {rank.split('_')[0]} without MASTER_ADDR/MASTER_PORT: launch with "
+                    "`accel launch --plugin deepspeed` (it exports them) or set them"
+                )
             return
     world_of_one(env)
 
@@ -83,8 +87,10 @@ def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
     acc = getattr(torch, "accelerator", None)
     on_accelerator = not cpu_only and acc is not None and acc.is_available()
     if not on_accelerator and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
-        raise UsageError("DeepSpeed refuses fp16 on this CPU (it needs AVX512-FP16 or AMX); use --mixed_precision "
-                         "bf16, or no mixed precision")
+        raise UsageError(
+            "DeepSpeed refuses fp16 on this CPU (it needs AVX512-FP16 or AMX); use --mixed_precision "
+            "bf16, or no mixed precision"
+        )
 
 
 @dataclass
@@ -155,8 +161,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         from accel.processes import run_process
 
         settings = plan.settings
-        run = launcher.runner_plan(settings, plan.command, plan.python or sys.executable, plan.env,
-                                   no_python=not plan.python)
+        run = launcher.runner_plan(
+            settings, plan.command, plan.python or sys.executable, plan.env, no_python=not plan.python
+        )
         name = settings["deepspeed_multinode_launcher"]
         if plan.dry_run:
             print(f"launcher: deepspeed ({name} through DeepSpeed's runner): {shlex.join(run.argv)}")
@@ -192,7 +199,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         from deepspeed.utils import logger as ds_logger
 
         if ds_logger.getEffectiveLevel() <= logging.INFO and not os.environ.get("ACCEL_DEEPSPEED_VERBOSE"):
-            ds_logger.setLevel(logging.WARNING)  # its config dump and per-step notes; ACCEL_DEEPSPEED_VERBOSE=1 keeps them
+            ds_logger.setLevel(
+                logging.WARNING
+            )  # its config dump and per-step notes; ACCEL_DEEPSPEED_VERBOSE=1 keeps them
         if not dist.is_initialized():
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
@@ -203,7 +212,6 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         # The engine realises bf16/fp16 itself (low-precision weights, fp32 master weights; declared in provides,
         # so the kernel left the precision plugin out): no autocast, but prepared models still return fp32 outputs.
         return contextlib.nullcontext if f"precision:{kernel.mixed_precision}" in self.provides else None
-
 
     @hookimpl
     def accel_teardown(self, kernel: Kernel) -> None:
@@ -219,8 +227,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     def _facts(self, kernel: Kernel, micro: int | None, model: Any) -> dsconfig.KernelFacts:
         cfg = getattr(model, "config", None)
         hidden = getattr(cfg, "hidden_size", None) or max(getattr(cfg, "hidden_sizes", None) or [0]) or None
-        return dsconfig.KernelFacts(kernel.gradient_accumulation_steps, kernel.mixed_precision,
-                                    kernel.num_processes, micro, hidden)
+        return dsconfig.KernelFacts(
+            kernel.gradient_accumulation_steps, kernel.mixed_precision, kernel.num_processes, micro, hidden
+        )
 
     def _config(self, kernel: Kernel, micro: int | None, model: Any, trained: bool) -> dict[str, Any]:
         config, where = dsconfig.base_config(self.settings)
@@ -257,8 +266,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         classes = {type(m) for m in model.modules() if type(m).__name__ in names}
         missing = set(names) - {c.__name__ for c in classes}
         if missing:
-            raise UsageError(f"deepspeed_moe_layer_cls_names: no module of class {', '.join(sorted(missing))} in the "
-                             "model")
+            raise UsageError(
+                f"deepspeed_moe_layer_cls_names: no module of class {', '.join(sorted(missing))} in the model"
+            )
         set_z3_leaf_modules(model, sorted(classes, key=lambda c: c.__name__))
 
     @hookimpl
@@ -276,11 +286,14 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             ids = {id(p) for group in opt.param_groups for p in group["params"]}
             homes = [m for m in models if ids <= params_of[id(m)]]
             if not homes:
-                raise UsageError("with DeepSpeed, prepare each trained model together with its optimizer in one "
-                                 "prepare() call (this optimizer's parameters belong to no model of the call)")
+                raise UsageError(
+                    "with DeepSpeed, prepare each trained model together with its optimizer in one "
+                    "prepare() call (this optimizer's parameters belong to no model of the call)"
+                )
             if id(homes[0]) in owner:
-                raise UsageError("with DeepSpeed, a model has exactly one optimizer (this prepare() call gives two "
-                                 "for one model)")
+                raise UsageError(
+                    "with DeepSpeed, a model has exactly one optimizer (this prepare() call gives two for one model)"
+                )
             owner[id(homes[0])] = opt
         trained = [rec for rec in self.prepared if rec.optimizer is not None]
         if len(trained) + len(owner) > 1:
@@ -291,7 +304,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         for model in models:
             opt = owner.get(id(model))
             config = self._config(kernel, micro, model, trained=opt is not None)
-            dtype = torch.bfloat16 if config["bf16"]["enabled"] else torch.float16 if config["fp16"]["enabled"] else None
+            dtype = (
+                torch.bfloat16 if config["bf16"]["enabled"] else torch.float16 if config["fp16"]["enabled"] else None
+            )
             stage = dsconfig.stage_of(config)
             if opt is None and stage != 3:
                 # A frozen model needs no engine below ZeRO-3: it only runs forward, in its own precision.
@@ -301,8 +316,13 @@ class DeepSpeedStrategy(ProcessGroupComponent):
                 mine = [s for s in schedulers if opt is not None and getattr(s, "optimizer", None) is opt]
                 engine = self._initialize(kernel, model, opt, mine, config)
                 basic = engine.basic_optimizer if opt is not None else None
-                rec = Prepared(module=model, wrapper=DeepSpeedModel(engine, dtype), engine=engine, optimizer=basic,
-                               clip=float(config.get("gradient_clipping") or 0.0))
+                rec = Prepared(
+                    module=model,
+                    wrapper=DeepSpeedModel(engine, dtype),
+                    engine=engine,
+                    optimizer=basic,
+                    clip=float(config.get("gradient_clipping") or 0.0),
+                )
                 if opt is not None and basic is not opt:  # a DummyOptim: the engine built the optimizer
                     out_opts[optimizers.index(opt)] = basic
                     for sched in mine:
@@ -326,21 +346,28 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         dummy_sched = next((s for s in schedulers if isinstance(s, dummy.DummyScheduler)), None)
         if opt is not None:
             if "optimizer" in config and not is_dummy:
-                raise UsageError(f"{where} defines an optimizer section and the script passes its own optimizer; "
-                                 "remove the section, or pass accel_deepspeed.DummyOptim(params, lr=...) to prepare()")
+                raise UsageError(
+                    f"{where} defines an optimizer section and the script passes its own optimizer; "
+                    "remove the section, or pass accel_deepspeed.DummyOptim(params, lr=...) to prepare()"
+                )
             if "optimizer" not in config and is_dummy:
-                raise UsageError(f"DummyOptim needs an optimizer section in the {where}; add one, or pass a torch "
-                                 "optimizer")
+                raise UsageError(
+                    f"DummyOptim needs an optimizer section in the {where}; add one, or pass a torch optimizer"
+                )
         real_scheds = [s for s in schedulers if not isinstance(s, dummy.DummyScheduler)]
         if "scheduler" in config and real_scheds:
-            raise UsageError(f"{where} defines a scheduler section and the script passes its own scheduler; remove "
-                             "the section, or pass accel_deepspeed.DummyScheduler(optimizer, ...) to prepare()")
+            raise UsageError(
+                f"{where} defines a scheduler section and the script passes its own scheduler; remove "
+                "the section, or pass accel_deepspeed.DummyScheduler(optimizer, ...) to prepare()"
+            )
         if dummy_sched is not None and "scheduler" not in config and dummy_sched.lr_scheduler_callable is None:
             raise UsageError(f"DummyScheduler needs a scheduler section in the {where}, or lr_scheduler_callable=")
         if not is_dummy:
             if dummy_sched is not None:
-                raise UsageError("DummyScheduler goes with DummyOptim (the engine builds the scheduler over the "
-                                 "optimizer it builds); pass DummyOptim, or a torch scheduler")
+                raise UsageError(
+                    "DummyScheduler goes with DummyOptim (the engine builds the scheduler over the "
+                    "optimizer it builds); pass DummyOptim, or a torch scheduler"
+                )
             groups = list(opt.param_groups) if opt is not None else []
             kept = [i for i, g in enumerate(groups) if g["params"]]
             engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
@@ -353,8 +380,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             values["scheduler"] = dummy_sched.auto_values(kernel.num_processes)
         dsconfig.fill_sections(config, values, where)
         callable_ = dummy_sched.lr_scheduler_callable if dummy_sched is not None else None
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=opt.params, lr_scheduler=callable_,
-                                               config=config)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=opt.params, lr_scheduler=callable_, config=config
+        )
         return engine
 
     # ---- lookups ------------------------------------------------------------------------------------------
@@ -378,8 +406,10 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             return None
         unsupported = sorted(set(backward_kwargs) - {"retain_graph"})
         if unsupported:
-            raise UsageError(f"kernel.backward({', '.join(unsupported)}=...) is not supported with DeepSpeed (its "
-                             "engine's backward takes retain_graph only); leave it out")
+            raise UsageError(
+                f"kernel.backward({', '.join(unsupported)}=...) is not supported with DeepSpeed (its "
+                "engine's backward takes retain_graph only); leave it out"
+            )
         rec.engine.set_gradient_accumulation_boundary(kernel.sync_gradients)
         rec.engine.backward(loss, **backward_kwargs)
         return True
@@ -434,14 +464,18 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         if not given & mine:
             return None
         if given != mine:
-            raise UsageError("with DeepSpeed, clip_grad_norm_ clips all parameters of the trained model together "
-                             "(pass model.parameters())")
+            raise UsageError(
+                "with DeepSpeed, clip_grad_norm_ clips all parameters of the trained model together "
+                "(pass model.parameters())"
+            )
         if norm_type != 2.0:
             raise UsageError(f"DeepSpeed clips by the 2-norm only (norm_type={norm_type:g} was asked)")
         if rec.clip > 0 and abs(rec.clip - max_norm) > 1e-12 * max(1.0, max_norm):
-            raise UsageError(f"clip_grad_norm_(max_norm={max_norm:g}) but the DeepSpeed config clips at "
-                             f"gradient_clipping={rec.clip:g}; the engine clips once per step: make them equal, or "
-                             "remove gradient_clipping from the config")
+            raise UsageError(
+                f"clip_grad_norm_(max_norm={max_norm:g}) but the DeepSpeed config clips at "
+                f"gradient_clipping={rec.clip:g}; the engine clips once per step: make them equal, or "
+                "remove gradient_clipping from the config"
+            )
         engine = rec.engine
         if not (engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled()):
             # Plain fp32 data parallelism: after the last backward of the cycle every process holds the averaged
@@ -471,33 +505,57 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         for rec in self.prepared:
             if rec.engine is None:
                 continue
-            model_key = next((k for k, obj in items.items() if isinstance(obj, torch.nn.Module) and
-                              (obj is rec.wrapper or kernel.unwrap_model(obj) is rec.module)), None)
-            opt_key = next((k for k, obj in items.items() if rec.optimizer is not None and
-                            getattr(obj, "optimizer", None) is rec.optimizer), None)
+            model_key = next(
+                (
+                    k
+                    for k, obj in items.items()
+                    if isinstance(obj, torch.nn.Module)
+                    and (obj is rec.wrapper or kernel.unwrap_model(obj) is rec.module)
+                ),
+                None,
+            )
+            opt_key = next(
+                (
+                    k
+                    for k, obj in items.items()
+                    if rec.optimizer is not None and getattr(obj, "optimizer", None) is rec.optimizer
+                ),
+                None,
+            )
             if model_key is not None:
                 out.append((rec, model_key, opt_key))
         return out
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         asynchronous: bool) -> dict[str, ItemRecord]:
+    def accel_save_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+    ) -> dict[str, ItemRecord]:
         from accel_deepspeed import state
 
         records: dict[str, ItemRecord] = {}
         found = self._items(kernel, items)
         if found and asynchronous:
-            raise UsageError("save_state(asynchronous=True) is not supported with --plugin deepspeed: the DeepSpeed "
-                             "engine writes its checkpoint itself, with collectives, on the training thread; call "
-                             "save_state() without asynchronous=True (and async_save: false)")
+            raise UsageError(
+                "save_state(asynchronous=True) is not supported with --plugin deepspeed: the DeepSpeed "
+                "engine writes its checkpoint itself, with collectives, on the training thread; call "
+                "save_state() without asynchronous=True (and async_save: false)"
+            )
         if found and not kernel.sync_gradients:
-            raise UsageError("save_state in the middle of gradient accumulation: DeepSpeed keeps the gradients of the "
-                             "unfinished cycle inside its engine, where no checkpoint can hold them; save after a step "
-                             "that synchronises (if kernel.sync_gradients: kernel.save_state(...))")
+            raise UsageError(
+                "save_state in the middle of gradient accumulation: DeepSpeed keeps the gradients of the "
+                "unfinished cycle inside its engine, where no checkpoint can hold them; save after a step "
+                "that synchronises (if kernel.sync_gradients: kernel.save_state(...))"
+            )
         for rec, model_key, opt_key in found:
             sub = f"deepspeed_{model_key}"
-            extra = {"dir": sub, "tag": state.TAG, "zero_stage": int(rec.engine.zero_optimization_stage()),
-                     "world_size": kernel.num_processes, "model_key": model_key, "optimizer_key": opt_key}
+            extra = {
+                "dir": sub,
+                "tag": state.TAG,
+                "zero_stage": int(rec.engine.zero_optimization_stage()),
+                "world_size": kernel.num_processes,
+                "model_key": model_key,
+                "optimizer_key": opt_key,
+            }
             if rec.optimizer is None:  # a frozen ZeRO-3 model: its gathered weights
                 files = state.save_frozen(rec.engine, Path(directory), sub)
                 records[model_key] = ItemRecord(plugin=self.name, format=state.FROZEN_FORMAT, files=files, extra=extra)
@@ -509,8 +567,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return records
 
     @hookimpl
-    def accel_load_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         records: Mapping[str, ItemRecord]) -> Iterable[str]:
+    def accel_load_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    ) -> Iterable[str]:
         from accel_deepspeed import state
 
         restored: list[str] = []
@@ -523,13 +582,17 @@ class DeepSpeedStrategy(ProcessGroupComponent):
                 restored.append(model_key)
                 continue
             if found.format != state.FORMAT:
-                raise UsageError(f"checkpoint item {model_key!r} was written by {found.plugin!r} ({found.format}), not "
-                                 "by DeepSpeed; a DeepSpeed engine resumes only from its own checkpoints (to start "
-                                 "from plain weights, load them into the model before prepare())")
+                raise UsageError(
+                    f"checkpoint item {model_key!r} was written by {found.plugin!r} ({found.format}), not "
+                    "by DeepSpeed; a DeepSpeed engine resumes only from its own checkpoints (to start "
+                    "from plain weights, load them into the model before prepare())"
+                )
             stage = int(found.extra.get("zero_stage", -1))
             if stage != rec.engine.zero_optimization_stage():
-                raise UsageError(f"checkpoint item {model_key!r} was saved with ZeRO stage {stage}, this run uses "
-                                 f"stage {rec.engine.zero_optimization_stage()}; resume with the same stage")
+                raise UsageError(
+                    f"checkpoint item {model_key!r} was saved with ZeRO stage {stage}, this run uses "
+                    f"stage {rec.engine.zero_optimization_stage()}; resume with the same stage"
+                )
             with_opt = opt_key is not None and opt_key in records
             state.load(rec.engine, Path(directory), str(found.extra["dir"]), with_opt)
             restored.append(model_key)

@@ -41,8 +41,10 @@ def resolve_backend(name: str) -> str:
     backend = str(name).strip().lower()
     everything, shown = available_backends()
     if backend not in everything:
-        raise UsageError(f"dynamo_backend {name!r} is not a torch.compile backend of this torch "
-                         f"(available: {', '.join(shown)}){did_you_mean(backend, everything)}")
+        raise UsageError(
+            f"dynamo_backend {name!r} is not a torch.compile backend of this torch "
+            f"(available: {', '.join(shown)}){did_you_mean(backend, everything)}"
+        )
     return backend
 
 
@@ -94,8 +96,11 @@ class DynamoCompiler(Component):
         self.regional = bool(settings["dynamo_use_regional_compilation"])
         self._compiled: weakref.WeakSet[Any] = weakref.WeakSet()
         if self.mode != "default" and self.backend != "inductor":
-            warnings.warn(f"dynamo_mode={self.mode} only applies to the inductor backend; backend "
-                          f"{self.backend} ignores it", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"dynamo_mode={self.mode} only applies to the inductor backend; backend {self.backend} ignores it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def options(self) -> dict[str, Any]:
         """The keyword arguments handed to ``torch.compile``."""
@@ -110,8 +115,10 @@ class DynamoCompiler(Component):
             return
         if device.type == "cpu":
             if not (os.environ.get("CXX") or any(shutil.which(c) for c in ("g++", "clang++", "c++"))):
-                raise UsageError("dynamo_backend=inductor on CPU needs a C++ compiler (g++ or clang++) and none "
-                                 "was found; install one, set CXX, or use dynamo_backend=aot_eager")
+                raise UsageError(
+                    "dynamo_backend=inductor on CPU needs a C++ compiler (g++ or clang++) and none "
+                    "was found; install one, set CXX, or use dynamo_backend=aot_eager"
+                )
         elif importlib.util.find_spec("triton") is None:
             raise UsageError(f"dynamo_backend=inductor on {device.type} needs triton (pip install triton)")
 

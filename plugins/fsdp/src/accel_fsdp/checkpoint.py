@@ -111,8 +111,11 @@ def load_model(kernel: Kernel, model: nn.Module, key: str, directory: Path, reco
 def _check_full_model(key: str, state: dict[str, Any], expected: dict[str, tuple[int, ...]]) -> None:
     problems = [f"{k} is missing from the checkpoint" for k in expected if k not in state]
     problems += [f"{k} is in the checkpoint but not in this model" for k in state if k not in expected]
-    problems += [f"{k} has shape {tuple(state[k].shape)} in the checkpoint, {expected[k]} in this model"
-                 for k in expected if k in state and tuple(state[k].shape) != expected[k]]
+    problems += [
+        f"{k} has shape {tuple(state[k].shape)} in the checkpoint, {expected[k]} in this model"
+        for k in expected
+        if k in state and tuple(state[k].shape) != expected[k]
+    ]
     if problems:
         more = f" (and {len(problems) - 6} more)" if len(problems) > 6 else ""
         raise CheckpointError(f"checkpoint item {key!r} does not fit this model: {'; '.join(problems[:6])}{more}")
@@ -121,8 +124,9 @@ def _check_full_model(key: str, state: dict[str, Any], expected: dict[str, tuple
 FRESH = "accel_fsdp_fresh"  # saved next to an optimizer's state: it had taken no step yet
 
 
-def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
-                   full: bool) -> ItemRecord:
+def save_optimizer(
+    kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path, full: bool
+) -> ItemRecord:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from accel.checkpoint import agree  # imports torch: not at module level (`accel plugins` lists the plugin)
@@ -149,8 +153,9 @@ def save_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Opti
     return ItemRecord(plugin=PLUGIN, format=FULL_OPTIM_FORMAT, files=(name,))
 
 
-def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path,
-                   record: ItemRecord) -> None:
+def load_optimizer(
+    kernel: Kernel, model: nn.Module, optimizer: torch.optim.Optimizer, key: str, directory: Path, record: ItemRecord
+) -> None:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     from accel.checkpoint import agree, dcp_load  # imports torch: not at module level
@@ -185,13 +190,18 @@ def load_optimizer(kernel: Kernel, model: nn.Module, optimizer: torch.optim.Opti
 
 
 def _check_full_optimizer(key: str, state: Any, groups: list[int]) -> None:
-    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) or \
-            not isinstance(state.get("param_groups"), list):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("state"), dict)
+        or not isinstance(state.get("param_groups"), list)
+    ):
         raise CheckpointError(f"checkpoint item {key!r} is not an optimizer state (no 'state'/'param_groups')")
     saved = [len(g.get("params", ())) if isinstance(g, dict) else -1 for g in state["param_groups"]]
     if saved != groups:
-        raise CheckpointError(f"checkpoint item {key!r} does not fit this optimizer: parameters per group {saved} in "
-                              f"the checkpoint, {groups} in this run")
+        raise CheckpointError(
+            f"checkpoint item {key!r} does not fit this optimizer: parameters per group {saved} in "
+            f"the checkpoint, {groups} in this run"
+        )
 
 
 def detect_record(directory: Path, key: str) -> ItemRecord | None:

@@ -46,8 +46,10 @@ def wrap_units(model: nn.Module, config: ShardConfig) -> list[nn.Module]:
         present = {type(m).__name__ for m in model.modules()}
         missing = sorted(names - present)
         if explicit and missing:
-            raise UsageError(f"fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in "
-                             f"{type(model).__name__} (classes there: {', '.join(sorted(present))})")
+            raise UsageError(
+                f"fsdp_transformer_layer_cls_to_wrap: no module of class {', '.join(missing)} in "
+                f"{type(model).__name__} (classes there: {', '.join(sorted(present))})"
+            )
         return [m for m in _post_order(model) if m is not model and type(m).__name__ in names]
     units: list[nn.Module] = []
 
@@ -73,8 +75,15 @@ def _post_order(module: nn.Module) -> list[nn.Module]:
     return out
 
 
-def shard_model(model: nn.Module, config: ShardConfig, mesh: Any, device: torch.device,
-                broadcast_from_main: bool, rank: int, broadcast: Callable[[torch.Tensor], None]) -> nn.Module:
+def shard_model(
+    model: nn.Module,
+    config: ShardConfig,
+    mesh: Any,
+    device: torch.device,
+    broadcast_from_main: bool,
+    rank: int,
+    broadcast: Callable[[torch.Tensor], None],
+) -> nn.Module:
     """Shard ``model`` in place (its class becomes an ``FSDPModule``) and return it.
 
     ``broadcast_from_main`` (``fsdp_cpu_ram_efficient_loading``): only the main process needs real weights; the
@@ -88,29 +97,39 @@ def shard_model(model: nn.Module, config: ShardConfig, mesh: Any, device: torch.
     if broadcast_from_main:
         if rank == 0:
             if on_meta:
-                raise UsageError("fsdp_cpu_ram_efficient_loading: the main process must build the model with real "
-                                 "weights (only the other processes may use the meta device)")
+                raise UsageError(
+                    "fsdp_cpu_ram_efficient_loading: the main process must build the model with real "
+                    "weights (only the other processes may use the meta device)"
+                )
             full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         persistent = set(model.state_dict().keys())
         extra = {n: b.detach().cpu() if rank == 0 else b for n, b in model.named_buffers() if n not in persistent}
         model.to("meta")
     elif on_meta:
-        raise UsageError("the model has parameters on the meta device; build it with real weights, or set "
-                         "fsdp_cpu_ram_efficient_loading so the main process's weights are broadcast")
+        raise UsageError(
+            "the model has parameters on the meta device; build it with real weights, or set "
+            "fsdp_cpu_ram_efficient_loading so the main process's weights are broadcast"
+        )
 
     units = wrap_units(model, config)
     if config.activation_checkpointing:
         if not units:
-            raise UsageError("fsdp_activation_checkpointing needs layers to checkpoint: set "
-                             "fsdp_transformer_layer_cls_to_wrap (or fsdp_auto_wrap_policy SIZE_BASED_WRAP)")
+            raise UsageError(
+                "fsdp_activation_checkpointing needs layers to checkpoint: set "
+                "fsdp_transformer_layer_cls_to_wrap (or fsdp_auto_wrap_policy SIZE_BASED_WRAP)"
+            )
         from torch.distributed._composable import checkpoint
 
         for unit in units:
             checkpoint(unit)
-    mp = MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=torch.float32) \
-        if config.param_dtype is not None else MixedPrecisionPolicy()
-    offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.offload_params \
-        else OffloadPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=torch.float32)
+        if config.param_dtype is not None
+        else MixedPrecisionPolicy()
+    )
+    offload: OffloadPolicy = (
+        CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.offload_params else OffloadPolicy()
+    )
     kwargs = dict(mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=mp, offload_policy=offload)
     for unit in units:
         fully_shard(unit, **kwargs)
@@ -162,8 +181,10 @@ class ParamSwap:
         """Point ``optimizer`` at the sharded parameters, in place. Returns the models its parameters belong to."""
         groups = optimizer.param_groups
         if any(optimizer.state.get(p) for g in groups for p in g["params"]):
-            raise UsageError("the optimizer already has state (it took a step before prepare); with --plugin fsdp, "
-                             "prepare the model and optimizer before training, then load state with load_state")
+            raise UsageError(
+                "the optimizer already has state (it took a step before prepare); with --plugin fsdp, "
+                "prepare the model and optimizer before training, then load state with load_state"
+            )
         models: list[Any] = []
         for group in groups:
             group["params"] = [self.new_param(p) for p in group["params"]]

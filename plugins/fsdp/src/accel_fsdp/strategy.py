@@ -55,9 +55,12 @@ class FSDPStrategy(ProcessGroupComponent):
         if not dist.is_initialized():
             backend = dist.get_default_backend_for_device(self.device)
             timeout = timedelta(seconds=TIMEOUT_S)
-            dist.init_process_group(backend=backend, timeout=timeout,
-                                    device_id=self.device if self.device.type != "cpu" else None,
-                                    **restart_store_args(os.environ, timeout, "accel-fsdp"))
+            dist.init_process_group(
+                backend=backend,
+                timeout=timeout,
+                device_id=self.device if self.device.type != "cpu" else None,
+                **restart_store_args(os.environ, timeout, "accel-fsdp"),
+            )
             self.owns_process_group = True
         self.mesh = init_device_mesh(self.device.type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
@@ -86,8 +89,9 @@ class FSDPStrategy(ProcessGroupComponent):
         )
 
     @hookimpl
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
-                               schedulers: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    def accel_prepare_training(
+        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         from torch.distributed.fsdp import FSDPModule
 
         config = self.shard_config()
@@ -117,8 +121,9 @@ class FSDPStrategy(ProcessGroupComponent):
         return _skip_gradient_sync(model)
 
     @hookimpl
-    def accel_clip_grad_norm(self, kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float,
-                             norm_type: float) -> torch.Tensor:
+    def accel_clip_grad_norm(
+        self, kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
         return clip_grad_norm(parameters, max_norm, norm_type)
 
     # ---- state --------------------------------------------------------------------------------------------
@@ -153,21 +158,28 @@ class FSDPStrategy(ProcessGroupComponent):
         if not models:
             return None
         if len(models) > 1:
-            raise UsageError(f"checkpoint item {key!r}: the optimizer steps parameters of {len(models)} sharded "
-                             "models; with --plugin fsdp use one optimizer per model")
+            raise UsageError(
+                f"checkpoint item {key!r}: the optimizer steps parameters of {len(models)} sharded "
+                "models; with --plugin fsdp use one optimizer per model"
+            )
         return inner, models[0]
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         asynchronous: bool) -> dict[str, ItemRecord]:
+    def accel_save_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+    ) -> dict[str, ItemRecord]:
         if asynchronous and any(self._sharded_model(kernel, obj) is not None for obj in items.values()):
-            raise UsageError("save_state(asynchronous=True) is not supported with --plugin fsdp: its checkpoints are "
-                             "written by torch.distributed.checkpoint, whose collectives must run on the training "
-                             "thread; call save_state() without asynchronous=True (and async_save: false)")
+            raise UsageError(
+                "save_state(asynchronous=True) is not supported with --plugin fsdp: its checkpoints are "
+                "written by torch.distributed.checkpoint, whose collectives must run on the training "
+                "thread; call save_state() without asynchronous=True (and async_save: false)"
+            )
         if not kernel.sync_gradients and self.optimizer_models:
-            raise UsageError("save_state in the middle of gradient accumulation is not supported with --plugin fsdp "
-                             "(FSDP keeps the partial gradients unsharded, outside the parameters); save on a step "
-                             "that synchronises (if kernel.sync_gradients: ...)")
+            raise UsageError(
+                "save_state in the middle of gradient accumulation is not supported with --plugin fsdp "
+                "(FSDP keeps the partial gradients unsharded, outside the parameters); save on a step "
+                "that synchronises (if kernel.sync_gradients: ...)"
+            )
         full = self.settings["fsdp_state_dict_type"] == "FULL_STATE_DICT"
         records: dict[str, ItemRecord] = {}
         for key in sorted(items):  # the same order on every rank: each save is a collective
@@ -182,18 +194,25 @@ class FSDPStrategy(ProcessGroupComponent):
         return records
 
     @hookimpl
-    def accel_load_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         records: Mapping[str, ItemRecord]) -> Iterable[str]:
+    def accel_load_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    ) -> Iterable[str]:
         mine = {k: rec for k, rec in records.items() if rec.plugin == self.name}
         missing = sorted(k for k in mine if k not in items)
         if missing:
-            raise UsageError(f"the checkpoint holds {missing} (written by accel-plugin-fsdp) but this run did not "
-                             "prepare them")
+            raise UsageError(
+                f"the checkpoint holds {missing} (written by accel-plugin-fsdp) but this run did not prepare them"
+            )
         self.load_items(kernel, Path(directory), {k: items[k] for k in mine}, mine)
         return sorted(mine)
 
-    def load_items(self, kernel: Kernel, directory: Path, objects: Mapping[str, Any],
-                   records: Mapping[str, ItemRecord] | None = None) -> None:
+    def load_items(
+        self,
+        kernel: Kernel,
+        directory: Path,
+        objects: Mapping[str, Any],
+        records: Mapping[str, ItemRecord] | None = None,
+    ) -> None:
         """Restore sharded models and optimizers by item key; records default to what the files show."""
         for key in sorted(objects):  # the same order on every rank: each load is a collective
             record = records[key] if records is not None else checkpoint.detect_record(directory, key)
@@ -207,8 +226,10 @@ class FSDPStrategy(ProcessGroupComponent):
             elif pair is not None:
                 checkpoint.load_optimizer(kernel, pair[1], pair[0], key, directory, record)
             else:
-                raise UsageError(f"checkpoint item {key!r} was written by accel-plugin-fsdp, but in this run "
-                                 f"{key!r} is not a model or optimizer prepared with --plugin fsdp")
+                raise UsageError(
+                    f"checkpoint item {key!r} was written by accel-plugin-fsdp, but in this run "
+                    f"{key!r} is not a model or optimizer prepared with --plugin fsdp"
+                )
 
 
 @contextlib.contextmanager

@@ -45,9 +45,11 @@ def _major_minor(version: str) -> tuple[int, int] | None:
 def compatibility_problem(ipex_version: str | None, torch_version: str | None) -> str | None:
     """Why this IPEX cannot run with this torch (one line), or None. IPEX X.Y.* requires torch X.Y.*."""
     if ipex_version is None:
-        return (f"{IPEX_DIST} is not installed: install torch=={LAST_RELEASE[0]}.{LAST_RELEASE[1]}.* together with "
-                f"{IPEX_DIST}=={LAST_RELEASE[0]}.{LAST_RELEASE[1]}.* (or pip install 'accel-plugin-ipex[ipex]' next "
-                "to a matching torch)")
+        return (
+            f"{IPEX_DIST} is not installed: install torch=={LAST_RELEASE[0]}.{LAST_RELEASE[1]}.* together with "
+            f"{IPEX_DIST}=={LAST_RELEASE[0]}.{LAST_RELEASE[1]}.* (or pip install 'accel-plugin-ipex[ipex]' next "
+            "to a matching torch)"
+        )
     if torch_version is None:
         return f"{IPEX_DIST} {ipex_version} is installed but torch is not"
     wanted, found = _major_minor(ipex_version), _major_minor(torch_version)
@@ -57,8 +59,10 @@ def compatibility_problem(ipex_version: str | None, torch_version: str | None) -
         return None
     pin = f"{wanted[0]}.{wanted[1]}.*"
     if found > LAST_RELEASE:
-        other = (f"or uninstall {IPEX_DIST} (its last release is {LAST_RELEASE[0]}.{LAST_RELEASE[1]}: none supports "
-                 f"torch {found[0]}.{found[1]})")
+        other = (
+            f"or uninstall {IPEX_DIST} (its last release is {LAST_RELEASE[0]}.{LAST_RELEASE[1]}: none supports "
+            f"torch {found[0]}.{found[1]})"
+        )
     else:
         other = f"or install {IPEX_DIST}=={found[0]}.{found[1]}.*"
     return f"{IPEX_DIST} {ipex_version} needs torch {pin}, found {torch_version}: install torch=={pin} {other}"
@@ -73,26 +77,44 @@ def accel_unavailable_reason() -> str | None:
 def accel_add_options(options: Options) -> None:
     # Accelerate's `ipex_config` section (v0.20-v1.7): `ipex` (its --ipex flag, ACCELERATE_USE_IPEX; transformers'
     # TrainingArguments.use_ipex sets that variable) and `use_xpu` (--use_xpu, ACCELERATE_USE_XPU).
-    options.add("use_ipex", type="bool", default=False, config_key="ipex_config.ipex", flags=("--ipex",),
-                env=("ACCEL_USE_IPEX", "ACCELERATE_USE_IPEX"),
-                help="Optimize models and optimizers with Intel Extension for PyTorch (same as --plugin ipex).")
-    options.add("ipex_use_xpu", type="bool", default=False, config_key="ipex_config.use_xpu", flags=("--use_xpu",),
-                env=("ACCEL_USE_XPU", "ACCELERATE_USE_XPU"),
-                help="ipex: train on the Intel GPU (XPU); an error when torch sees none. Without it the XPU is "
-                     "still used when present, unless --cpu.")
-    options.add("ipex_level", default="O1", choices=("O0", "O1"), config_key="ipex_config.level",
-                help="ipex.optimize level: O1 (fuse, prepack weights, fused optimizer step) or O0 (no changes "
-                     "except bf16 weights).")
+    options.add(
+        "use_ipex",
+        type="bool",
+        default=False,
+        config_key="ipex_config.ipex",
+        flags=("--ipex",),
+        env=("ACCEL_USE_IPEX", "ACCELERATE_USE_IPEX"),
+        help="Optimize models and optimizers with Intel Extension for PyTorch (same as --plugin ipex).",
+    )
+    options.add(
+        "ipex_use_xpu",
+        type="bool",
+        default=False,
+        config_key="ipex_config.use_xpu",
+        flags=("--use_xpu",),
+        env=("ACCEL_USE_XPU", "ACCELERATE_USE_XPU"),
+        help="ipex: train on the Intel GPU (XPU); an error when torch sees none. Without it the XPU is "
+        "still used when present, unless --cpu.",
+    )
+    options.add(
+        "ipex_level",
+        default="O1",
+        choices=("O0", "O1"),
+        config_key="ipex_config.level",
+        help="ipex.optimize level: O1 (fuse, prepack weights, fused optimizer step) or O0 (no changes "
+        "except bf16 weights).",
+    )
 
 
 def check_settings(settings: Settings) -> None:
     """Combinations that cannot work, found from the settings alone (at ``accel launch`` and in ``Kernel()``)."""
     if settings.mixed_precision not in ("no", "bf16"):
-        raise UsageError(f"plugin 'ipex' trains in fp32 or bf16 (ipex.optimize(dtype=torch.bfloat16)); "
-                         f"mixed_precision={settings.mixed_precision} is not supported with it: use bf16 or no")
+        raise UsageError(
+            f"plugin 'ipex' trains in fp32 or bf16 (ipex.optimize(dtype=torch.bfloat16)); "
+            f"mixed_precision={settings.mixed_precision} is not supported with it: use bf16 or no"
+        )
     if settings["ipex_use_xpu"] and settings["cpu"]:
-        raise UsageError("ipex_config.use_xpu (train on the XPU) and use_cpu (--cpu) contradict each other; "
-                         "drop one")
+        raise UsageError("ipex_config.use_xpu (train on the XPU) and use_cpu (--cpu) contradict each other; drop one")
 
 
 @hookimpl

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from accel.kernel import Kernel
 
+
 def _describe(obj: Any) -> str:
     return type(obj).__name__
 
@@ -55,17 +56,23 @@ def pair_models_and_optimizers(models: list[Any], optimizers: list[Any]) -> dict
         holders = {owner.get(id(p)) for group in opt.param_groups for p in group["params"]}
         if len(holders) > 1:
             what = "models prepared in other calls" if None in holders else f"{len(holders)} models"
-            raise UsageError(f"plugin 'ipex': optimizer {_describe(opt)} holds parameters of {what}; ipex.optimize "
-                             "takes one model with one optimizer")
+            raise UsageError(
+                f"plugin 'ipex': optimizer {_describe(opt)} holds parameters of {what}; ipex.optimize "
+                "takes one model with one optimizer"
+            )
         (m,) = holders or {None}
         if m is None:
-            raise UsageError(f"plugin 'ipex': optimizer {_describe(opt)} was prepared without its model; "
-                             "ipex.optimize needs both, so pass the model and its optimizer to the same prepare() call")
+            raise UsageError(
+                f"plugin 'ipex': optimizer {_describe(opt)} was prepared without its model; "
+                "ipex.optimize needs both, so pass the model and its optimizer to the same prepare() call"
+            )
         paired = pairs[m]
         if paired is not None:
-            raise UsageError(f"plugin 'ipex': model {_describe(models[m])} has two optimizers "
-                             f"({_describe(optimizers[paired])} and {_describe(opt)}); ipex.optimize takes one "
-                             "model with one optimizer")
+            raise UsageError(
+                f"plugin 'ipex': model {_describe(models[m])} has two optimizers "
+                f"({_describe(optimizers[paired])} and {_describe(opt)}); ipex.optimize takes one "
+                "model with one optimizer"
+            )
         pairs[m] = j
     return pairs
 
@@ -89,18 +96,24 @@ class IpexOptimizer(Component):
     def accel_setup(self, kernel: Kernel) -> None:
         other = [c.name for c in kernel.components if c.role == "strategy" and "sharding" in c.provides]
         if other:
-            raise UsageError(f"plugin 'ipex' runs on one process or with ddp; it cannot be combined with the "
-                             f"{other[0]!r} strategy (it would shard IPEX's prepacked weights)")
+            raise UsageError(
+                f"plugin 'ipex' runs on one process or with ddp; it cannot be combined with the "
+                f"{other[0]!r} strategy (it would shard IPEX's prepacked weights)"
+            )
         import torch
 
         if self.settings["ipex_use_xpu"] and not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-            raise UsageError("ipex_config.use_xpu is set, but torch sees no Intel GPU (torch.xpu.is_available() is "
-                             "False); install the XPU builds of torch and intel-extension-for-pytorch, or drop use_xpu")
+            raise UsageError(
+                "ipex_config.use_xpu is set, but torch sees no Intel GPU (torch.xpu.is_available() is "
+                "False); install the XPU builds of torch and intel-extension-for-pytorch, or drop use_xpu"
+            )
         try:
             import intel_extension_for_pytorch  # noqa: F401  (fails here rather than in the middle of prepare)
         except Exception as exc:  # the versions matched (accel_unavailable_reason), so this is a broken install
-            raise UsageError(f"plugin 'ipex': intel_extension_for_pytorch cannot be imported: "
-                             f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+            raise UsageError(
+                f"plugin 'ipex': intel_extension_for_pytorch cannot be imported: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            ) from None
 
     @hookimpl
     def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
@@ -116,8 +129,10 @@ class IpexOptimizer(Component):
 
     def _check_device(self, device: torch.device) -> None:
         if device.type not in ("cpu", "xpu"):
-            raise UsageError(f"plugin 'ipex' optimizes for Intel CPUs and GPUs (XPU), and this process trains on "
-                             f"{device}; pass --cpu (use_cpu) to train on the CPU with ipex, or drop --plugin ipex")
+            raise UsageError(
+                f"plugin 'ipex' optimizes for Intel CPUs and GPUs (XPU), and this process trains on "
+                f"{device}; pass --cpu (use_cpu) to train on the CPU with ipex, or drop --plugin ipex"
+            )
         if self.settings["ipex_use_xpu"] and device.type != "xpu":
             raise UsageError(f"ipex_config.use_xpu is set, but this process trains on {device}")
 
@@ -143,17 +158,20 @@ class IpexOptimizer(Component):
             optimizer = optimizers[j] if j is not None else None
             if optimizer is None:
                 if model.training and any(p.requires_grad for p in model.parameters()):
-                    raise UsageError(f"plugin 'ipex': model {_describe(model)} is in training mode but no optimizer of "
-                                     "this prepare() call holds its parameters; prepare it together with its "
-                                     "optimizer, or call model.eval() first to optimize it for inference")
+                    raise UsageError(
+                        f"plugin 'ipex': model {_describe(model)} is in training mode but no optimizer of "
+                        "this prepare() call holds its parameters; prepare it together with its "
+                        "optimizer, or call model.eval() first to optimize it for inference"
+                    )
                 if model.training:  # nothing to train and not in eval mode: leave it as it is
                     continue
             model.to(kernel.device)  # IPEX optimizes for the device the parameters are on
             if optimizer is None:
                 new_model, new_optimizer = ipex.optimize(model, dtype=dtype, level=self.level, inplace=True), None
             else:
-                new_model, new_optimizer = ipex.optimize(model, dtype=dtype, optimizer=optimizer, level=self.level,
-                                                         inplace=True)
+                new_model, new_optimizer = ipex.optimize(
+                    model, dtype=dtype, optimizer=optimizer, level=self.level, inplace=True
+                )
             if new_model is not model:
                 models[i] = new_model
             if j is not None and new_optimizer is not optimizer:

@@ -43,8 +43,9 @@ class JsonlTracker(Tracker):
         self.run.flush()
 
     @hookimpl
-    def accel_init_trackers(self, kernel: Kernel, project_name: str, config: Mapping[str, Any],
-                            init_kwargs: Mapping[str, Any]) -> None:
+    def accel_init_trackers(
+        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+    ) -> None:
         options = init_kwargs.get("jsonl", {})
         path = options.get("path") or os.path.join(kernel.project_dir or ".", "jsonl", f"{project_name}.jsonl")
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -52,13 +53,21 @@ class JsonlTracker(Tracker):
         self._write({"event": "init", "project": project_name, "config": _plain(config)})
 
     @hookimpl
-    def accel_log(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                  log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         self._write({"event": "log", "step": step, "values": _plain(values)})
 
     @hookimpl
-    def accel_log_table(self, kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]],
-                        step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_table(
+        self,
+        kernel: Kernel,
+        table_name: str,
+        columns: list[str],
+        data: list[list[Any]],
+        step: int | None,
+        log_kwargs: Mapping[str, Any],
+    ) -> None:
         self._write({"event": "table", "name": table_name, "step": step, "columns": columns, "data": _plain(data)})
 
     @hookimpl

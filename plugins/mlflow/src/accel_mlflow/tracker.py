@@ -42,8 +42,9 @@ class MLflowTracker(Tracker):
         self._skipped: set[str] = set()
 
     @hookimpl
-    def accel_init_trackers(self, kernel: Kernel, project_name: str, config: Mapping[str, Any],
-                            init_kwargs: Mapping[str, Any]) -> None:
+    def accel_init_trackers(
+        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+    ) -> None:
         import mlflow
 
         kwargs = dict(init_kwargs.get("mlflow", {}))
@@ -55,8 +56,9 @@ class MLflowTracker(Tracker):
         if experiment is not None:
             experiment_id = experiment.experiment_id
         else:
-            experiment_id = mlflow.create_experiment(name, artifact_location=own.get("artifact_location"),
-                                                     tags=own.get("experiment_tags"))
+            experiment_id = mlflow.create_experiment(
+                name, artifact_location=own.get("artifact_location"), tags=own.get("experiment_tags")
+            )
         self.run = mlflow.start_run(experiment_id=experiment_id, **kwargs)
         if config:
             try:
@@ -65,11 +67,12 @@ class MLflowTracker(Tracker):
                 limit = 500
             params = [(k, str(v)[:limit]) for k, v in flatten(config).items()]
             for i in range(0, len(params), _PARAMS_PER_CALL):
-                mlflow.log_params(dict(params[i:i + _PARAMS_PER_CALL]))
+                mlflow.log_params(dict(params[i : i + _PARAMS_PER_CALL]))
 
     @hookimpl
-    def accel_log(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                  log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         import mlflow
 
         metrics: dict[str, float] = {}
@@ -81,14 +84,18 @@ class MLflowTracker(Tracker):
                 metrics.update({f"{key}/{k}": float(as_scalar(v)) for k, v in value.items()})  # type: ignore[arg-type]
             elif key not in self._skipped:
                 self._skipped.add(key)
-                warnings.warn(f"mlflow: only numbers are logged as metrics; {key!r} ({type(value).__name__}) is "
-                              "skipped", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"mlflow: only numbers are logged as metrics; {key!r} ({type(value).__name__}) is skipped",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         if metrics:
             mlflow.log_metrics(metrics, step=step, **log_kwargs.get("mlflow", {}))
 
     @hookimpl
-    def accel_log_images(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                         log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_images(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         import mlflow
 
         for key, value in values.items():
@@ -98,8 +105,15 @@ class MLflowTracker(Tracker):
                 mlflow.log_image(_image(image), key=name, step=step or 0, **log_kwargs.get("mlflow", {}))
 
     @hookimpl
-    def accel_log_table(self, kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]],
-                        step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_table(
+        self,
+        kernel: Kernel,
+        table_name: str,
+        columns: list[str],
+        data: list[list[Any]],
+        step: int | None,
+        log_kwargs: Mapping[str, Any],
+    ) -> None:
         import mlflow
 
         # The layout mlflow.log_table writes (pandas "split" orientation), without needing pandas.

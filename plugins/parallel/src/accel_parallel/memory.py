@@ -53,7 +53,16 @@ def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
                 continue
             trainable = local_numel(model, tp, shard, trainable_only=True)
             largest = math.ceil(model.largest_layer_numel / tp)
-            out.append(MemoryRow(STRATEGY, options, dtype, n, 4 * local_numel(model, tp, shard), 4 * trainable,
-                                 4 * query.optimizer_states * trainable,
-                                 gathered=(4 if dtype == "fp32" else 2) * 2 * largest if shard > 1 else 0))
+            out.append(
+                MemoryRow(
+                    STRATEGY,
+                    options,
+                    dtype,
+                    n,
+                    4 * local_numel(model, tp, shard),
+                    4 * trainable,
+                    4 * query.optimizer_states * trainable,
+                    gathered=(4 if dtype == "fp32" else 2) * 2 * largest if shard > 1 else 0,
+                )
+            )
     return out

@@ -38,8 +38,9 @@ class TensorBoardTracker(Tracker):
         self._skipped: set[str] = set()
 
     @hookimpl
-    def accel_init_trackers(self, kernel: Kernel, project_name: str, config: Mapping[str, Any],
-                            init_kwargs: Mapping[str, Any]) -> None:
+    def accel_init_trackers(
+        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         kwargs = dict(init_kwargs.get("tensorboard", {}))
@@ -55,8 +56,9 @@ class TensorBoardTracker(Tracker):
         self.run.flush()
 
     @hookimpl
-    def accel_log(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                  log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         writer = self.run
         kwargs = dict(log_kwargs.get("tensorboard", {}))
         for key, value in values.items():
@@ -69,13 +71,17 @@ class TensorBoardTracker(Tracker):
                 writer.add_scalars(key, {k: as_scalar(v) for k, v in value.items()}, global_step=step, **kwargs)
             elif key not in self._skipped:
                 self._skipped.add(key)
-                warnings.warn(f"tensorboard: cannot log {key!r} of type {type(value).__name__}; skipped",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"tensorboard: cannot log {key!r} of type {type(value).__name__}; skipped",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         writer.flush()
 
     @hookimpl
-    def accel_log_images(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                         log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_images(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         import numpy as np
 
         writer = self.run
@@ -87,8 +93,7 @@ class TensorBoardTracker(Tracker):
                 writer.add_images(key, batch, global_step=step, dataformats=formats, **kwargs)
             else:
                 image = _image(value)
-                writer.add_image(key, image, global_step=step, dataformats="HW" if image.ndim == 2 else "HWC",
-                                 **kwargs)
+                writer.add_image(key, image, global_step=step, dataformats="HW" if image.ndim == 2 else "HWC", **kwargs)
         writer.flush()
 
     @hookimpl

@@ -30,8 +30,9 @@ class WandbTracker(Tracker):
         self.run = None
 
     @hookimpl
-    def accel_init_trackers(self, kernel: Kernel, project_name: str, config: Mapping[str, Any],
-                            init_kwargs: Mapping[str, Any]) -> None:
+    def accel_init_trackers(
+        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+    ) -> None:
         import wandb
 
         kwargs = dict(init_kwargs.get("wandb", {}))
@@ -45,24 +46,35 @@ class WandbTracker(Tracker):
             self.run.config.update(dict(config), allow_val_change=True)
 
     @hookimpl
-    def accel_log(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                  log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         self.run.log(dict(values), step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
-    def accel_log_images(self, kernel: Kernel, values: Mapping[str, Any], step: int | None,
-                         log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_images(
+        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    ) -> None:
         import wandb
 
         images = {
-            key: [wandb.Image(_image(v)) for v in value] if isinstance(value, (list, tuple)) else wandb.Image(_image(value))
+            key: [wandb.Image(_image(v)) for v in value]
+            if isinstance(value, (list, tuple))
+            else wandb.Image(_image(value))
             for key, value in values.items()
         }
         self.run.log(images, step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
-    def accel_log_table(self, kernel: Kernel, table_name: str, columns: list[str], data: list[list[Any]],
-                        step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+    def accel_log_table(
+        self,
+        kernel: Kernel,
+        table_name: str,
+        columns: list[str],
+        data: list[list[Any]],
+        step: int | None,
+        log_kwargs: Mapping[str, Any],
+    ) -> None:
         import wandb
 
         header: list[str | int] = list(columns)

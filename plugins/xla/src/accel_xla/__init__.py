@@ -27,22 +27,52 @@ PJRT_DEVICES = ("TPU", "CPU", "CUDA", "GPU")
 @hookimpl
 def accel_add_options(options: Options) -> None:
     add = options.add
-    add("tpu_use_cluster", type="bool", default=False, flags=("--tpu_cluster", "--tpu-cluster"),
-        help="Start the run on every worker of a TPU pod through gcloud (needs tpu_name and tpu_zone).")
+    add(
+        "tpu_use_cluster",
+        type="bool",
+        default=False,
+        flags=("--tpu_cluster", "--tpu-cluster"),
+        help="Start the run on every worker of a TPU pod through gcloud (needs tpu_name and tpu_zone).",
+    )
     add("tpu_name", help="Name of the TPU (pod) to run on, as gcloud knows it.")
     add("tpu_zone", help="Zone of the TPU, e.g. us-central2-b.")
     add("tpu_use_sudo", type="bool", default=False, help="Run the training command on the pod's workers with sudo.")
-    add("tpu_env", type="list", default=[], flags=("--env",),
-        help="Environment variables NAME=VALUE set for the training command on the pod's workers (repeatable).")
-    add("tpu_vm", type="list", default=[], flags=("--vm",),
-        help="Accelerate's legacy TPU-node VM names; not supported (TPU VM pods are reached with --worker all).")
-    add("commands", type="list", default=[], flags=("--command",),
-        help="Shell commands run on every pod worker before the training command (repeatable).")
+    add(
+        "tpu_env",
+        type="list",
+        default=[],
+        flags=("--env",),
+        help="Environment variables NAME=VALUE set for the training command on the pod's workers (repeatable).",
+    )
+    add(
+        "tpu_vm",
+        type="list",
+        default=[],
+        flags=("--vm",),
+        help="Accelerate's legacy TPU-node VM names; not supported (TPU VM pods are reached with --worker all).",
+    )
+    add(
+        "commands",
+        type="list",
+        default=[],
+        flags=("--command",),
+        help="Shell commands run on every pod worker before the training command (repeatable).",
+    )
     add("command_file", help="File of shell commands (one per line) run on every pod worker before training.")
-    add("tpu_use_alpha", type="bool", default=False, flags=("--use_alpha",),
-        help="Use `gcloud alpha compute tpus tpu-vm ssh` instead of `gcloud compute ...`.")
-    add("downcast_bf16", type="bool", default=False, env=("ACCEL_DOWNCAST_BF16", "ACCELERATE_DOWNCAST_BF16"),
-        help="With mixed_precision bf16 on XLA: store the model's parameters in bf16 too (not only compute).")
+    add(
+        "tpu_use_alpha",
+        type="bool",
+        default=False,
+        flags=("--use_alpha",),
+        help="Use `gcloud alpha compute tpus tpu-vm ssh` instead of `gcloud compute ...`.",
+    )
+    add(
+        "downcast_bf16",
+        type="bool",
+        default=False,
+        env=("ACCEL_DOWNCAST_BF16", "ACCELERATE_DOWNCAST_BF16"),
+        help="With mixed_precision bf16 on XLA: store the model's parameters in bf16 too (not only compute).",
+    )
 
 
 def _count(pattern: str) -> int:
@@ -67,8 +97,9 @@ def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo | None:
     if runtime not in PJRT_DEVICES or importlib.util.find_spec("torch_xla") is None:
         return None
     runtime = "CUDA" if runtime == "GPU" else runtime
-    return HardwareInfo(name="xla", device_count=device_count(runtime, env), priority=20,
-                        details={"PJRT_DEVICE": runtime})
+    return HardwareInfo(
+        name="xla", device_count=device_count(runtime, env), priority=20, details={"PJRT_DEVICE": runtime}
+    )
 
 
 @hookimpl
@@ -104,20 +135,34 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
     if answers.get("distributed_type") != "XLA":
         return None
     questions = [
-        Question("main_training_function", "What is the name of the function in your script that should be launched "
-                 "in all parallel processes?", kind="text", default="main"),
+        Question(
+            "main_training_function",
+            "What is the name of the function in your script that should be launched in all parallel processes?",
+            kind="text",
+            default="main",
+        ),
         Question("tpu_use_cluster", "Are you using a TPU pod (several workers)?", kind="confirm", default=False),
     ]
     if answers.get("tpu_use_cluster"):
         questions += [
             Question("tpu_name", "What is the name of your TPU pod?", kind="text"),
             Question("tpu_zone", "In which zone is it (e.g. us-central2-b)?", kind="text"),
-            Question("tpu_use_sudo", "Should the training command run with sudo on the workers?", kind="confirm",
-                     default=False),
+            Question(
+                "tpu_use_sudo",
+                "Should the training command run with sudo on the workers?",
+                kind="confirm",
+                default=False,
+            ),
         ]
     if answers.get("mixed_precision") == "bf16":
-        questions.append(Question("downcast_bf16", "Should the model's parameters be stored in bf16 too (not only "
-                                  "computed in bf16)?", kind="confirm", default=False))
+        questions.append(
+            Question(
+                "downcast_bf16",
+                "Should the model's parameters be stored in bf16 too (not only computed in bf16)?",
+                kind="confirm",
+                default=False,
+            )
+        )
     return questions
 
 
@@ -132,6 +177,15 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[Memor
         s = replicated(model, query)
         out.append(MemoryRow("XLA", "-", dtype, query.num_processes, s.parameters, s.gradients, s.optimizer))
         if dtype == "bf16":
-            out.append(MemoryRow("XLA", "downcast_bf16", dtype, query.num_processes, s.parameters // 2,
-                                 s.gradients // 2, s.optimizer // 2))
+            out.append(
+                MemoryRow(
+                    "XLA",
+                    "downcast_bf16",
+                    dtype,
+                    query.num_processes,
+                    s.parameters // 2,
+                    s.gradients // 2,
+                    s.optimizer // 2,
+                )
+            )
     return out

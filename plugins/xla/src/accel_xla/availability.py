@@ -35,8 +35,10 @@ def release(version: str) -> str:
 
 def install_advice(torch_version: str | None) -> str:
     torch_part = f"you have torch {torch_version}; " if torch_version else ""
-    return (f"{torch_part}torch-xla only loads with the torch release it was built for: install both together, e.g. "
-            f"`pip install torch=={TESTED[0]} torch-xla=={TESTED[1]}` (add torch-xla[tpu] on a TPU VM)")
+    return (
+        f"{torch_part}torch-xla only loads with the torch release it was built for: install both together, e.g. "
+        f"`pip install torch=={TESTED[0]} torch-xla=={TESTED[1]}` (add torch-xla[tpu] on a TPU VM)"
+    )
 
 
 @functools.cache
@@ -52,9 +54,13 @@ def unavailable_reason() -> str | None:
     if error is None:
         return None
     want = release(xla_version) if xla_version else "?"
-    fix = (f"torch-xla {xla_version} is built for torch {want} and this environment has torch {torch_version}: "
-           f"install the matching torch (`pip install torch=={xla_version.split('+')[0]}`), or a torch-xla built for "
-           f"torch {release(torch_version)} if one exists" if xla_version and torch_version else install_advice(torch_version))
+    fix = (
+        f"torch-xla {xla_version} is built for torch {want} and this environment has torch {torch_version}: "
+        f"install the matching torch (`pip install torch=={xla_version.split('+')[0]}`), or a torch-xla built for "
+        f"torch {release(torch_version)} if one exists"
+        if xla_version and torch_version
+        else install_advice(torch_version)
+    )
     return f"torch_xla cannot be imported: {error}; {fix}"
 
 
@@ -62,8 +68,13 @@ def probe_import() -> str | None:
     """Import torch_xla in a child interpreter; ``None`` if that works, else the last line of its error."""
     code = "import torch_xla"
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=PROBE_TIMEOUT,
-                              env={**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")})
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env={**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU")},
+        )
     except subprocess.TimeoutExpired:
         return f"`{code}` did not finish within {PROBE_TIMEOUT:g} s"
     if proc.returncode == 0:

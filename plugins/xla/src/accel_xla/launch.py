@@ -24,8 +24,17 @@ from accel import LaunchPlan, Settings, UsageError
 from accel.processes import run_process
 
 #: Settings that only concern reaching the pod from here; they are not handed to the workers.
-CLUSTER_KEYS = ("tpu_use_cluster", "tpu_name", "tpu_zone", "tpu_use_sudo", "tpu_env", "tpu_vm", "commands",
-                "command_file", "tpu_use_alpha")
+CLUSTER_KEYS = (
+    "tpu_use_cluster",
+    "tpu_name",
+    "tpu_zone",
+    "tpu_use_sudo",
+    "tpu_env",
+    "tpu_vm",
+    "commands",
+    "command_file",
+    "tpu_use_alpha",
+)
 #: Variables of ``accel launch`` the workers need besides ACCEL_CONFIG.
 FORWARDED = ("ACCEL_DISABLE_PLUGINS", "ACCEL_PLUGINS")
 REMOTE_PYTHON = "python3"
@@ -33,9 +42,17 @@ REMOTE_PYTHON = "python3"
 #: nothing: a run that sets one is refused in one line, never silently ignored (PJRT decides the processes and
 #: their devices; a pod's workers are reached through gcloud, not a rendezvous).
 NOT_HONOURED = {
-    "num_machines": (1,), "machine_rank": (0,), "main_process_ip": (None, ""), "rdzv_backend": ("static",),
-    "rdzv_conf": (None, ""), "gpu_ids": (None, "", "all"), "max_restarts": (0,), "tee": (None, "", "0"),
-    "log_dir": (None, ""), "role": ("default",), "enable_cpu_affinity": (False,),
+    "num_machines": (1,),
+    "machine_rank": (0,),
+    "main_process_ip": (None, ""),
+    "rdzv_backend": ("static",),
+    "rdzv_conf": (None, ""),
+    "gpu_ids": (None, "", "all"),
+    "max_restarts": (0,),
+    "tee": (None, "", "0"),
+    "log_dir": (None, ""),
+    "role": ("default",),
+    "enable_cpu_affinity": (False,),
 }
 
 
@@ -56,20 +73,27 @@ class XLALaunch:
 
 def plan(settings: Settings) -> XLALaunch:
     """Check the launch options and decide the launch; raise UsageError (one line) before anything starts."""
-    refused = [f"{key}={settings.get(key)!r}" for key, unset in NOT_HONOURED.items()
-               if settings.get(key, unset[0]) not in unset]
+    refused = [
+        f"{key}={settings.get(key)!r}"
+        for key, unset in NOT_HONOURED.items()
+        if settings.get(key, unset[0]) not in unset
+    ]
     if refused:
-        raise UsageError(f"the xla plugin does not carry out {', '.join(refused)} (torch_xla.launch starts one "
-                         f"process per local XLA device; a TPU pod is reached with --tpu_cluster): drop "
-                         f"{'it' if len(refused) == 1 else 'them'}")
+        raise UsageError(
+            f"the xla plugin does not carry out {', '.join(refused)} (torch_xla.launch starts one "
+            f"process per local XLA device; a TPU pod is reached with --tpu_cluster): drop "
+            f"{'it' if len(refused) == 1 else 'them'}"
+        )
     spawn_args: list[str] = []
     notice = ""
     if settings.sources.get("num_processes", "default") != "default":
         if settings["num_processes"] == 1:
             spawn_args.append("--single_process")
         else:  # torch_xla.launch takes 1 or "all"
-            notice = (f"num_processes={settings['num_processes']} is not passed on: torch_xla.launch starts one "
-                      "process per local XLA device (PJRT decides; its CPU runtime starts one)")
+            notice = (
+                f"num_processes={settings['num_processes']} is not passed on: torch_xla.launch starts one "
+                "process per local XLA device (PJRT decides; its CPU runtime starts one)"
+            )
     if settings.sources.get("main_training_function", "default") != "default":
         spawn_args += ["--main_training_function", str(settings["main_training_function"])]
     if not settings["tpu_use_cluster"]:
@@ -80,8 +104,10 @@ def plan(settings: Settings) -> XLALaunch:
     if not settings["tpu_name"]:
         raise UsageError("a TPU pod launch (tpu_use_cluster) needs --tpu_name (the TPU's name in gcloud)")
     if settings["tpu_vm"]:
-        raise UsageError("tpu_vm (legacy TPU-node VM names) is not supported: accel reaches every worker of a TPU "
-                         "VM pod with `gcloud compute tpus tpu-vm ssh NAME --worker all`; remove tpu_vm")
+        raise UsageError(
+            "tpu_vm (legacy TPU-node VM names) is not supported: accel reaches every worker of a TPU "
+            "VM pod with `gcloud compute tpus tpu-vm ssh NAME --worker all`; remove tpu_vm"
+        )
     env = []
     for entry in settings["tpu_env"]:
         name, sep, value = str(entry).partition("=")
@@ -96,9 +122,17 @@ def plan(settings: Settings) -> XLALaunch:
                 startup += [line.rstrip("\n") for line in fh if line.strip() and not line.lstrip().startswith("#")]
         except OSError as exc:
             raise UsageError(f"command_file {path!r} cannot be read: {exc.strerror}") from None
-    return XLALaunch(pod=True, spawn_args=spawn_args, tpu_name=str(settings["tpu_name"]),
-                     tpu_zone=str(settings["tpu_zone"] or ""), sudo=bool(settings["tpu_use_sudo"]),
-                     alpha=bool(settings["tpu_use_alpha"]), env=env, startup=startup, notice=notice)
+    return XLALaunch(
+        pod=True,
+        spawn_args=spawn_args,
+        tpu_name=str(settings["tpu_name"]),
+        tpu_zone=str(settings["tpu_zone"] or ""),
+        sudo=bool(settings["tpu_use_sudo"]),
+        alpha=bool(settings["tpu_use_alpha"]),
+        env=env,
+        startup=startup,
+        notice=notice,
+    )
 
 
 def local_command(spec: XLALaunch, launch: LaunchPlan) -> list[str]:
@@ -141,8 +175,10 @@ def run(spec: XLALaunch, launch: LaunchPlan) -> int:
             print(f"launcher: xla (TPU pod {spec.tpu_name}, every worker through gcloud): {shlex.join(cmd)}")
             return 0
         if shutil.which("gcloud") is None:
-            raise UsageError("a TPU pod launch runs `gcloud compute tpus tpu-vm ssh`, and gcloud is not installed "
-                             "here (https://cloud.google.com/sdk/docs/install)")
+            raise UsageError(
+                "a TPU pod launch runs `gcloud compute tpus tpu-vm ssh`, and gcloud is not installed "
+                "here (https://cloud.google.com/sdk/docs/install)"
+            )
         return run_process(cmd, os.environ, "gcloud and the pod's processes")
     cmd = local_command(spec, launch)
     if launch.dry_run:

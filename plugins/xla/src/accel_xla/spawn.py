@@ -50,8 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     import torch_xla
 
-    torch_xla.launch(_process, args=(opts.target, opts.args, opts.module, opts.main_training_function),
-                     debug_single_process=opts.single_process)
+    torch_xla.launch(
+        _process,
+        args=(opts.target, opts.args, opts.module, opts.main_training_function),
+        debug_single_process=opts.single_process,
+    )
     return 0
 
 

@@ -74,8 +74,10 @@ def _import_xla() -> Any:
     except ImportError as exc:
         from accel_xla.availability import _version, install_advice
 
-        raise UsageError(f"torch_xla cannot be imported: {type(exc).__name__}: {' '.join(str(exc).split())}; "
-                         f"{install_advice(_version('torch'))}") from None
+        raise UsageError(
+            f"torch_xla cannot be imported: {type(exc).__name__}: {' '.join(str(exc).split())}; "
+            f"{install_advice(_version('torch'))}"
+        ) from None
     return torch_xla
 
 
@@ -167,11 +169,13 @@ class XLAStrategy(Component):
         self.settings = settings
         precision = settings.mixed_precision
         if precision not in ("no", "bf16"):
-            raise UsageError(f"mixed_precision={precision} is not supported on XLA devices by accel-plugin-xla; "
-                             "use bf16 (or no)")
+            raise UsageError(
+                f"mixed_precision={precision} is not supported on XLA devices by accel-plugin-xla; use bf16 (or no)"
+            )
         if settings["downcast_bf16"] and precision != "bf16":
-            raise UsageError("downcast_bf16 stores the parameters in bf16 for a bf16 run: it needs "
-                             "--mixed_precision bf16")
+            raise UsageError(
+                "downcast_bf16 stores the parameters in bf16 for a bf16 run: it needs --mixed_precision bf16"
+            )
         if settings.phase == "launch":
             self.launch = xla_launch.plan(settings)  # checks the launch options now, before anything starts
         self.device: Any = None
@@ -194,9 +198,11 @@ class XLAStrategy(Component):
         self.device = torch_xla.device()
         started = int(os.environ.get("WORLD_SIZE") or 0)  # set when torchrun (not torch_xla.launch) started us
         if started > 1 and self.xr.world_size() != started:
-            raise UsageError(f"{started} processes were started (WORLD_SIZE={started}) but the XLA runtime sees a world "
-                             f"of {self.xr.world_size()}: they would train separately. Start XLA runs with `accel "
-                             "launch --plugin xla` (torch_xla.launch); PJRT's CPU runtime runs one process only")
+            raise UsageError(
+                f"{started} processes were started (WORLD_SIZE={started}) but the XLA runtime sees a world "
+                f"of {self.xr.world_size()}: they would train separately. Start XLA runs with `accel "
+                "launch --plugin xla` (torch_xla.launch); PJRT's CPU runtime runs one process only"
+            )
 
     @hookimpl
     def accel_topology(self, kernel: Kernel) -> Topology:
@@ -230,8 +236,9 @@ class XLAStrategy(Component):
     # ---- prepare ------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any],
-                               schedulers: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    def accel_prepare_training(
+        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         import torch
 
         moved: dict[int, torch.nn.Parameter] = {}  # id(CPU parameter) -> its XLA replacement
@@ -253,8 +260,9 @@ class XLAStrategy(Component):
         state = {}
         for param, value in optimizer.state.items():
             new = moved.get(id(param), param)
-            state[new] = {k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) > 0 else v
-                          for k, v in value.items()}
+            state[new] = {
+                k: v.to(new.device) if hasattr(v, "to") and getattr(v, "ndim", 0) > 0 else v for k, v in value.items()
+            }
         optimizer.state.clear()
         optimizer.state.update(state)
 
@@ -287,8 +295,9 @@ class XLAStrategy(Component):
     # ---- training step ------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_clip_grad_norm(self, kernel: Kernel, parameters: list[Any], max_norm: float,
-                             norm_type: float) -> torch.Tensor:
+    def accel_clip_grad_norm(
+        self, kernel: Kernel, parameters: list[Any], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
         import torch
 
         if kernel.num_processes > 1:  # clip the summed gradients: reduce them now, not again at the step
@@ -342,13 +351,13 @@ class XLAStrategy(Component):
                 files = write_tree(directory, key, to_cpu(items[key].state_dict()))
             else:
                 files = []
-            records[key] = ItemRecord(plugin="", format=FORMAT, files=tuple(files),
-                                      extra={"written_by": kind})
+            records[key] = ItemRecord(plugin="", format=FORMAT, files=tuple(files), extra={"written_by": kind})
         return records
 
     @hookimpl
-    def accel_load_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path,
-                         records: Mapping[str, ItemRecord]) -> list[str]:
+    def accel_load_state(
+        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    ) -> list[str]:
         from accel.checkpoint import CheckpointError, read_tree
 
         stems = {}
@@ -356,8 +365,10 @@ class XLAStrategy(Component):
             per_process = record.extra.get("written_by") == "per_process"
             stems[key] = f"{key}_rank{kernel.process_index}" if per_process else key
             if f"{stems[key]}.json" not in record.files:
-                raise CheckpointError(f"checkpoint item {key!r} of {directory} has no {stems[key]}.json (saved by "
-                                      f"another number of processes?)")
+                raise CheckpointError(
+                    f"checkpoint item {key!r} of {directory} has no {stems[key]}.json (saved by "
+                    f"another number of processes?)"
+                )
         states = {key: read_tree(directory, stem) for key, stem in stems.items()}
         for key, state in states.items():  # check everything before restoring anything
             obj = items[key]
@@ -365,8 +376,10 @@ class XLAStrategy(Component):
                 saved = [len(g.get("params", ())) for g in state.get("param_groups", [])]
                 current = [len(g["params"]) for g in obj.param_groups]
                 if saved != current:
-                    raise CheckpointError(f"checkpoint item {key!r} does not fit this optimizer: parameters per "
-                                          f"group {saved} in the checkpoint, {current} in this run")
+                    raise CheckpointError(
+                        f"checkpoint item {key!r} does not fit this optimizer: parameters per "
+                        f"group {saved} in the checkpoint, {current} in this run"
+                    )
         for key, state in states.items():
             items[key].load_state_dict(state)
         return list(states)

@@ -28,8 +28,16 @@ def datasets() -> tuple[TensorDataset, TensorDataset]:
 
 
 def model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.1),
-                         nn.Linear(16 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.1),
+        nn.Linear(16 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def main() -> None:
@@ -45,8 +53,9 @@ def main() -> None:
     train_dl = DataLoader(train_ds, batch_size=50, shuffle=True)
     test_dl = DataLoader(test_ds, batch_size=99)
     net, optimizer, train_dl, test_dl = kernel.prepare(net, optimizer, train_dl, test_dl)
-    same = {id(p) for p in kernel.unwrap_model(net).parameters()} == {id(p) for g in optimizer.param_groups
-                                                                      for p in g["params"]}
+    same = {id(p) for p in kernel.unwrap_model(net).parameters()} == {
+        id(p) for g in optimizer.param_groups for p in g["params"]
+    }
     for epoch in range(args.epochs):
         net.train()
         losses = []
@@ -66,14 +75,25 @@ def main() -> None:
                 pred, y = kernel.gather_for_metrics((net(x).argmax(-1), y))
                 correct += int((pred == y).sum())
                 total += len(y)
-        kernel.print(json.dumps({
-            "epoch": epoch, "loss": mean_loss, "accuracy": correct / total, "total": total,
-            "device": str(kernel.device), "param_device": next(kernel.unwrap_model(net).parameters()).device.type,
-            "batch_devices": sorted(batch_devices), "optimizer_has_model_params": same,
-            "strategy": [c.name for c in kernel.components if c.role == "strategy"],
-            "processes": kernel.num_processes, "mixed_precision": kernel.mixed_precision,
-            "param_dtype": str(next(kernel.unwrap_model(net).parameters()).dtype),
-        }), flush=True)
+        kernel.print(
+            json.dumps(
+                {
+                    "epoch": epoch,
+                    "loss": mean_loss,
+                    "accuracy": correct / total,
+                    "total": total,
+                    "device": str(kernel.device),
+                    "param_device": next(kernel.unwrap_model(net).parameters()).device.type,
+                    "batch_devices": sorted(batch_devices),
+                    "optimizer_has_model_params": same,
+                    "strategy": [c.name for c in kernel.components if c.role == "strategy"],
+                    "processes": kernel.num_processes,
+                    "mixed_precision": kernel.mixed_precision,
+                    "param_dtype": str(next(kernel.unwrap_model(net).parameters()).dtype),
+                }
+            ),
+            flush=True,
+        )
     kernel.end_training()
 
 

@@ -15,8 +15,12 @@ accel_components = ["accel_hello.observer:HelloObserver"]
 
 @hookimpl
 def accel_add_options(options: Options) -> None:
-    options.add("hello_greeting", default="hello", env=("ACCEL_HELLO_GREETING",),
-                help="What the hello plugin says when a model is prepared.")
+    options.add(
+        "hello_greeting",
+        default="hello",
+        env=("ACCEL_HELLO_GREETING",),
+        help="What the hello plugin says when a model is prepared.",
+    )
 
 
 @hookimpl

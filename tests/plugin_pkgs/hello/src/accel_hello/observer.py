@@ -21,8 +21,11 @@ class HelloObserver(Component):
     @hookimpl
     def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:
         count = sum(p.numel() for p in model.parameters())
-        print(f"[hello] {self.greeting} from process {kernel.process_index}/{kernel.num_processes}: "
-              f"{type(model).__name__} with {count} parameters", flush=True)
+        print(
+            f"[hello] {self.greeting} from process {kernel.process_index}/{kernel.num_processes}: "
+            f"{type(model).__name__} with {count} parameters",
+            flush=True,
+        )
 
     @hookimpl
     def accel_teardown(self, kernel: Kernel) -> None:
