@@ -644,7 +644,7 @@ def test_fp8_backend_from_config_file_is_checked_at_launch(tmp_path: Path) -> No
 
 def test_accel_config_asks_the_fp8_questions() -> None:
     from accel import Question
-    from accel.commands.config import Questionnaire
+    from accel.commands.questionnaire import Questionnaire
     from accel.plugins import Plugins
 
     answers = {

@@ -13,7 +13,8 @@ import pytest
 from plugin_shadow import hide_plugins
 
 from accel import Options, PluginError, Question, hookimpl
-from accel.commands.config import Questionnaire, upgrade
+from accel.commands.config import upgrade
+from accel.commands.questionnaire import Questionnaire
 from accel.plugins import Plugins
 
 

@@ -420,7 +420,7 @@ def test_inductor_compiles_with_its_cache_in_the_workspace(tmp_path: Path) -> No
 
 def test_accel_config_asks_the_torch_compile_questions() -> None:
     from accel import Question
-    from accel.commands.config import Questionnaire
+    from accel.commands.questionnaire import Questionnaire
     from accel.plugins import Plugins
 
     answers = {
