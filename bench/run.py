@@ -12,6 +12,7 @@ so and is skipped without it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -42,9 +43,11 @@ def step_overhead(acc_py: str | None, repeats: int) -> str:
     """Each process runs its framework's loop and a hand-written raw loop interleaved (step_loop.py --paired), so
     the ratio to raw is measured under the same conditions; accel / Accelerate = ratio of those ratios (both venvs
     have the same torch). The two processes alternate, ``repeats`` times each."""
+    fabric = importlib.util.find_spec("lightning") is not None  # Lightning Fabric, when installed in this venv
     rows = [
-        "| workload | raw (steps/s) | accel | Accelerate | accel / raw | Accelerate / raw | accel / Accelerate |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | raw (steps/s) | accel | Accelerate | accel / raw | Accelerate / raw | accel / Accelerate "
+        "| Fabric / raw |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, extra in (
         ("tiny MLP", ["--model", "tiny"]),
@@ -55,7 +58,13 @@ def step_overhead(acc_py: str | None, repeats: int) -> str:
         cmds = {"accel": [PY, str(HERE / "step_loop.py"), "--impl", "accel", *extra]}
         if acc_py:
             cmds["accelerate"] = [acc_py, str(HERE / "step_loop.py"), "--impl", "accelerate", *extra]
+        if fabric:
+            cmds["fabric"] = [PY, str(HERE / "step_loop.py"), "--impl", "fabric", *extra]
         runs = alternate_runs(cmds, repeats)
+        fabric_cell = "-"
+        if fabric:
+            fabric_ratio = med([r["ratio_to_raw"] for r in runs["fabric"]])
+            fabric_cell = f"{fabric_ratio:.3f}"
         ours = med([r["ratio_to_raw"] for r in runs["accel"]])
         raw_rate = med([r["raw_steps_per_s"] for r in runs["accel"]])
         rate = med([r["steps_per_s"] for r in runs["accel"]])
@@ -69,7 +78,17 @@ def step_overhead(acc_py: str | None, repeats: int) -> str:
                 f"{theirs:.3f}",
                 f"{ours / theirs:.3f}",
             ]
-        rows.append(f"| {label} | {raw_rate:.0f} | {rate:.0f} | {cells[0]} | {ours:.3f} | {cells[1]} | {cells[2]} |")
+        if fabric:
+            target(
+                f"step rate, {label}",
+                "ahead of Lightning Fabric",
+                f"{ours:.3f}x vs {fabric_ratio:.3f}x raw",
+                ours > fabric_ratio,
+            )
+        rows.append(
+            f"| {label} | {raw_rate:.0f} | {rate:.0f} | {cells[0]} | {ours:.3f} | {cells[1]} | {cells[2]} "
+            f"| {fabric_cell} |"
+        )
     return "\n".join(rows) + (
         "\n\nEach process interleaves its framework's loop with a hand-written raw loop training the "
         "same model on the same data (blocks of 8 steps for the tiny MLP, 2 for the medium one, "

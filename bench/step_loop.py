@@ -1,6 +1,7 @@
-"""One training loop, three ways: raw PyTorch, accel's Kernel, Accelerate's Accelerator. Prints steps/s as JSON.
+"""One training loop, four ways: raw PyTorch, accel's Kernel, Accelerate's Accelerator, Lightning Fabric. Prints
+steps/s as JSON.
 
-    python bench/step_loop.py --impl raw|accel|accelerate --model tiny|medium [--accum 2 --clip 1.0] [--device cuda]
+    python bench/step_loop.py --impl raw|accel|accelerate|fabric --model tiny|medium [--accum 2 --clip 1.0] [--device cuda]
     python bench/step_loop.py --impl accel --paired ...    # also a raw loop in the same process, interleaved
 
 Run under torchrun (or accel launch) for the 2-process DDP variant: raw then wraps the model in DDP itself.
@@ -93,6 +94,8 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     given = (model, opt, loader)
     cpu = args.device != "cuda"
+    if args.impl == "fabric":
+        return fabric_loop(args, model, opt, loader, given)
     if args.impl == "accel":
         from accel import Kernel
 
@@ -109,6 +112,30 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
             k.backward(loss)
             if args.clip and k.sync_gradients:
                 k.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
+            opt.zero_grad()
+
+    return step, loader, given
+
+
+def fabric_loop(
+    args: argparse.Namespace, model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, given: Shared
+) -> tuple[Step, Any, Shared]:
+    """Lightning Fabric's loop, written the way its docs write gradient accumulation and clipping."""
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu" if args.device != "cuda" else "cuda", devices=1)
+    model, opt = fabric.setup(model, opt)
+    loader = fabric.setup_dataloaders(loader)
+
+    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        sync = (i + 1) % args.accum == 0
+        with fabric.no_backward_sync(model, enabled=not sync):
+            loss = nn.functional.cross_entropy(model(x), y)
+            fabric.backward(loss / args.accum if args.accum > 1 else loss)
+        if sync:
+            if args.clip:
+                fabric.clip_gradients(model, opt, max_norm=args.clip)
             opt.step()
             opt.zero_grad()
 
@@ -141,7 +168,7 @@ def runner(step: Step, loader: Any, cuda: bool) -> Callable[[int], float]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=("raw", "accel", "accelerate"), required=True)
+    p.add_argument("--impl", choices=("raw", "accel", "accelerate", "fabric"), required=True)
     p.add_argument("--model", choices=tuple(SIZES), default="tiny")
     p.add_argument("--steps", type=int, default=0, help="timed steps (default: by model size)")
     p.add_argument("--accum", type=int, default=1)
