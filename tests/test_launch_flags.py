@@ -374,8 +374,10 @@ def test_a_failed_process_is_named_with_its_log_file(tmp_path):
 def test_no_omp_banner_and_one_thread_per_process(tmp_path):
     script = tmp_path / "threads.py"
     script.write_text(
-        "import os, torch\nfrom accel import Kernel\nk = Kernel()\n"
-        "print('THREADS', os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), flush=True)\n"
+        "import os, sys, torch\nfrom accel import Kernel\nk = Kernel()\n"
+        # one write per line: workers run `python -u`, where print's pieces are separate writes that the two
+        # processes interleave on the shared pipe
+        "sys.stdout.write(f\"THREADS {os.environ['OMP_NUM_THREADS']} {torch.get_num_threads()}\\n\")\n"
         "k.end_training()\n"
     )
     env = clean_env(tmp_path)

@@ -139,6 +139,17 @@ def _env(out: Path, case: Case, extra_path: Sequence[Path] = ()) -> dict[str, st
     return env
 
 
+def _per_rank(out: Path, stream: str) -> str:
+    """What the processes wrote to ``stream``, process after process (torchrun's ``<logs>/<run>/attempt_<n>/<local
+    rank>/<stream>.log``): two processes printing to one pipe interleave their writes (workers run ``python -u``,
+    so ``print("epoch 2:", metrics)`` is several writes), and one process's lines must stay whole to be parsed."""
+    files = sorted(
+        (out / "logs").glob(f"*/attempt_*/*/{stream}.log"),
+        key=lambda f: (f.parent.parent.name, int(f.parent.name)),
+    )
+    return "".join(f.read_text(errors="replace") for f in files)
+
+
 def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> Run:
     try:
         proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
@@ -147,8 +158,11 @@ def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> R
         def text(b: Any) -> str:
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
-        return Run(cmd, -9, text(exc.stdout), text(exc.stderr) + f"\n[timed out after {timeout} s]", out)
-    return Run(cmd, proc.returncode, proc.stdout, proc.stderr, out)
+        stdout = text(exc.stdout) + _per_rank(out, "stdout")
+        stderr = text(exc.stderr) + _per_rank(out, "stderr")
+        return Run(cmd, -9, stdout, stderr + f"\n[timed out after {timeout} s]", out)
+    stdout, stderr = proc.stdout + _per_rank(out, "stdout"), proc.stderr + _per_rank(out, "stderr")
+    return Run(cmd, proc.returncode, stdout, stderr, out)
 
 
 def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
@@ -161,6 +175,10 @@ def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
         str(num_processes),
         "--main_process_port",
         str(free_port()),
+        "--log_dir",  # each process's output in its own files, not interleaved on one pipe (see _per_rank)
+        str(out / "logs"),
+        "--tee",
+        "0",
         *case.flags,
         str(HERE / case.script),
         *case.args,
@@ -211,6 +229,10 @@ def run_accelerate(case: Case, out: Path, python: str, num_processes: int = 2) -
         "127.0.0.1",
         "--master_port",
         str(free_port()),
+        "--log-dir",
+        str(out / "logs"),
+        "--redirects",
+        "3",
         str(HERE / case.script),
         *case.args,
     ]
