@@ -26,6 +26,7 @@ training loop; iterable datasets are read one batch ahead, with the random state
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -571,7 +572,11 @@ def shard_dataloader(
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         seed = kernel.collectives.broadcast_object(seed, 0)
         seeded = SeedableRandomSampler(sampler.data_source, seed, sampler._num_samples, sampler.replacement)
-        batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)  # type: ignore[attr-defined]
+        if type(batch_sampler) is BatchSampler:
+            batch_sampler = BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last)
+        else:  # the user's own batching stays: a copy of their batch sampler draws from the seeded sampler
+            batch_sampler = copy.copy(batch_sampler)
+            batch_sampler.sampler = seeded  # type: ignore[attr-defined]
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even, split)
     skipper = SkipBatchSampler(shard_sampler)
     dataset = dataloader.dataset
