@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accel.commands.info import load_plugins
 from accel.commands.launch import Parser
 from accel.errors import UsageError
 from accel.memory import (
@@ -77,15 +78,7 @@ def parser() -> Parser:
         help="adam/adamw keep 2 fp32 states per parameter, sgd_momentum 1, sgd none [default: adamw]",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-        "-p",
-        dest="blocked",
-        action="append",
-        default=[],
-        metavar="no:NAME",
-        help="Leave a plugin out: -p no:NAME (repeatable).",
-    )
-    return p
+    return p  # load_plugins adds -p no:NAME
 
 
 def dtypes_from(values: Sequence[str]) -> tuple[str, ...]:
@@ -321,14 +314,10 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
 
 
 def estimate_memory_command(argv: Sequence[str]) -> int:
-    args = parser().parse_args(list(argv))
+    plugins, args = load_plugins(argv, parser())
     dtypes = dtypes_from(args.dtypes)
     if args.num_processes < 1:
         raise UsageError(f"--num_processes must be at least 1, got {args.num_processes}")
-    for value in args.blocked:
-        if not value.startswith("no:") or not value[3:]:
-            raise UsageError(f"-p expects no:NAME to leave a plugin out, got {value!r}")
-    plugins = Plugins.load(blocked=[v[3:] for v in args.blocked])
     summary = summarize(args.model, build(args.model))
     query = MemoryQuery(args.num_processes, dtypes, args.optimizer)
     rows = estimate(summary, query, plugins)

@@ -29,7 +29,9 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _load(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namespace]:
+def load_plugins(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse.Namespace]:
+    """Add ``-p no:NAME`` to ``parser``, parse ``argv`` and load the plugins that are not disabled (for the commands
+    that only read plugins: ``plugins``, ``env``, ``estimate-memory``)."""
     parser.add_argument(
         "-p",
         dest="blocked",
@@ -54,7 +56,7 @@ def _status(rec: PluginRecord) -> str:
 def plugins_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel plugins", description="List installed accel plugins (entry-point group 'accel').")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    plugins, args = _load(argv, parser)
+    plugins, args = load_plugins(argv, parser)
     rows = [
         {
             "name": r.name,
@@ -164,7 +166,7 @@ def _memory_gib() -> str:
 def env_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel env", description="Print environment information for bug reports.")
     parser.add_argument("--config_file", "--config-file", default=None, help="report this config file instead")
-    plugins, args = _load(argv, parser)
+    plugins, args = load_plugins(argv, parser)
     try:
         answers = [(name, hw) for name, hw in plugins.call_each("accel_detect_hardware", env=os.environ) if hw]
         used = max((hw for _, hw in answers), key=lambda h: h.priority)
