@@ -3,17 +3,12 @@ over gloo): ddp, fsdp and deepspeed here; xla in its own venv (plugins/xla/tests
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from clitools import EXTENSIONS
 
 from accel.testing.conformance import StrategyConformance
-
-#: Where DeepSpeed builds its CPU ops (the shm communication op) once, as tests/test_deepspeed.py does.
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-    Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"
-)
 
 
 class TestDDPConformance(StrategyConformance):

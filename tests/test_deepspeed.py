@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from clitools import deepspeed_env
 
 from accel import Settings, UsageError
 from accel.options import resolve
@@ -31,23 +32,10 @@ from accel.plugins import Plugins
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
-
-
-def env_for(tmp: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
-    }
-    env.update(
-        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
-    )
-    return env
 
 
 def run(args: list[str], tmp: Path, timeout: float = 850) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, env=env_for(tmp), capture_output=True, text=True, timeout=timeout, cwd=tmp)
+    return subprocess.run(args, env=deepspeed_env(tmp), capture_output=True, text=True, timeout=timeout, cwd=tmp)
 
 
 def settings(**values: Any) -> Settings:

@@ -6,7 +6,6 @@ processes over gloo (ZeRO-2 and ZeRO-3), as tests/test_deepspeed.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -14,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import deepspeed_env
 
 from accel import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
 
 SECTIONS = {
     "train_micro_batch_size_per_gpu": "auto",
@@ -40,18 +39,6 @@ SECTIONS = {
         },
     },
 }
-
-
-def env_for(tmp: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
-    }
-    env.update(
-        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
-    )
-    return env
 
 
 def write(tmp: Path, name: str, data: dict[str, Any]) -> str:
@@ -106,7 +93,7 @@ def test_dummy_mistakes_are_one_line_each(tmp_path: Path) -> None:
     without = write(tmp_path, "without.json", {"train_micro_batch_size_per_gpu": "auto"})
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "deepspeed_dummy_refusals.py"), with_sections, without],
-        env=env_for(tmp_path),
+        env=deepspeed_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=850,
@@ -134,7 +121,7 @@ def launch(tmp: Path, mode: str, flags: list[str]) -> list[dict[str, Any]]:
     out = Path(tempfile.mkdtemp(prefix=f"out-{mode}-", dir=tmp))
     proc = subprocess.run(
         [ACCEL, "launch", "-q", "-n", "2", *flags, str(SCRIPTS / "deepspeed_dummy.py"), str(out), mode],
-        env=env_for(tmp),
+        env=deepspeed_env(tmp),
         capture_output=True,
         text=True,
         timeout=850,

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import clean_env, run
+from clitools import EXTENSIONS, clean_env, run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
 MODEL = "estimate_model:net"
 #: estimate_model.net: Linear(1024, 2048), Linear(2048, 2048), Linear(2048, 1024), weights and biases
 P = 1024 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 1024 + 1024

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from clitools import deepspeed_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -35,7 +36,6 @@ from accel.checkpoint import MANIFEST, dcp_load
 HERE = Path(__file__).parent
 ACCEL = str(Path(sys.executable).parent / "accel")
 ROOT = HERE.parent
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(ROOT / ".cache" / "torch_extensions")
 
 
 class Exploit:
@@ -337,14 +337,7 @@ def test_deepspeed_stage_must_be_a_number(tmp_path: Path) -> None:
 
 
 def launch(tmp: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess[str], list[list[dict]]]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
-    }
-    env.update(
-        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
-    )
+    env = deepspeed_env(tmp)
     out = tmp / "out"
     proc = subprocess.run(
         [ACCEL, "launch", "-q", "-n", "2", str(HERE / "scripts" / "fault_cases.py"), str(out), *args],

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 
@@ -22,16 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the models the tests share (torch only)
+from big_model_defs import Block  # noqa: E402
 
 
 class BigNet(nn.Module):
