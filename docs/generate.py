@@ -517,6 +517,10 @@ def launch_settings_block() -> str:
         "| setting (`plan.settings[...]`) | type | default | what it asks | asks nothing when |",
         "|---|---|---|---|---|",
     ]
+    from accel.contract import LAUNCH_UNSET
+
+    if missing := sorted(set(LAUNCH_UNSET) - set(LAUNCH_SETTINGS)):
+        raise SystemExit(f"docs/generate.py: LAUNCH_SETTINGS lacks {missing} (in accel.contract.LAUNCH_UNSET)")
     for name, unset in LAUNCH_SETTINGS.items():
         if name not in options:
             raise SystemExit(f"docs/generate.py: LAUNCH_SETTINGS names {name!r}, which is not a kernel option")

@@ -86,6 +86,30 @@ class LaunchPlan:
     verbose: bool = False  # a dry run lists every setting, not only those that differ from their defaults
 
 
+#: Launch settings with the values that ask a launcher for nothing. An ``accel_launch`` answer carries out or refuses
+#: each one a run sets to anything else: never ignores it (docs/plugin-api.md).
+LAUNCH_UNSET: Mapping[str, tuple[Any, ...]] = {
+    "num_machines": (1,),
+    "machine_rank": (0,),
+    "main_process_ip": (None, ""),
+    "rdzv_backend": ("static",),
+    "rdzv_conf": (None, ""),
+    "gpu_ids": (None, "", "all"),
+    "max_restarts": (0,),
+    "num_cpu_threads_per_process": (None,),
+    "enable_cpu_affinity": (False,),
+    "tee": (None, "", "0"),
+    "log_dir": (None, ""),
+    "role": ("default",),
+}
+
+
+def unhonoured_launch_settings(settings: Settings, names: Sequence[str]) -> list[str]:
+    """``"name=value"`` for each of ``names`` (settings of :data:`LAUNCH_UNSET` a launcher does not carry out) that
+    the run sets to something, in the order of ``names``: what that launcher must refuse, in one line."""
+    return [f"{n}={settings.get(n)!r}" for n in names if settings.get(n, LAUNCH_UNSET[n][0]) not in LAUNCH_UNSET[n]]
+
+
 @dataclass(frozen=True)
 class ItemRecord:
     """How one checkpoint item was written: recorded in the checkpoint's manifest and used to load it back."""

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from accel import LaunchPlan, Settings, UsageError
+from accel.contract import unhonoured_launch_settings
 from accel.processes import run_process
 
 #: Settings that only concern reaching the pod from here; they are not handed to the workers.
@@ -38,22 +39,22 @@ CLUSTER_KEYS = (
 #: Variables of ``accel launch`` the workers need besides ACCEL_CONFIG.
 FORWARDED = ("ACCEL_DISABLE_PLUGINS", "ACCEL_PLUGINS")
 REMOTE_PYTHON = "python3"
-#: Launch settings torch_xla.launch (and the pod's gcloud ssh) do not carry out, with the values that ask for
-#: nothing: a run that sets one is refused in one line, never silently ignored (PJRT decides the processes and
-#: their devices; a pod's workers are reached through gcloud, not a rendezvous).
-NOT_HONOURED = {
-    "num_machines": (1,),
-    "machine_rank": (0,),
-    "main_process_ip": (None, ""),
-    "rdzv_backend": ("static",),
-    "rdzv_conf": (None, ""),
-    "gpu_ids": (None, "", "all"),
-    "max_restarts": (0,),
-    "tee": (None, "", "0"),
-    "log_dir": (None, ""),
-    "role": ("default",),
-    "enable_cpu_affinity": (False,),
-}
+#: Launch settings torch_xla.launch (and the pod's gcloud ssh) do not carry out: a run that sets one is refused in
+#: one line, never silently ignored (PJRT decides the processes and their devices; a pod's workers are reached
+#: through gcloud, not a rendezvous).
+NOT_HONOURED = (
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "rdzv_backend",
+    "rdzv_conf",
+    "gpu_ids",
+    "max_restarts",
+    "tee",
+    "log_dir",
+    "role",
+    "enable_cpu_affinity",
+)
 
 
 @dataclass
@@ -73,11 +74,7 @@ class XLALaunch:
 
 def plan(settings: Settings) -> XLALaunch:
     """Check the launch options and decide the launch; raise UsageError (one line) before anything starts."""
-    refused = [
-        f"{key}={settings.get(key)!r}"
-        for key, unset in NOT_HONOURED.items()
-        if settings.get(key, unset[0]) not in unset
-    ]
+    refused = unhonoured_launch_settings(settings, NOT_HONOURED)
     if refused:
         raise UsageError(
             f"the xla plugin does not carry out {', '.join(refused)} (torch_xla.launch starts one "
