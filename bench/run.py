@@ -110,36 +110,24 @@ def ddp_overhead(acc_py: str | None, repeats: int) -> str:
     ):
         extra = [*extra, "--device", DEVICE]
         raw = [PY, *torchrun, str(HERE / "step_loop.py"), "--impl", "raw", *extra]
+        accel = [
+            ACCEL,
+            "launch",
+            "-q",
+            "-n",
+            "2",
+            "--plugin",
+            "ddp",
+            str(HERE / "step_loop.py"),
+            "--impl",
+            "accel",
+            *extra,
+        ]
         cmds = {
             "raw": raw,
-            "accel": [
-                ACCEL,
-                "launch",
-                "-q",
-                "-n",
-                "2",
-                "--plugin",
-                "ddp",
-                str(HERE / "step_loop.py"),
-                "--impl",
-                "accel",
-                *extra,
-            ],
+            "accel": accel,
             "raw again": raw,  # the same script twice: what separate processes differ by when nothing differs
-            "accel paired": [
-                ACCEL,
-                "launch",
-                "-q",
-                "-n",
-                "2",
-                "--plugin",
-                "ddp",
-                str(HERE / "step_loop.py"),
-                "--impl",
-                "accel",
-                *extra,
-                "--paired",
-            ],
+            "accel paired": [*accel, "--paired"],
         }
         if acc_py:
             cmds["accelerate"] = [acc_py, *torchrun, str(HERE / "step_loop.py"), "--impl", "accelerate", *extra]
