@@ -169,3 +169,55 @@ class Collectives(Protocol):
 
     def barrier(self) -> None:
         """Wait until every process got here."""
+
+
+class KernelView(Protocol):
+    """What a runtime hook may read or call on the kernel it is handed: the whole plugin-facing surface of
+    :class:`accel.Kernel`. Hooks are typed against this Protocol, not against ``Kernel`` (whose other public members
+    are the training script's API: a plugin does not call them from a hook, because hooks run inside them).
+
+    ``topology``, ``device`` and ``collectives`` exist once ``accel_setup``, ``accel_topology``, ``accel_device`` and
+    ``accel_collectives`` were answered: do not read them in ``accel_setup``."""
+
+    settings: Settings  # the same Settings the component got in accel_activate
+    topology: Topology
+    device: torch.device
+    collectives: Collectives
+
+    @property
+    def components(self) -> list[Component]:
+        """The active plugin components, in the order hooks ask them."""
+
+    @property
+    def mixed_precision(self) -> str:
+        """The ``mixed_precision`` setting (``"no"`` or a mode a plugin provides)."""
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+
+    @property
+    def project_dir(self) -> str | None:
+        """Where checkpoints and logs go (``None``: not set)."""
+
+    @property
+    def num_processes(self) -> int:
+        """Processes of the run, over all machines."""
+
+    @property
+    def process_index(self) -> int:
+        """This process's rank, 0 .. ``num_processes - 1``."""
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is process 0 of the run."""
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current step synchronises gradients and steps the optimizer."""
+
+    def unwrap_model(self, model: torch.nn.Module, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The module the script passed to ``prepare`` for this prepared model."""
+
+    def scale_for_accumulation(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss / gradient_accumulation_steps`` (for plugins answering ``accel_backward``)."""
