@@ -1,6 +1,6 @@
-"""How every ``accel`` command runs: accel's own errors become one line on stderr, never a traceback. Apart from
-:mod:`accel.commands.cli` so that a command's own entry point (``accel-launch``) uses it without importing the CLI
-that imports every command."""
+"""How every ``accel`` command runs: accel's own errors become one line on stderr, never a traceback. Kept apart
+from :mod:`accel.commands.cli` (which imports every command) so that a command's own ``main`` uses it without an
+import circle."""
 
 from __future__ import annotations
 
