@@ -197,13 +197,13 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> Sequence[M
 
     When: ``accel estimate-memory MODEL`` only (never in a run), once, after the model was built on the meta device
     and summarised. Who: everyone, at module level like the other discovery hooks (cheap, no torch import: the
-    arithmetic needs only the :class:`~accel.memory.ModelSummary`); the kernel's own answer is the single-process
+    arithmetic needs only the :class:`~accel.spi.ModelSummary`); the kernel's own answer is the single-process
     row. A strategy answers for itself, whether selected or not (the user asks before choosing); other plugins
     return ``None``. A plugin that splits parameters over a group of processes (tensor parallelism) answers with
     one row per group size that divides ``query.num_processes``, naming it in ``options`` (``"tp=2, dp=2"``); it
     may read each parameter's shape and owning module type in ``model.parameters`` to know what it shards.
 
-    Returns a sequence of :class:`~accel.memory.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
+    Returns a sequence of :class:`~accel.spi.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
     offload optimizer"``) and dtype of ``query.dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``: accel's
     ``mixed_precision`` values), for ``query.num_processes`` processes and ``query.optimizer``; bytes on the training
     device in ``parameters``, ``gradients`` (communication buckets included), ``optimizer`` (fp32 master weights
@@ -335,9 +335,9 @@ def accel_prepare_dataloader(kernel: KernelView, dataloader: Any) -> Any | None:
     """Make a dataloader yield this process's share of batches on the right device.
 
     When: ``prepare()``, once per dataloader. Who: first answer wins; default: the kernel's sharding
-    (``accel.data.shard_dataloader``: disjoint shards by process index, ``even_batches``, moves batches to the
+    (``accel.spi.shard_dataloader``: disjoint shards by process index, ``even_batches``, moves batches to the
     device, tracks the end of the epoch for ``gather_for_metrics``). A plugin that needs its own loader (XLA) may
-    wrap the kernel's: ``accel.data.shard_dataloader(kernel, dataloader)``.
+    wrap the kernel's: ``accel.spi.shard_dataloader(kernel, dataloader)``.
     """
 
 
@@ -467,8 +467,8 @@ def accel_save_state(
     kernel. The kernel's own default implementation, called last (after the plugins' claims are agreed between
     processes), writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``); the kernel records
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
-    unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
-    files that ``accel.checkpoint.load_weights_only`` accepts.
+    unpickling arbitrary objects: use ``accel.spi.write_tree``/``read_tree``, safetensors, JSON, or torch
+    files that ``accel.spi.load_weights_only`` accepts.
 
     ``asynchronous`` is true for ``save_state(asynchronous=True)`` (or the ``async_save`` option). The hook still
     runs on the training thread and its files must be complete when it returns (the kernel fsyncs and publishes
