@@ -355,11 +355,12 @@ def record_classes() -> list[type]:
 
 
 def public_name(obj: Any) -> str:
-    """``accel.Name`` when the package exports it, else its module's dotted name."""
-    import accel
+    """``accel.spi.Name`` when the plugin API exports it (the only place plugins import from), else its module's
+    dotted name."""
+    import accel.spi
 
-    exported = getattr(accel, obj.__name__, None) is obj
-    return f"accel.{obj.__name__}" if exported else f"{obj.__module__}.{obj.__name__}"
+    exported = obj.__name__ in accel.spi.__all__ and getattr(accel.spi, obj.__name__) is obj
+    return f"accel.spi.{obj.__name__}" if exported else f"{obj.__module__}.{obj.__name__}"
 
 
 def records_block() -> str:
