@@ -30,14 +30,17 @@ test: setup
 	$(BIN)/python -m pytest tests
 
 # What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
-# mypy on the kernel and the plugins. Every check runs even when an earlier one fails; the target fails if any did.
+# mypy on the kernel, the plugins and tools/, then the import rules (lint-imports: plugins import only accel.spi, the
+# kernel library never imports accel.commands, no import cycle among kernel modules; [tool.importlinter] in
+# pyproject.toml). Every check runs even when an earlier one fails; the target fails if any did.
 # `$(BIN)/ruff check --fix $(LINT_PATHS)` fixes import order and the other mechanical findings.
-LINT_PATHS := kernel plugins tests bench examples docs
+LINT_PATHS := kernel plugins tests bench examples docs tools
 lint: setup
 	@status=0; \
 	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
 	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
-	echo "mypy"; $(BIN)/mypy kernel/src/accel $(filter-out %.egg-info,$(wildcard plugins/*/src/accel_*)) || status=1; \
+	echo "mypy"; $(BIN)/mypy kernel/src/accel $(filter-out %.egg-info,$(wildcard plugins/*/src/accel_*)) tools || status=1; \
+	echo "lint-imports"; $(BIN)/lint-imports --no-cache || status=1; \
 	exit $$status
 
 test-fast: setup

@@ -355,11 +355,12 @@ def record_classes() -> list[type]:
 
 
 def public_name(obj: Any) -> str:
-    """``accel.Name`` when the package exports it, else its module's dotted name."""
-    import accel
+    """``accel.spi.Name`` when the plugin API exports it (the only place plugins import from), else its module's
+    dotted name."""
+    import accel.spi
 
-    exported = getattr(accel, obj.__name__, None) is obj
-    return f"accel.{obj.__name__}" if exported else f"{obj.__module__}.{obj.__name__}"
+    exported = obj.__name__ in accel.spi.__all__ and getattr(accel.spi, obj.__name__) is obj
+    return f"accel.spi.{obj.__name__}" if exported else f"{obj.__module__}.{obj.__name__}"
 
 
 def records_block() -> str:
@@ -426,63 +427,77 @@ def plugin_sources() -> Iterator[tuple[str, ast.Module]]:
             yield name, ast.parse(path.read_text(encoding="utf-8"))
 
 
-def init_attributes(cls: type) -> dict[str, str]:
-    """``self.name = value`` assignments of ``cls.__init__``: name -> the assignment's source (annotation included)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "__init__")
-    found: dict[str, str] = {}
-    for node in ast.walk(init):
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        for target in targets:
-            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-                found.setdefault(target.attr, ast.unparse(node).split("\n")[0])
-    return found
-
-
 def kernel_members_block() -> str:
-    """The ``kernel.X`` the plugins of this repository read or call, with the member's own docstring."""
-    from accel.kernel import Kernel
+    """Every member of :class:`accel.spi.KernelView` (what a runtime hook may use of the kernel it is handed), with
+    the plugins of this repository that use it (``kernel.X`` in their source) and the member's own docstring or
+    comment. A plugin using a member the view lacks fails the generator."""
+    from accel.spi import KernelView
 
     used: dict[str, set[str]] = {}
     for plugin, tree in plugin_sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "kernel":
                 used.setdefault(node.attr, set()).add(plugin)
-    assigned = init_attributes(Kernel)
+    comments = field_comments(KernelView)
+    members = {name: "" for name in comments}
+    members |= {
+        name: "" if isinstance(m, property) else "(...)"
+        for name, m in vars(KernelView).items()
+        if not name.startswith("_") and (isinstance(m, property) or inspect.isfunction(m))
+    }
+    if outside := sorted(set(used) - set(members)):
+        raise SystemExit(
+            "docs/generate.py: plugins use "
+            + ", ".join(f"kernel.{n} ({', '.join(sorted(used[n]))})" for n in outside)
+            + ", which accel.spi.KernelView does not have: add it there (with a docstring) or do without"
+        )
     rows = ["| member | used by | what it is |", "|---|---|---|"]
-    for name in sorted(used):
-        member = inspect.getattr_static(Kernel, name, None)
-        if member is None and name not in assigned:
-            raise SystemExit(
-                f"docs/generate.py: plugins {sorted(used[name])} use kernel.{name}, which Kernel "
-                "does not define: give it a property with a docstring"
-            )
-        if member is None:
-            call, doc = "", f"set by `Kernel()`: `{assigned[name]}`"
-        else:
-            call = "(...)" if inspect.isfunction(member) else ""
-            doc = first_paragraph(member) if isinstance(member, property) or inspect.isfunction(member) else ""
-        rows.append(row(f"`kernel.{name}{call}`", ", ".join(sorted(used[name])), doc or "—"))
+    for name, call in sorted(members.items()):
+        member = vars(KernelView).get(name)
+        doc = first_paragraph(member) if member is not None else comments[name]
+        rows.append(row(f"`kernel.{name}{call}`", ", ".join(sorted(used.get(name, ()))) or "—", doc or "—"))
     return "\n".join(rows) + "\n"
 
 
+def constant_comment(module: str, name: str) -> str:
+    """The ``#:`` comment above ``name = ...`` in ``module`` (for constants, which have no docstring), or the
+    module that defines ``name`` when ``module`` only re-exports it."""
+    source = inspect.getsource(importlib.import_module(module))
+    if match := re.search(rf"((?:^#:.*\n)+)^{name}\b", source, re.M):
+        return " ".join(line[2:].strip() for line in match.group(1).splitlines())
+    for block in re.finditer(r"^\s*from (accel[.\w]*) import (\([^)]*\)|.*)", source, re.M):
+        if re.search(rf"\b{name}\b", block.group(2)):
+            return constant_comment(block.group(1), name)
+    return ""
+
+
 def kernel_imports_block() -> str:
-    """Every name the plugins of this repository import from the kernel, with its docstring's first paragraph."""
-    used: dict[tuple[str, str], set[str]] = {}
+    """Every name of :mod:`accel.spi` (the only module plugins import from accel), with the plugins of this
+    repository that import it and its docstring's first paragraph. A plugin importing from accel a name that
+    accel.spi lacks fails the generator."""
+    import accel.spi as spi
+
+    used: dict[str, set[str]] = {}
     for plugin, tree in plugin_sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "accel":
                 for alias in node.names:
-                    used.setdefault((node.module, alias.name), set()).add(plugin)
+                    used.setdefault(alias.name, set()).add(plugin)
+    if outside := sorted(set(used) - set(spi.__all__) - {"Kernel"}):  # Kernel: annotations not yet moved to KernelView
+        raise SystemExit(
+            f"docs/generate.py: plugins import {outside} from accel, which accel.spi does not export: add them there"
+        )
     rows = ["| name | used by | what it is |", "|---|---|---|"]
-    for (module, name), plugins in sorted(used.items()):
-        obj = getattr(importlib.import_module(module), name)
+    for name in spi.__all__:
+        obj = getattr(spi, name)
         doc = first_paragraph(obj) if inspect.isclass(obj) or inspect.isroutine(obj) else ""
-        if obj.__class__.__name__ in ("HookimplMarker", "HookspecMarker"):
+        if obj.__class__.__name__ == "HookimplMarker":
             doc = "pluggy's marker of a hook implementation of project `accel` (see hooks.md)"
-        rows.append(row(f"`{module}.{name}`", ", ".join(sorted(plugins)), doc or "—"))
+        elif obj.__class__.__name__ == "HookspecMarker":
+            doc = "pluggy's marker of a hook specification of project `accel` (for a plugin that adds hooks)"
+        elif not doc:
+            doc = constant_comment(spi._LAZY.get(name, "accel.spi"), name)
+        rows.append(row(f"`{name}`", ", ".join(sorted(used.get(name, ()))) or "—", doc or "—"))
     return "\n".join(rows) + "\n"
 
 

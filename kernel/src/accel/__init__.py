@@ -64,13 +64,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # read on first use: package metadata lookups cost a scan of sys.path
-        from importlib.metadata import PackageNotFoundError, version
+    if name == "__version__":
+        from accel.version import kernel_version
 
-        try:
-            return version("accel-kernel")
-        except PackageNotFoundError:  # running from a source tree without installation
-            return "0.0.0"
+        return kernel_version()
     if name in _LAZY:
         import importlib
 

@@ -180,9 +180,9 @@ class KernelView(Protocol):
     ``accel_collectives`` were answered: do not read them in ``accel_setup``."""
 
     settings: Settings  # the same Settings the component got in accel_activate
-    topology: Topology
-    device: torch.device
-    collectives: Collectives
+    topology: Topology  # where this process sits in the run (the answer to accel_topology)
+    device: torch.device  # this process's device (the answer to accel_device)
+    collectives: Collectives  # communication between the processes (the answer to accel_collectives)
 
     @property
     def components(self) -> list[Component]:

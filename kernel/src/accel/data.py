@@ -30,11 +30,12 @@ import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from accel.contract import KernelView
 from accel.errors import UsageError
 from accel.nested import map_tensors
 from accel.sampling import (
@@ -55,7 +56,29 @@ from accel.sampling import (
 )
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.compat import DataSettings
+
+
+class DataKernel(KernelView, Protocol):
+    """What the dataloaders read of the Kernel beyond :class:`accel.contract.KernelView` (the object a hook gets is
+    the Kernel, which has all of it)."""
+
+    gradient_state: GradientState
+    even_batches: bool
+    _data: DataSettings
+
+    @property
+    def non_blocking(self) -> bool: ...
+
+    @property
+    def split_batches(self) -> bool: ...
+
+    @property
+    def data_parallel_index(self) -> int: ...
+
+    @property
+    def data_parallel_size(self) -> int: ...
+
 
 __all__ = [
     "BatchSamplerShard",
@@ -148,6 +171,35 @@ def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
+class GradientState:
+    """Shared between the Kernel and its dataloaders: whether this step syncs and where the epoch is."""
+
+    def __init__(self) -> None:
+        self.sync_gradients = True
+        self.step = 0
+        self.active: list[PreparedDataLoader] = []
+        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
+        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
+        self.end_of_dataloader = False
+
+    def enter(self, loader: PreparedDataLoader) -> None:
+        self.active.append(loader)
+        self.refresh()
+
+    def leave(self, loader: PreparedDataLoader) -> None:
+        if loader in self.active:
+            self.active.remove(loader)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
+        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        return self.active[-1].remainder if self.active else 0
+
+
 class PreparedDataLoader:
     """Iterates this process's shard, moves batches to the device and tells the Kernel when the epoch's last batch
     is out, so ``accumulate`` syncs and ``gather_for_metrics`` trims duplicates. The last batch is known by count
@@ -157,7 +209,7 @@ class PreparedDataLoader:
 
     def __init__(
         self,
-        kernel: Kernel,
+        kernel: DataKernel,
         base: DataLoader,
         steps: int | None,
         remainder: int,
@@ -275,7 +327,7 @@ class PreparedDataLoader:
         in_pass = self._in_pass()
         problem = self._inexact(in_pass)
         if problem:
-            from accel.tracking import user_stacklevel
+            from accel.errors import user_stacklevel
 
             dataset = self.shard.dataset if isinstance(self.shard, IterableDatasetShard) else self.dataset
             warnings.warn(
@@ -518,7 +570,7 @@ class PreparedDataLoader:
 
 
 def shard_dataloader(
-    kernel: Kernel,
+    kernel: KernelView,
     dataloader: DataLoader,
     device_placement: bool = True,
     device_loader: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
@@ -534,6 +586,7 @@ def shard_dataloader(
     ahead of the training loop. When a pass is abandoned (``break``), its iterator is closed (a generator's
     ``finally`` can stop its threads) and the sampler is put back where the pass began, so the next pass does not
     depend on how far the device loader had read ahead."""
+    kernel = cast(DataKernel, kernel)  # a hook's KernelView is the Kernel: its dataloader settings are there
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare() expects a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
     n, r, even = kernel.data_parallel_size, kernel.data_parallel_index, kernel.even_batches

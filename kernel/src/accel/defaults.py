@@ -18,7 +18,8 @@ from accel.hookspecs import hookimpl
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
+    from accel.contract import KernelView
     from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 
@@ -46,12 +47,12 @@ def accel_launch(plan: LaunchPlan) -> int:
 
 
 @hookimpl(trylast=True)
-def accel_topology(kernel: Kernel) -> Topology:
+def accel_topology(kernel: KernelView) -> Topology:
     return Topology()
 
 
 @hookimpl(trylast=True)
-def accel_device(kernel: Kernel) -> torch.device:
+def accel_device(kernel: KernelView) -> torch.device:
     import torch
 
     if not kernel.settings["cpu"]:
@@ -85,56 +86,56 @@ class SingleProcess:
 
 
 @hookimpl(trylast=True)
-def accel_collectives(kernel: Kernel) -> SingleProcess:
+def accel_collectives(kernel: KernelView) -> SingleProcess:
     return SingleProcess()
 
 
 @hookimpl(trylast=True)
-def accel_model_init_context(kernel: Kernel) -> contextlib.AbstractContextManager[Any]:
+def accel_model_init_context(kernel: KernelView) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
 @hookimpl(trylast=True)
 def accel_prepare_training(
-    kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]]:
     return [m.to(kernel.device) for m in models], list(optimizers), list(schedulers)
 
 
 @hookimpl(trylast=True)
-def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any:
+def accel_prepare_dataloader(kernel: KernelView, dataloader: Any) -> Any:
     from accel.data import shard_dataloader
 
     return shard_dataloader(kernel, dataloader)
 
 
 @hookimpl(trylast=True)
-def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool:
+def accel_backward(kernel: KernelView, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool:
     # When only this implementation answers (HotHooks.plain_backward), Kernel.backward makes this call itself.
     kernel.scale_for_accumulation(loss).backward(**backward_kwargs)
     return True
 
 
 @hookimpl(trylast=True)
-def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool:
+def accel_optimizer_step(kernel: KernelView, optimizer: torch.optim.Optimizer) -> bool:
     optimizer.step()
     return True
 
 
 @hookimpl(trylast=True)
-def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+def accel_zero_grad(kernel: KernelView, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
     optimizer.zero_grad(set_to_none=set_to_none)
     return True
 
 
 @hookimpl(trylast=True)
-def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+def accel_no_sync(kernel: KernelView, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
 @hookimpl(trylast=True)
 def accel_clip_grad_norm(
-    kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+    kernel: KernelView, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
 ) -> torch.Tensor:
     import torch
 
@@ -142,7 +143,7 @@ def accel_clip_grad_norm(
 
 
 @hookimpl(trylast=True)
-def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, Any]:
+def accel_model_state_dict(kernel: KernelView, model: torch.nn.Module) -> dict[str, Any]:
     return kernel.unwrap_model(model).state_dict()
 
 
@@ -150,7 +151,7 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
 
 
 @hookimpl(trylast=True)
-def accel_state_items(kernel: Kernel) -> dict[str, Any]:
+def accel_state_items(kernel: CheckpointKernel) -> dict[str, Any]:
     from accel.checkpoint import kernel_items
 
     return kernel_items(kernel)
@@ -158,7 +159,7 @@ def accel_state_items(kernel: Kernel) -> dict[str, Any]:
 
 @hookimpl(trylast=True)
 def accel_save_state(
-    kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+    kernel: CheckpointKernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
 ) -> dict[str, ItemRecord]:
     # called last, once the plugins' claims are agreed between processes: writes every item nobody claimed
     from accel.checkpoint import write_unclaimed
@@ -168,7 +169,7 @@ def accel_save_state(
 
 @hookimpl(trylast=True)
 def accel_load_state(
-    kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    kernel: CheckpointKernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
 ) -> list[str]:
     from accel.checkpoint import restore_own
 

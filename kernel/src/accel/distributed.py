@@ -20,6 +20,8 @@ from accel.options import Settings
 if TYPE_CHECKING:
     import torch
 
+    # KernelView once plugins/parallel (branch sharded) overrides accel_topology with a KernelView argument: a
+    # subclass may not narrow an argument's type, and today it annotates it with Kernel
     from accel.kernel import Kernel
 
 

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
+
 
 class AccelError(Exception):
     """Base class of every error accel raises on purpose."""
@@ -18,3 +25,14 @@ class PluginError(AccelError):
 class CheckpointError(UsageError):
     """A checkpoint cannot be saved or loaded as asked: incomplete, damaged, refused (unlisted or unsafe files), or
     not compatible with this run (the message says what differs). Printed as one line like any UsageError."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside accel (the
+    user's line that called the Kernel)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -58,8 +58,16 @@ if TYPE_CHECKING:
 
     import torch
 
-    from accel.contract import Collectives, Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
-    from accel.kernel import Kernel
+    from accel.contract import (
+        Collectives,
+        Component,
+        HardwareInfo,
+        ItemRecord,
+        KernelView,
+        LaunchPlan,
+        Question,
+        Topology,
+    )
     from accel.memory import MemoryQuery, MemoryRow, ModelSummary
     from accel.options import Options, Settings
 
@@ -189,13 +197,13 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> Sequence[M
 
     When: ``accel estimate-memory MODEL`` only (never in a run), once, after the model was built on the meta device
     and summarised. Who: everyone, at module level like the other discovery hooks (cheap, no torch import: the
-    arithmetic needs only the :class:`~accel.memory.ModelSummary`); the kernel's own answer is the single-process
+    arithmetic needs only the :class:`~accel.spi.ModelSummary`); the kernel's own answer is the single-process
     row. A strategy answers for itself, whether selected or not (the user asks before choosing); other plugins
     return ``None``. A plugin that splits parameters over a group of processes (tensor parallelism) answers with
     one row per group size that divides ``query.num_processes``, naming it in ``options`` (``"tp=2, dp=2"``); it
     may read each parameter's shape and owning module type in ``model.parameters`` to know what it shards.
 
-    Returns a sequence of :class:`~accel.memory.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
+    Returns a sequence of :class:`~accel.spi.MemoryRow`: one per option set (``options``, e.g. ``"ZeRO-2 +
     offload optimizer"``) and dtype of ``query.dtypes`` (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"fp8"``: accel's
     ``mixed_precision`` values), for ``query.num_processes`` processes and ``query.optimizer``; bytes on the training
     device in ``parameters``, ``gradients`` (communication buckets included), ``optimizer`` (fp32 master weights
@@ -227,7 +235,7 @@ def accel_launch(plan: LaunchPlan) -> int | None:
 
 
 @hookspec
-def accel_setup(kernel: Kernel) -> None:
+def accel_setup(kernel: KernelView) -> None:
     """Prepare this process: initialise the process group, choose the device ``accel_device`` will report,
     import the backend and refuse combinations it cannot run (one line, ``UsageError``).
 
@@ -237,7 +245,7 @@ def accel_setup(kernel: Kernel) -> None:
 
 
 @hookspec(firstresult=True)
-def accel_topology(kernel: Kernel) -> Topology | None:
+def accel_topology(kernel: KernelView) -> Topology | None:
     """Where this process sits: process index, count, local index and local count, and, for a strategy whose
     processes do not each read their own data (tensor or context parallel groups read the same batches), its
     data-parallel index and size (``Topology.data_parallel_index``/``data_parallel_size``): prepared dataloaders
@@ -249,7 +257,7 @@ def accel_topology(kernel: Kernel) -> Topology | None:
 
 
 @hookspec(firstresult=True)
-def accel_device(kernel: Kernel) -> torch.device | None:
+def accel_device(kernel: KernelView) -> torch.device | None:
     """The device this process trains on.
 
     When: once, after ``accel_topology``. Who: first answer wins; default: the current accelerator of torch
@@ -258,7 +266,7 @@ def accel_device(kernel: Kernel) -> torch.device | None:
 
 
 @hookspec(firstresult=True)
-def accel_collectives(kernel: Kernel) -> Collectives | None:
+def accel_collectives(kernel: KernelView) -> Collectives | None:
     """The object that talks between processes (all_gather, all_reduce, broadcast, barrier, objects).
 
     When: once, after ``accel_device``; the Kernel keeps it, so collectives never go through a hook per call.
@@ -267,7 +275,7 @@ def accel_collectives(kernel: Kernel) -> Collectives | None:
 
 
 @hookspec
-def accel_teardown(kernel: Kernel) -> None:
+def accel_teardown(kernel: KernelView) -> None:
     """Release what ``accel_setup`` acquired (destroy the process group, an engine). Trackers do not answer it:
     they finish their runs in ``accel_end_training``, which the kernel calls first.
 
@@ -282,7 +290,7 @@ def accel_teardown(kernel: Kernel) -> None:
 
 
 @hookspec(firstresult=True)
-def accel_model_init_context(kernel: Kernel) -> AbstractContextManager[Any] | None:
+def accel_model_init_context(kernel: KernelView) -> AbstractContextManager[Any] | None:
     """The context in which the script builds its models (``with kernel.model_init_context(): model = Net()``),
     so a strategy can create parameters already partitioned over the processes (DeepSpeed's ``zero.Init``)
     instead of materialising the whole model in every process first.
@@ -293,7 +301,7 @@ def accel_model_init_context(kernel: Kernel) -> AbstractContextManager[Any] | No
 
 
 @hookspec
-def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
+def accel_transform_model(kernel: KernelView, model: torch.nn.Module) -> None:
     """Change a model in place before it is placed and wrapped (compile it, swap layers for fp8, add activation
     checkpointing). In place matters: the user's module stays the module ``unwrap_model`` returns, and compiling
     before DDP wraps is what makes compilation happen at all.
@@ -304,7 +312,7 @@ def accel_transform_model(kernel: Kernel, model: torch.nn.Module) -> None:
 
 @hookspec(firstresult=True)
 def accel_prepare_training(
-    kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
+    kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]] | None:
     """The strategy's one entry point in ``prepare()``: place and wrap the models (a data-parallel or sharding
     wrapper), adapt the optimizers to them (ZeRO, parameter swaps after sharding) and keep or replace the
@@ -323,18 +331,18 @@ def accel_prepare_training(
 
 
 @hookspec(firstresult=True)
-def accel_prepare_dataloader(kernel: Kernel, dataloader: Any) -> Any | None:
+def accel_prepare_dataloader(kernel: KernelView, dataloader: Any) -> Any | None:
     """Make a dataloader yield this process's share of batches on the right device.
 
     When: ``prepare()``, once per dataloader. Who: first answer wins; default: the kernel's sharding
-    (``accel.data.shard_dataloader``: disjoint shards by process index, ``even_batches``, moves batches to the
+    (``accel.spi.shard_dataloader``: disjoint shards by process index, ``even_batches``, moves batches to the
     device, tracks the end of the epoch for ``gather_for_metrics``). A plugin that needs its own loader (XLA) may
-    wrap the kernel's: ``accel.data.shard_dataloader(kernel, dataloader)``.
+    wrap the kernel's: ``accel.spi.shard_dataloader(kernel, dataloader)``.
     """
 
 
 @hookspec(firstresult=True)
-def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
+def accel_autocast(kernel: KernelView) -> Callable[[], AbstractContextManager[Any]] | None:
     """A zero-argument factory of the context that the forward of prepared models and ``kernel.autocast()`` run
     under (``functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)``).
 
@@ -357,7 +365,7 @@ def accel_autocast(kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] 
 
 
 @hookspec(firstresult=True)
-def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
+def accel_backward(kernel: KernelView, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
     """Run backward for ``loss``.
 
     When: ``kernel.backward(loss, **backward_kwargs)``, each micro-batch. Who: first answer wins: a strategy that
@@ -370,7 +378,7 @@ def accel_backward(kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str
 
 
 @hookspec(firstresult=True)
-def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool | None:
+def accel_optimizer_step(kernel: KernelView, optimizer: torch.optim.Optimizer) -> bool | None:
     """Apply an optimizer step.
 
     When: ``optimizer.step()`` of a prepared optimizer, only on steps where gradients are synchronised (on the
@@ -381,7 +389,7 @@ def accel_optimizer_step(kernel: Kernel, optimizer: torch.optim.Optimizer) -> bo
 
 
 @hookspec(firstresult=True)
-def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool | None:
+def accel_zero_grad(kernel: KernelView, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool | None:
     """Reset gradients.
 
     When: ``optimizer.zero_grad()`` of a prepared optimizer, only on steps where gradients are synchronised.
@@ -390,7 +398,7 @@ def accel_zero_grad(kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_non
 
 
 @hookspec(firstresult=True)
-def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
+def accel_no_sync(kernel: KernelView, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
     """The context that skips gradient synchronisation for one micro-batch (gradient accumulation).
 
     When: ``kernel.no_sync(model)`` and ``kernel.accumulate(model)`` on non-sync steps. Who: first answer wins;
@@ -400,7 +408,7 @@ def accel_no_sync(kernel: Kernel, model: torch.nn.Module) -> AbstractContextMana
 
 @hookspec(firstresult=True)
 def accel_clip_grad_norm(
-    kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+    kernel: KernelView, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
 ) -> torch.Tensor | None:
     """Clip gradients by their global norm and return the norm (before clipping).
 
@@ -410,7 +418,7 @@ def accel_clip_grad_norm(
 
 
 @hookspec
-def accel_unscale_gradients(kernel: Kernel) -> None:
+def accel_unscale_gradients(kernel: KernelView) -> None:
     """Bring gradients to their true scale before they are inspected or clipped (a grad scaler's ``unscale_``).
 
     When: ``kernel.unscale_gradients()``, and before ``clip_grad_norm_``/``clip_grad_value_`` on sync steps.
@@ -423,7 +431,7 @@ def accel_unscale_gradients(kernel: Kernel) -> None:
 
 
 @hookspec
-def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
+def accel_state_items(kernel: KernelView) -> Mapping[str, Any] | None:
     """Extra stateful objects (with ``state_dict``/``load_state_dict``) to include in checkpoints, by key, e.g.
     ``{"grad_scaler": scaler}``.
 
@@ -440,7 +448,7 @@ def accel_state_items(kernel: Kernel) -> Mapping[str, Any] | None:
 
 @hookspec
 def accel_save_state(
-    kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+    kernel: KernelView, items: Mapping[str, Any], directory: Path, asynchronous: bool
 ) -> Mapping[str, ItemRecord] | None:
     """Write the checkpoint items this plugin owns (FSDP: sharded model/optimizer with
     torch.distributed.checkpoint; DeepSpeed: the engine's checkpoint) into ``directory``.
@@ -459,8 +467,8 @@ def accel_save_state(
     kernel. The kernel's own default implementation, called last (after the plugins' claims are agreed between
     processes), writes every key nobody claimed (safetensors + JSON, see ``accel.checkpoint``); the kernel records
     all of it in the manifest. A key claimed twice is an error naming both plugins. Formats must not need
-    unpickling arbitrary objects: use ``accel.checkpoint.write_tree``/``read_tree``, safetensors, JSON, or torch
-    files that ``accel.checkpoint.load_weights_only`` accepts.
+    unpickling arbitrary objects: use ``accel.spi.write_tree``/``read_tree``, safetensors, JSON, or torch
+    files that ``accel.spi.load_weights_only`` accepts.
 
     ``asynchronous`` is true for ``save_state(asynchronous=True)`` (or the ``async_save`` option). The hook still
     runs on the training thread and its files must be complete when it returns (the kernel fsyncs and publishes
@@ -473,7 +481,7 @@ def accel_save_state(
 
 @hookspec
 def accel_load_state(
-    kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    kernel: KernelView, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
 ) -> Iterable[str] | None:
     """Restore the items whose manifest record names this plugin (``records`` holds only those).
 
@@ -488,7 +496,7 @@ def accel_load_state(
 
 
 @hookspec(firstresult=True)
-def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, Any] | None:
+def accel_model_state_dict(kernel: KernelView, model: torch.nn.Module) -> dict[str, Any] | None:
     """The full, unsharded state dict of a prepared model (gathering FSDP shards or ZeRO-3 partitions), on the
     main process; other processes may return an empty dict.
 
@@ -504,7 +512,7 @@ def accel_model_state_dict(kernel: Kernel, model: torch.nn.Module) -> dict[str, 
 
 @hookspec
 def accel_init_trackers(
-    kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+    kernel: KernelView, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
 ) -> None:
     """Start a run in each active tracker and record the hyper-parameters (``config``, possibly nested).
 
@@ -518,7 +526,7 @@ def accel_init_trackers(
 
 
 @hookspec
-def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
+def accel_log(kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]) -> None:
     """Log values (numbers, and whatever else the backend understands: text, nested dicts of numbers).
 
     When: ``kernel.log(values, step, log_kwargs)``, only after ``init_trackers``. Who: every tracker, each
@@ -529,7 +537,7 @@ def accel_log(kernel: Kernel, values: Mapping[str, Any], step: int | None, log_k
 
 @hookspec
 def accel_log_images(
-    kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+    kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
 ) -> None:
     """Log images. ``values`` maps a name to one image or a list of images; an image is an array or tensor of shape
     H x W, H x W x 3 or H x W x 4 (channels last; uint8 in 0..255 or float in 0..1) or a PIL image.
@@ -542,7 +550,7 @@ def accel_log_images(
 
 @hookspec
 def accel_log_table(
-    kernel: Kernel,
+    kernel: KernelView,
     table_name: str,
     columns: list[str],
     data: list[list[Any]],
@@ -558,7 +566,7 @@ def accel_log_table(
 
 
 @hookspec
-def accel_end_training(kernel: Kernel) -> None:
+def accel_end_training(kernel: KernelView) -> None:
     """The normal end of training: trackers finish their runs (flush, close files, mark the run finished); a
     strategy may wait for every process here (a barrier before its process group is destroyed), which
     ``accel_teardown`` must not do because it also runs after a failure.

@@ -30,15 +30,15 @@ from accel.compat import (
     resolve_data_settings,
 )
 from accel.contract import Topology
-from accel.data import PreparedDataLoader, skip_first_batches
+from accel.data import GradientState, PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks, each_implementation
-from accel.errors import UsageError
+from accel.errors import UsageError, user_stacklevel
 from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
 from accel.plugins import Plugins
-from accel.prepared import AutocastModule, GradientState, PreparedOptimizer, PreparedScheduler, _Accumulate
+from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, _Accumulate
 from accel.process_ops import ProcessOpsMixin
 from accel.project import ProjectConfiguration, check_project_config, configure_project
-from accel.tracking import TrackingMixin, user_stacklevel
+from accel.tracking import TrackingMixin
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 _ARGUMENTS = (

@@ -1,52 +1,31 @@
 """The objects ``Kernel.prepare`` hands back around the user's: the optimizer and scheduler wrappers, the
-autocast module wrapper, and the gradient-accumulation state they share (re-exported by :mod:`accel.kernel`)."""
+autocast module wrapper and the accumulation context (re-exported by :mod:`accel.kernel`)."""
 
 from __future__ import annotations
 
 import contextlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from accel.data import PreparedDataLoader
+from accel.data import DataKernel
 from accel.errors import UsageError
 from accel.nested import map_tensors
 
-#: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
-
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.dispatch import HotHooks
 
 
-class GradientState:
-    """Shared between the Kernel and its dataloaders: whether this step syncs and where the epoch is."""
+class StepKernel(DataKernel, Protocol):
+    """What the prepared objects use of the Kernel beyond :class:`accel.data.DataKernel`."""
 
-    def __init__(self) -> None:
-        self.sync_gradients = True
-        self.step = 0
-        self.active: list[PreparedDataLoader] = []
-        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
-        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
-        self.end_of_dataloader = False
+    _accumulation_steps: int
+    _hot: HotHooks
+    step_scheduler_with_optimizer: bool
 
-    def enter(self, loader: PreparedDataLoader) -> None:
-        self.active.append(loader)
-        self.refresh()
-
-    def leave(self, loader: PreparedDataLoader) -> None:
-        if loader in self.active:
-            self.active.remove(loader)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
-        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
-
-    @property
-    def remainder(self) -> int:
-        return self.active[-1].remainder if self.active else 0
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
 
 
 class _Accumulate:
@@ -55,7 +34,7 @@ class _Accumulate:
 
     __slots__ = ("kernel", "models", "stack")
 
-    def __init__(self, kernel: Kernel, models: tuple[torch.nn.Module, ...]):
+    def __init__(self, kernel: StepKernel, models: tuple[torch.nn.Module, ...]):
         self.kernel, self.models = kernel, models
         self.stack: contextlib.ExitStack[bool | None] | None = None
 
@@ -87,7 +66,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     skipped (inf/NaN gradients). Every other attribute is the wrapped optimizer's, read and written through (a
     schedule-free optimizer's ``train()``/``eval()``, ``optimizer.foo = x``)."""
 
-    def __init__(self, kernel: Kernel, optimizer: torch.optim.Optimizer):  # noqa: D107 - no super().__init__ on purpose
+    def __init__(self, kernel: StepKernel, optimizer: torch.optim.Optimizer):  # noqa: D107 - no super().__init__ on purpose
         own = self.__dict__
         own["optimizer"] = optimizer
         own["kernel"] = kernel
@@ -213,7 +192,7 @@ class PreparedScheduler:
     schedule counted in optimizer steps (``num_training_steps`` from the prepared dataloader's length). Every other
     attribute is the wrapped scheduler's, read and written through."""
 
-    def __init__(self, kernel: Kernel, scheduler: Any, optimizers: Sequence[PreparedOptimizer]):
+    def __init__(self, kernel: StepKernel, scheduler: Any, optimizers: Sequence[PreparedOptimizer]):
         own = self.__dict__
         own["scheduler"] = scheduler
         own["kernel"] = kernel

@@ -19,7 +19,7 @@ from accel.nested import map_tensors
 
 if TYPE_CHECKING:
     from accel.contract import Collectives
-    from accel.prepared import GradientState
+    from accel.data import GradientState
 
 
 class ProcessOpsMixin:

@@ -9,18 +9,14 @@ and skipped from then on, and training goes on.
 from __future__ import annotations
 
 import numbers
-import os
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component
-from accel.errors import UsageError
+from accel.errors import UsageError, user_stacklevel
 
 if TYPE_CHECKING:
-    from types import FrameType
-
     from accel.options import Settings
     from accel.plugins import Plugins
 
@@ -87,17 +83,6 @@ def flatten(config: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict
             number = as_scalar(value)
             flat[name] = number if number is not None else str(value)
     return flat
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside accel (the
-    user's line that called the Kernel)."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    frame: FrameType | None = sys._getframe(1)
-    level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 class TrackingMixin:

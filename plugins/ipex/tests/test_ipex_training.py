@@ -182,14 +182,16 @@ def test_the_example_trains_with_the_plugin(tmp_path):
 
 
 def test_fp16_is_refused():
-    from accel import Kernel, UsageError
+    from accel import Kernel
+    from accel.spi import UsageError
 
     with pytest.raises(UsageError, match="trains in fp32 or bf16"):
         Kernel(plugins=["ipex"], mixed_precision="fp16")
 
 
 def test_use_xpu_without_an_xpu_is_refused():
-    from accel import Kernel, UsageError
+    from accel import Kernel
+    from accel.spi import UsageError
 
     assert not (hasattr(torch, "xpu") and torch.xpu.is_available())  # this machine has no Intel GPU
     with pytest.raises(UsageError, match=r"torch sees no Intel GPU"):
@@ -197,7 +199,8 @@ def test_use_xpu_without_an_xpu_is_refused():
 
 
 def test_a_training_model_without_its_optimizer_is_refused():
-    from accel import Kernel, UsageError
+    from accel import Kernel
+    from accel.spi import UsageError
 
     kernel = Kernel(plugins=["ipex"])
     with pytest.raises(UsageError, match="prepare it together with its optimizer"):

@@ -410,7 +410,7 @@ def test_clip_grad_norm_on_xla() -> None:
 
 
 def test_fp16_is_refused_with_one_line() -> None:
-    from accel import UsageError
+    from accel.spi import UsageError
 
     with pytest.raises(UsageError, match="mixed_precision=fp16 is not supported on XLA"):
         Kernel(plugins=["xla"], mixed_precision="fp16")

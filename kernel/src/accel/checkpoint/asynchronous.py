@@ -25,7 +25,8 @@ from accel.contract import ItemRecord
 from accel.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
+    from accel.contract import KernelView
 
 #: (after its own are written) before it abandons the save; and, at a sync point where every process reported its
 #: files written, how long it waits to see them on the shared file system.
@@ -100,7 +101,7 @@ class _AsyncSave:
 
     def __init__(
         self,
-        kernel: Kernel,
+        kernel: CheckpointKernel,
         items: Mapping[str, Item],
         records: Mapping[str, ItemRecord],
         target: Path,
@@ -196,7 +197,9 @@ class _AsyncSave:
             )
 
 
-def snapshot(kernel: Kernel, items: Mapping[str, Item]) -> dict[str, tuple[str, Any, dict[str, torch.Tensor]]]:
+def snapshot(
+    kernel: CheckpointKernel, items: Mapping[str, Item]
+) -> dict[str, tuple[str, Any, dict[str, torch.Tensor]]]:
     """The kernel's items of this process (the main process's, and every process's per-process ones) encoded, with
     CPU copies of their tensors in the kernel's staging buffers: ``{key: (file stem, document, tensors)}``."""
     saver = _SAVERS.setdefault(kernel, _Saver())
@@ -214,7 +217,7 @@ def snapshot(kernel: Kernel, items: Mapping[str, Item]) -> dict[str, tuple[str, 
 
 
 def start_async(
-    kernel: Kernel,
+    kernel: CheckpointKernel,
     items: Mapping[str, Item],
     records: Mapping[str, ItemRecord],
     target: Path,
@@ -228,13 +231,13 @@ def start_async(
     job.thread.start()
 
 
-def pending_save(kernel: Kernel) -> Path | None:
+def pending_save(kernel: KernelView) -> Path | None:
     """The target of this kernel's asynchronous save in flight (not yet agreed on), or None."""
     saver = _SAVERS.get(kernel)
     return None if saver is None or saver.job is None else saver.job.target
 
 
-def finish_pending(kernel: Kernel, at_exit: bool = False, release: bool = False) -> None:
+def finish_pending(kernel: KernelView, at_exit: bool = False, release: bool = False) -> None:
     """Finish this kernel's asynchronous save in flight, if any: every process waits for its own files, the
     processes agree (one collective), the main process publishes; a failure anywhere raises the same one-line
     :class:`CheckpointError` on every process, after the temporary directory is removed. Called on every process

@@ -18,11 +18,12 @@ from accel.errors import CheckpointError
 from accel.options import KERNEL, install_hint
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
+    from accel.contract import KernelView
 
 
 def check_compatible(
-    kernel: Kernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord], directory: Path
+    kernel: CheckpointKernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord], directory: Path
 ) -> None:
     """Raise :class:`CheckpointError` saying what differs between the checkpoint and this run, before anything
     is loaded: a plugin that wrote items is not active, items missing on either side, a different number of
@@ -88,7 +89,7 @@ def _describe(items: Mapping[str, Item], keys: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _plugin_advice(kernel: Kernel, name: str) -> str:
+def _plugin_advice(kernel: CheckpointKernel, name: str) -> str:
     rec = kernel.plugins.records.get(name)
     if rec is not None and rec.status == "loaded":
         return (
@@ -101,7 +102,7 @@ def _plugin_advice(kernel: Kernel, name: str) -> str:
     return f"install it with `{hint}`" if hint else f"install the plugin that provides {name!r}"
 
 
-def _check_model(kernel: Kernel, key: str, item: Item, directory: Path) -> None:
+def _check_model(kernel: KernelView, key: str, item: Item, directory: Path) -> None:
     saved = tree_shapes(directory, key)
     current = {k: v for k, v in kernel.unwrap_model(item.obj).state_dict().items() if isinstance(v, torch.Tensor)}
     kinds = sorted({type(v).__name__ for v in current.values() if hasattr(v, "placements")})  # distributed tensors

@@ -19,7 +19,7 @@ from accel.checkpoint.manifest import _agreed
 from accel.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -82,7 +82,10 @@ def _split_shared(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], di
 
 
 def save_model(
-    kernel: Kernel, model: torch.nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB"
+    kernel: CheckpointKernel,
+    model: torch.nn.Module,
+    save_directory: str | os.PathLike[str],
+    max_shard_size: int | str = "10GB",
 ) -> list[Path]:
     """See :meth:`accel.kernel.Kernel.save_model`."""
     limit = parse_size(max_shard_size)

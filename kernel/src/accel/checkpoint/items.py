@@ -10,16 +10,67 @@ import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from accel.contract import KernelView
 from accel.dispatch import each_implementation
 from accel.errors import CheckpointError, PluginError
 from accel.options import KERNEL
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    import pluggy
+
+    from accel.data import GradientState, PreparedDataLoader
+    from accel.prepared import PreparedOptimizer, PreparedScheduler
+    from accel.project import ProjectConfiguration
+
+
+class InstalledPlugin(Protocol):
+    """What the checkpoint code reads of an installed plugin's record (:class:`accel.plugins.PluginRecord`)."""
+
+    @property
+    def distribution(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
+class PluginTable(Protocol):
+    """What the checkpoint code reads of the Kernel's :class:`accel.plugins.Plugins`."""
+
+    @property
+    def pm(self) -> pluggy.PluginManager: ...
+
+    @property
+    def records(self) -> Mapping[str, InstalledPlugin]: ...
+
+
+class CheckpointKernel(KernelView, Protocol):
+    """What the kernel's checkpoint code uses of the Kernel beyond :class:`accel.contract.KernelView`: the objects
+    it prepared, its plugins and its project configuration."""
+
+    gradient_state: GradientState
+
+    @property
+    def plugins(self) -> PluginTable: ...
+
+    project_configuration: ProjectConfiguration
+    _models: list[torch.nn.Module]
+    _optimizers: list[PreparedOptimizer]
+    _schedulers: list[PreparedScheduler]
+    _dataloaders: list[PreparedDataLoader]
+    _custom_objects: list[Any]
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, Any]: ...
+
 
 RESERVED = ("gradients", "rng", "kernel")  # item keys of the kernel's own per-run state
 
@@ -108,7 +159,7 @@ class KernelState:
     """The Kernel's own position: the gradient-accumulation micro-step counter and whether the last micro-step
     synchronised."""
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: CheckpointKernel):
         self.kernel = kernel
 
     def state_dict(self) -> dict[str, Any]:
@@ -125,7 +176,7 @@ class GradientsState:
     between processes). Saved only when the last micro-step did not synchronise (``save_state`` in the middle
     of gradient accumulation); otherwise empty, so checkpoints taken on optimizer steps carry no gradients."""
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: CheckpointKernel):
         self.kernel = kernel
 
     def _parameters(self) -> dict[str, torch.nn.Parameter]:
@@ -177,7 +228,7 @@ def _stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def kernel_items(kernel: Kernel) -> dict[str, Any]:
+def kernel_items(kernel: CheckpointKernel) -> dict[str, Any]:
     """The kernel's own answer to ``accel_state_items`` (its default implementation, called last): ``model``,
     ``model_1``, ..., ``optimizer``..., ``scheduler``..., ``dataloader``..., ``custom_<i>``
     (``register_for_checkpointing``), ``gradients`` and ``rng`` (per process) and ``kernel``."""
@@ -212,7 +263,7 @@ def _kernel_item(key: str, obj: Any) -> Item:
     return Item(key, obj, match.group(1))
 
 
-def collect_items(kernel: Kernel) -> dict[str, Item]:
+def collect_items(kernel: CheckpointKernel) -> dict[str, Item]:
     """Every item of this run by key, from ``accel_state_items``: each plugin's keys, then the kernel's own
     (:func:`kernel_items`). A key given twice is an error naming both givers."""
     items: dict[str, Item] = {}
@@ -230,7 +281,7 @@ def collect_items(kernel: Kernel) -> dict[str, Item]:
 
 
 def call_by_owner(
-    kernel: Kernel, hook: str, arguments: Callable[[str], Mapping[str, Any] | None]
+    kernel: CheckpointKernel, hook: str, arguments: Callable[[str], Mapping[str, Any] | None]
 ) -> Iterator[tuple[str, list[Any]]]:
     """Call ``hook`` through pluggy once per component that implements it, in pluggy's order (the kernel's own
     default last), so that each answer is known to be that component's: ``(component name, answers)``.
@@ -250,7 +301,7 @@ def _component_name(impl: Any) -> str:
     return getattr(impl.plugin, "name", "") or impl.plugin_name.split(":")[0]
 
 
-def _state_of(kernel: Kernel, item: Item) -> Any:
+def _state_of(kernel: CheckpointKernel, item: Item) -> Any:
     if item.kind == "model":
         return kernel.get_state_dict(item.obj)
     return item.obj.state_dict()

@@ -18,10 +18,11 @@ from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
+    from accel.contract import KernelView
 
 
-def load_state(kernel: Kernel, input_dir: str | os.PathLike[str] | None = None) -> Path:
+def load_state(kernel: CheckpointKernel, input_dir: str | os.PathLike[str] | None = None) -> Path:
     """See :meth:`accel.kernel.Kernel.load_state`."""
     items = collect_items(kernel)
 
@@ -55,7 +56,9 @@ def load_state(kernel: Kernel, input_dir: str | os.PathLike[str] | None = None) 
     return directory
 
 
-def _load_hook(kernel: Kernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord], directory: Path) -> None:
+def _load_hook(
+    kernel: CheckpointKernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord], directory: Path
+) -> None:
     """Call ``accel_load_state`` of every component named by a record (the kernel's own default last), each with
     its records; each must restore every item it wrote."""
     objects = {key: item.obj for key, item in items.items()}
@@ -83,7 +86,7 @@ def _load_hook(kernel: Kernel, items: Mapping[str, Item], records: Mapping[str, 
 
 
 def restore_own(
-    kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+    kernel: KernelView, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
 ) -> list[str]:
     """The kernel's default ``accel_load_state`` (:mod:`accel.defaults`): restore the items the kernel wrote
     (``records``: those naming it), random states last (nothing draws after them). Returns their keys."""

@@ -30,8 +30,8 @@ from accel.errors import CheckpointError
 from accel.options import KERNEL
 
 if TYPE_CHECKING:
-    from accel.checkpoint.items import Item
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel, Item
+    from accel.contract import KernelView
 
 MANIFEST = "accel_manifest.json"
 MANIFEST_FORMAT = "accel-checkpoint"
@@ -84,7 +84,7 @@ def latest_checkpoint(project_dir: str | os.PathLike[str]) -> Path | None:
 # Agreement between processes
 
 
-def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+def _agreed(kernel: KernelView, what: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on every process and make every process raise if any of them failed (so no process waits
     forever in a collective that a failed process never reaches). Returns ``fn``'s result."""
     error: BaseException | None = None
@@ -108,7 +108,7 @@ def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def agree(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+def agree(kernel: KernelView, what: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on every process; if it failed on any, raise :class:`CheckpointError` (one line, naming the
     process) on every process. Plugins call it around work that can fail on some processes only (a file only the
     main process reads or writes) BEFORE the next collective, so that no process waits in a collective that a
@@ -214,7 +214,7 @@ def _records(manifest: Mapping[str, Any]) -> dict[str, ItemRecord]:
 
 
 def _publish(
-    kernel: Kernel,
+    kernel: CheckpointKernel,
     items: Mapping[str, Item],
     records: Mapping[str, ItemRecord],
     target: Path,
@@ -223,7 +223,7 @@ def _publish(
 ) -> None:
     """Main process: write the manifest of ``records`` (every item's writer, merged over processes) into ``tmp``,
     flush what is not flushed yet and rename ``tmp`` to ``target``; then prune old numbered checkpoints."""
-    from accel import __version__
+    from accel.version import kernel_version
 
     entries: dict[str, dict[str, Any]] = {}
     for key, item in items.items():
@@ -241,7 +241,7 @@ def _publish(
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
-        "accel_version": __version__,
+        "accel_version": kernel_version(),
         "torch_version": torch.__version__,
         "world_size": kernel.num_processes,
         "iteration": index,

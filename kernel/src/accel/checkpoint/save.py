@@ -36,11 +36,12 @@ from accel.options import KERNEL
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.checkpoint.items import CheckpointKernel
+    from accel.contract import KernelView
 
 
 def save_state(
-    kernel: Kernel, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None
+    kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None
 ) -> Path:
     """See :meth:`accel.kernel.Kernel.save_state`."""
     finish_pending(kernel)  # an asynchronous save still in flight is published (or its error raised) first
@@ -104,7 +105,7 @@ _WRITING: weakref.WeakKeyDictionary[Any, _Writing] = weakref.WeakKeyDictionary()
 
 
 def _save_hook(
-    kernel: Kernel, items: Mapping[str, Item], tmp: Path, asynchronous: bool, kernel_only: bool
+    kernel: CheckpointKernel, items: Mapping[str, Item], tmp: Path, asynchronous: bool, kernel_only: bool
 ) -> dict[str, dict[str, Any]]:
     """Call ``accel_save_state`` of the plugins (``kernel_only=False``) or of the kernel's own default
     implementation (``True``) on this process; their records by key, as dicts (for ``all_gather_object``)."""
@@ -133,7 +134,7 @@ def _save_hook(
 
 
 def _gather_records(
-    kernel: Kernel, items: Mapping[str, Item], mine: Mapping[str, dict[str, Any]]
+    kernel: KernelView, items: Mapping[str, Item], mine: Mapping[str, dict[str, Any]]
 ) -> dict[str, ItemRecord]:
     """The records of every process, merged (union of files); the writer of a key must be the same everywhere."""
     merged: dict[str, ItemRecord] = {}
@@ -157,13 +158,13 @@ def _gather_records(
     return merged
 
 
-def write_unclaimed(kernel: Kernel, directory: Path, asynchronous: bool) -> dict[str, ItemRecord]:
+def write_unclaimed(kernel: CheckpointKernel, directory: Path, asynchronous: bool) -> dict[str, ItemRecord]:
     """The kernel's default ``accel_save_state`` (:mod:`accel.defaults`): write every item of the save in progress
     that no plugin claimed, in the kernel's format (``accel.tree``): the main process its items, every process its
     per-process items. A model's state is taken on every process (a sharding strategy may gather there).
     Asynchronous: only the copy to CPU memory happens here; the records name the files the background writer
     will write."""
-    from accel import __version__
+    from accel.version import kernel_version
 
     writing = _WRITING.get(kernel)
     if writing is None:  # called outside save_state: there is nothing of the kernel's to write
@@ -183,13 +184,14 @@ def write_unclaimed(kernel: Kernel, directory: Path, asynchronous: bool) -> dict
             if mine:
                 files[key] = write_tree(directory, _file_stem(item, kernel.process_index), state, sync=False)
         fsync_all(Path(directory) / f for names in files.values() for f in names)  # each process flushes its own
+    version = kernel_version()
     return {
-        key: ItemRecord(plugin=KERNEL, format=TREE_FORMAT, files=tuple(names), version=__version__)
+        key: ItemRecord(plugin=KERNEL, format=TREE_FORMAT, files=tuple(names), version=version)
         for key, names in files.items()
     }
 
 
-def _plan_target(kernel: Kernel, output_dir: str | os.PathLike[str] | None) -> tuple[str, str, int | None]:
+def _plan_target(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) -> tuple[str, str, int | None]:
     """(target, temporary directory, automatic index or None), on the main process; creates the temporary dir."""
     config = kernel.project_configuration
     token = secrets.token_hex(6)
@@ -223,6 +225,6 @@ def _plan_target(kernel: Kernel, output_dir: str | os.PathLike[str] | None) -> t
     return os.fspath(target), os.fspath(tmp), index
 
 
-def _plugin_version(kernel: Kernel, name: str) -> str:
+def _plugin_version(kernel: CheckpointKernel, name: str) -> str:
     rec = kernel.plugins.records.get(name)
     return rec.version if rec is not None else ""

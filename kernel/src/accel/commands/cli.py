@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from accel.errors import AccelError, UsageError
+from accel.commands.guard import run_guarded
+from accel.errors import UsageError
 
 USAGE = """usage: accel <command> [options]
 
@@ -25,29 +25,15 @@ options:
 """
 
 
-def run_guarded(fn: Callable[[], int]) -> int:
-    """Run a command; turn accel's own errors into one line on stderr and exit code 2."""
-    try:
-        return fn()
-    except AccelError as exc:
-        print(f"accel: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `accel env | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
     if args[0] == "--version":
-        from accel import __version__
+        from accel.version import kernel_version
 
-        print(f"accel {__version__}")
+        print(f"accel {kernel_version()}")
         return 0
     command, rest = args[0], args[1:]
     if command == "launch":

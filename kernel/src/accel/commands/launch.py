@@ -430,7 +430,7 @@ def print_env(env: Mapping[str, str], before: Mapping[str, str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from accel.commands.cli import run_guarded
+    from accel.commands.guard import run_guarded
 
     return run_guarded(lambda: launch(list(sys.argv[1:] if argv is None else argv)))
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from accel.data import shard_dataloader
     from accel.distributed import (
         ProcessGroupComponent,
+        barrier_if_initialized,
         destroy_process_group,
         launch_with_torchrun,
         local_device,
@@ -77,6 +78,7 @@ _LAZY = {
     "write_tree": "accel.checkpoint",
     "shard_dataloader": "accel.data",
     "ProcessGroupComponent": "accel.distributed",
+    "barrier_if_initialized": "accel.distributed",
     "destroy_process_group": "accel.distributed",
     "launch_with_torchrun": "accel.distributed",
     "local_device": "accel.distributed",
@@ -128,6 +130,7 @@ __all__ = [
     "UsageError",
     "agree",
     "as_scalar",
+    "barrier_if_initialized",
     "dcp_load",
     "dcp_reader",
     "destroy_process_group",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from accel import Component, Options, Question, Settings, UsageError, hookimpl
+from accel.spi import Component, Options, Question, Settings, UsageError, hookimpl
 
 NAME = "amp"
 accel_components = ["accel_amp.precision:AmpPrecision"]

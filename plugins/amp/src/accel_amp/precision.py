@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from accel import Component, Settings, UsageError, hookimpl
+from accel.spi import Component, Settings, UsageError, hookimpl
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 
 def device_problem(mode: str, device: torch.device, emulate: bool = False) -> str | None:
@@ -91,7 +91,7 @@ class AmpPrecision(Component):
     # ---- set-up -------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]]:
+    def accel_autocast(self, kernel: KernelView) -> Callable[[], AbstractContextManager[Any]]:
         import torch
 
         device = kernel.device
@@ -115,7 +115,7 @@ class AmpPrecision(Component):
         return functools.partial(torch.autocast, device.type, dtype=dtype, **extra)
 
     @hookimpl(tryfirst=True)
-    def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:
+    def accel_transform_model(self, kernel: KernelView, model: torch.nn.Module) -> None:
         """fp8: swap ``nn.Linear`` layers for torchao ``Float8Linear`` in place (same parameters), before the
         model is compiled or wrapped."""
         if self.mode != "fp8" or model in self._converted:
@@ -155,7 +155,7 @@ class AmpPrecision(Component):
 
     @hookimpl(wrapper=True)
     def accel_prepare_training(
-        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+        self, kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
     ) -> Any:
         """Remember the optimizers the strategy returned: the scaler unscales them all before clipping."""
         result = yield
@@ -177,7 +177,7 @@ class AmpPrecision(Component):
             self._unscaled.clear()
 
     @hookimpl
-    def accel_backward(self, kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
+    def accel_backward(self, kernel: KernelView, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
         if self.scaler is None:
             return None
         self._update()
@@ -185,7 +185,7 @@ class AmpPrecision(Component):
         return True
 
     @hookimpl
-    def accel_unscale_gradients(self, kernel: Kernel) -> None:
+    def accel_unscale_gradients(self, kernel: KernelView) -> None:
         if self.scaler is None:
             return
         for opt in self._live_optimizers():
@@ -194,7 +194,7 @@ class AmpPrecision(Component):
                 self._unscaled.add(id(opt))
 
     @hookimpl
-    def accel_optimizer_step(self, kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool | None:
+    def accel_optimizer_step(self, kernel: KernelView, optimizer: torch.optim.Optimizer) -> bool | None:
         if self.scaler is None:
             return None
         applied = step_with_scaler(self.scaler, optimizer)
@@ -206,7 +206,7 @@ class AmpPrecision(Component):
     # ---- checkpoints --------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_state_items(self, kernel: Kernel) -> Mapping[str, Any] | None:
+    def accel_state_items(self, kernel: KernelView) -> Mapping[str, Any] | None:
         if self.scaler is None:
             return None
         self._update()

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from accel import CheckpointError
+from accel.spi import CheckpointError
 from accel_bigmodel.hooks import (
     DiskTensor,
     OffloadHook,

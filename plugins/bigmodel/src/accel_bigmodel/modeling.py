@@ -17,7 +17,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from accel import UsageError
+from accel.spi import UsageError
 
 Device = Union[int, str, torch.device]  # noqa: UP007 (a runtime alias: the | form needs Python 3.10 types)
 DISK = "disk"

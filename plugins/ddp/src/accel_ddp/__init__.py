@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import HardwareInfo, Options, Settings, hookimpl
-from accel.hardware import nvidia_gpus
+from accel.spi import HardwareInfo, Options, Settings, hookimpl, nvidia_gpus
 
 if TYPE_CHECKING:
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+    from accel.spi import MemoryQuery, MemoryRow, ModelSummary
     from accel_ddp.handlers import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 NAME = "ddp"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from accel.utils.handlers import KwargsHandler
+from accel.spi import KwargsHandler
 
 
 class DDPCommunicationHookType(str, enum.Enum):

@@ -7,7 +7,7 @@ gradients, unless ``ddp_gradient_as_bucket_view`` makes the gradients views into
 
 from __future__ import annotations
 
-from accel.memory import MemoryQuery, MemoryRow, ModelSummary, replicated
+from accel.spi import MemoryQuery, MemoryRow, ModelSummary, replicated
 
 
 def rows(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:

@@ -8,9 +8,12 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from accel import LaunchPlan, Settings, UsageError, hookimpl
-from accel.distributed import (
+from accel.spi import (
+    LaunchPlan,
     ProcessGroupComponent,
+    Settings,
+    UsageError,
+    hookimpl,
     launch_with_torchrun,
     local_device,
     restart_store_args,
@@ -20,7 +23,7 @@ from accel.distributed import (
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 
 def batched_power_sgd_works() -> bool:
@@ -103,7 +106,7 @@ class DDPStrategy(ProcessGroupComponent):
         return os.environ
 
     @hookimpl
-    def accel_setup(self, kernel: Kernel) -> None:
+    def accel_setup(self, kernel: KernelView) -> None:
         import torch.distributed as dist
 
         env = self._env()
@@ -127,7 +130,7 @@ class DDPStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_prepare_training(
-        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+        self, kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
     ) -> tuple[list[Any], list[Any], list[Any]]:
         return [self.wrap_model(m) for m in models], list(optimizers), list(schedulers)
 
@@ -155,7 +158,9 @@ class DDPStrategy(ProcessGroupComponent):
         return ddp
 
     @hookimpl
-    def accel_no_sync(self, kernel: Kernel, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any] | None:
+    def accel_no_sync(
+        self, kernel: KernelView, model: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[Any] | None:
         from torch.nn.parallel import DistributedDataParallel
 
         return model.no_sync() if isinstance(model, DistributedDataParallel) else None

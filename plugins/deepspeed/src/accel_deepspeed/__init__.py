@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import Options, Question, Settings, UsageError, hookimpl
+from accel.spi import Options, Question, Settings, UsageError, hookimpl
 
 if TYPE_CHECKING:
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+    from accel.spi import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "deepspeed"
 accel_components = ["accel_deepspeed.strategy:DeepSpeedStrategy"]

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accel import Settings, UsageError
+from accel.spi import Settings, UsageError
 from accel_deepspeed import CONFIG_KEYS
 
 AUTO = "auto"

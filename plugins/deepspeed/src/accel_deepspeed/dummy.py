@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from accel import UsageError
+from accel.spi import UsageError
 
 WHY = "stands for the {} of the DeepSpeed config; pass it to kernel.prepare() and use what prepare() returns"
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from accel import Settings, UsageError
+from accel.spi import Settings, UsageError
 
 #: Launchers that need no --include/--exclude/--num_nodes/--num_gpus (DeepSpeed refuses them there).
 MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich")

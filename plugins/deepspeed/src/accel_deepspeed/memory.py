@@ -24,7 +24,7 @@ exists too, so the row says 4L + 20P/N + the bucket.
 
 from __future__ import annotations
 
-from accel.memory import ELEMENT_BYTES, MemoryQuery, MemoryRow, ModelSummary, unsupported
+from accel.spi import ELEMENT_BYTES, MemoryQuery, MemoryRow, ModelSummary, unsupported
 
 STRATEGY = "DeepSpeed"
 #: DeepSpeed's default ``reduce_bucket_size`` (elements): ZeRO-3 allocates this bucket whole, in the training dtype.

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from accel.nested import map_tensors
+from accel.spi import map_tensors
 
 
 def cast_floats(data: Any, dtype: torch.dtype) -> Any:

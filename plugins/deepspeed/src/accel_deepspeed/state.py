@@ -70,7 +70,7 @@ def save(engine: Any, root: Path, sub: str) -> list[str]:
     DeepSpeed writes files between its own barriers; a write that fails on one process (a full disk) would leave
     the others waiting in the next barrier. So failed writes are recorded and skipped, DeepSpeed runs to its end,
     and then every process learns whether any failed (:class:`accel.CheckpointError` on all of them)."""
-    from accel import CheckpointError
+    from accel.spi import CheckpointError
 
     failures: list[str] = []
 
@@ -125,8 +125,7 @@ def weights_only_loads() -> Iterator[None]:
     """Make every ``torch.load`` inside the block weights-only (plus ``_allowed_globals``), whatever its caller
     asks: DeepSpeed loads its files with ``weights_only=False``, and a checkpoint must never run code when loaded.
     A file that needs anything else is refused with :class:`accel.CheckpointError`."""
-    from accel import CheckpointError
-    from accel.checkpoint import weights_only_reason
+    from accel.spi import CheckpointError, weights_only_reason
 
     original = torch.load
     allowed = _allowed_globals()
@@ -154,7 +153,7 @@ def load(engine: Any, root: Path, sub: str, with_optimizer: bool) -> None:
     """Load the engine's checkpoint. First every process opens every file of it weights-only (memory-mapped: the
     tensors are not read) and all learn whether that worked on every process, so a forged or damaged file is
     refused on every process before DeepSpeed's own collectives could leave one of them waiting."""
-    from accel import CheckpointError
+    from accel.spi import CheckpointError
 
     problem = None
     try:
@@ -181,7 +180,7 @@ def save_frozen(engine: Any, root: Path, sub: str) -> list[str]:
     ``root/sub/weights.safetensors``, on process 0."""
     from safetensors.torch import save_file
 
-    from accel import CheckpointError
+    from accel.spi import CheckpointError
 
     state = full_state_dict(engine, sixteen_bit=True)
     problem = None

@@ -29,15 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
-from accel.distributed import ProcessGroupComponent, destroy_process_group, launch_with_torchrun, world_of_one
+from accel.spi import (
+    ItemRecord,
+    LaunchPlan,
+    ProcessGroupComponent,
+    Settings,
+    UsageError,
+    destroy_process_group,
+    hookimpl,
+    launch_with_torchrun,
+    world_of_one,
+)
 from accel_deepspeed import config as dsconfig
 from accel_deepspeed import launcher
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 #: Launcher variables of MPI-style and SLURM starts: (rank, world size, local rank, local world size).
 RANK_VARIABLES = (
@@ -158,7 +167,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return launch_with_torchrun(plan, "deepspeed")
 
     def _launch_runner(self, plan: LaunchPlan) -> int:
-        from accel.processes import run_process
+        from accel.spi import run_process
 
         settings = plan.settings
         run = launcher.runner_plan(
@@ -180,7 +189,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     # ---- process start-up ---------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_setup(self, kernel: Kernel) -> None:
+    def accel_setup(self, kernel: KernelView) -> None:
         import torch
         import torch.distributed as dist
 
@@ -208,13 +217,13 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             self.owns_process_group = True
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Any:
+    def accel_autocast(self, kernel: KernelView) -> Any:
         # The engine realises bf16/fp16 itself (low-precision weights, fp32 master weights; declared in provides,
         # so the kernel left the precision plugin out): no autocast, but prepared models still return fp32 outputs.
         return contextlib.nullcontext if f"precision:{kernel.mixed_precision}" in self.provides else None
 
     @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
+    def accel_teardown(self, kernel: KernelView) -> None:
         for rec in self.prepared:
             if rec.engine is not None:
                 rec.engine.destroy()
@@ -224,21 +233,21 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     # ---- building models ----------------------------------------------------------------------------------
 
-    def _facts(self, kernel: Kernel, micro: int | None, model: Any) -> dsconfig.KernelFacts:
+    def _facts(self, kernel: KernelView, micro: int | None, model: Any) -> dsconfig.KernelFacts:
         cfg = getattr(model, "config", None)
         hidden = getattr(cfg, "hidden_size", None) or max(getattr(cfg, "hidden_sizes", None) or [0]) or None
         return dsconfig.KernelFacts(
             kernel.gradient_accumulation_steps, kernel.mixed_precision, kernel.num_processes, micro, hidden
         )
 
-    def _config(self, kernel: Kernel, micro: int | None, model: Any, trained: bool) -> dict[str, Any]:
+    def _config(self, kernel: KernelView, micro: int | None, model: Any, trained: bool) -> dict[str, Any]:
         config, where = dsconfig.base_config(self.settings)
         if not trained:  # a frozen model's engine never sees a batch size: do not check one
             micro = dsconfig.placeholder_micro(config)
         return dsconfig.fill(config, self._facts(kernel, micro, model), where)
 
     @hookimpl
-    def accel_model_init_context(self, kernel: Kernel) -> Any:
+    def accel_model_init_context(self, kernel: KernelView) -> Any:
         if not self.settings["zero3_init_flag"]:
             return None
         config, where = dsconfig.base_config(self.settings)
@@ -273,7 +282,12 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_prepare_training(
-        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any], dataloaders: list[Any]
+        self,
+        kernel: KernelView,
+        models: list[Any],
+        optimizers: list[Any],
+        schedulers: list[Any],
+        dataloaders: list[Any],
     ) -> tuple[list[Any], list[Any], list[Any]]:
         import torch
 
@@ -331,7 +345,9 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             wrapped.append(rec.wrapper)
         return wrapped, out_opts, out_scheds
 
-    def _initialize(self, kernel: Kernel, model: Any, opt: Any, schedulers: list[Any], config: dict[str, Any]) -> Any:
+    def _initialize(
+        self, kernel: KernelView, model: Any, opt: Any, schedulers: list[Any], config: dict[str, Any]
+    ) -> Any:
         """``deepspeed.initialize`` for one trained (or ZeRO-3 frozen) model. A DummyOptim/DummyScheduler stands for
         the config's optimizer/scheduler sections (as in Accelerate); with the script's own torch optimizer, the
         empty parameter groups DeepSpeed drops are dropped from its schedulers too, so they keep stepping."""
@@ -393,14 +409,14 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     def _by_optimizer(self, optimizer: Any) -> Prepared | None:
         return next((rec for rec in self.prepared if rec.optimizer is optimizer and rec.engine is not None), None)
 
-    def _by_model(self, kernel: Kernel, model: Any) -> Prepared | None:
+    def _by_model(self, kernel: KernelView, model: Any) -> Prepared | None:
         user = kernel.unwrap_model(model)
         return next((rec for rec in self.prepared if rec.wrapper is model or rec.module is user), None)
 
     # ---- training step ------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_backward(self, kernel: Kernel, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
+    def accel_backward(self, kernel: KernelView, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool | None:
         rec = self._trained()
         if rec is None:
             return None
@@ -415,7 +431,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return True
 
     @hookimpl
-    def accel_optimizer_step(self, kernel: Kernel, optimizer: torch.optim.Optimizer) -> bool | None:
+    def accel_optimizer_step(self, kernel: KernelView, optimizer: torch.optim.Optimizer) -> bool | None:
         rec = self._by_optimizer(optimizer)
         if rec is None:
             return None
@@ -432,7 +448,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return bool(engine.was_step_applied())
 
     @hookimpl
-    def accel_zero_grad(self, kernel: Kernel, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool | None:
+    def accel_zero_grad(self, kernel: KernelView, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool | None:
         rec = self._by_optimizer(optimizer)
         if rec is None:
             return None
@@ -440,7 +456,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         return True
 
     @hookimpl
-    def accel_no_sync(self, kernel: Kernel, model: torch.nn.Module) -> Any:
+    def accel_no_sync(self, kernel: KernelView, model: torch.nn.Module) -> Any:
         # The engine reduces only at the end of an accumulation cycle (accel_backward told it when that is).
         return contextlib.nullcontext() if any(rec.wrapper is model for rec in self.prepared) else None
 
@@ -452,7 +468,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_clip_grad_norm(
-        self, kernel: Kernel, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
+        self, kernel: KernelView, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
     ) -> torch.Tensor | None:
         import torch
 
@@ -489,7 +505,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     # ---- weights and checkpoints --------------------------------------------------------------------------
 
     @hookimpl
-    def accel_model_state_dict(self, kernel: Kernel, model: torch.nn.Module) -> dict[str, Any] | None:
+    def accel_model_state_dict(self, kernel: KernelView, model: torch.nn.Module) -> dict[str, Any] | None:
         from accel_deepspeed.state import full_state_dict
 
         rec = self._by_model(kernel, model)
@@ -497,7 +513,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
             return None
         return full_state_dict(rec.engine, bool(self.settings.get("zero3_save_16bit_model")))
 
-    def _items(self, kernel: Kernel, items: Mapping[str, Any]) -> list[tuple[Prepared, str, str | None]]:
+    def _items(self, kernel: KernelView, items: Mapping[str, Any]) -> list[tuple[Prepared, str, str | None]]:
         """(record, model key, optimizer key) for each engine whose model is a checkpoint item."""
         import torch
 
@@ -528,7 +544,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_save_state(
-        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
+        self, kernel: KernelView, items: Mapping[str, Any], directory: Path, asynchronous: bool
     ) -> dict[str, ItemRecord]:
         from accel_deepspeed import state
 
@@ -568,7 +584,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
 
     @hookimpl
     def accel_load_state(
-        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+        self, kernel: KernelView, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
     ) -> Iterable[str]:
         from accel_deepspeed import state
 

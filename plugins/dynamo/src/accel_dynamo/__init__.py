@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from accel import Component, Options, Question, Settings, hookimpl
+from accel.spi import Component, Options, Question, Settings, hookimpl
 
 NAME = "dynamo"
 accel_components = ["accel_dynamo.compiler:DynamoCompiler"]

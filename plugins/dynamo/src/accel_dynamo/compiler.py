@@ -15,13 +15,12 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from accel import Component, Settings, UsageError, hookimpl
-from accel.options import did_you_mean
+from accel.spi import Component, Settings, UsageError, did_you_mean, hookimpl
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 #: Debug backends ``torch._dynamo.list_backends()`` hides by default; offered in messages next to the others.
 DEBUG_BACKENDS = ("eager", "aot_eager")
@@ -123,7 +122,7 @@ class DynamoCompiler(Component):
             raise UsageError(f"dynamo_backend=inductor on {device.type} needs triton (pip install triton)")
 
     @hookimpl
-    def accel_transform_model(self, kernel: Kernel, model: torch.nn.Module) -> None:
+    def accel_transform_model(self, kernel: KernelView, model: torch.nn.Module) -> None:
         from torch._dynamo.eval_frame import OptimizedModule
 
         if model in self._compiled or isinstance(model, OptimizedModule):

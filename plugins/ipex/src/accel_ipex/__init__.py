@@ -18,7 +18,7 @@ import importlib.metadata as md
 
 from packaging.version import InvalidVersion, Version
 
-from accel import Component, Options, Settings, UsageError, hookimpl
+from accel.spi import Component, Options, Settings, UsageError, hookimpl
 
 NAME = "ipex"
 IPEX_DIST = "intel-extension-for-pytorch"

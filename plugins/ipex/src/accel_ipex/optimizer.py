@@ -32,12 +32,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from accel import Component, Settings, UsageError, hookimpl
+from accel.spi import Component, Settings, UsageError, hookimpl
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 
 def _describe(obj: Any) -> str:
@@ -93,7 +93,7 @@ class IpexOptimizer(Component):
     # ---- set-up -------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_setup(self, kernel: Kernel) -> None:
+    def accel_setup(self, kernel: KernelView) -> None:
         other = [c.name for c in kernel.components if c.role == "strategy" and "sharding" in c.provides]
         if other:
             raise UsageError(
@@ -116,7 +116,7 @@ class IpexOptimizer(Component):
             ) from None
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], AbstractContextManager[Any]] | None:
+    def accel_autocast(self, kernel: KernelView) -> Callable[[], AbstractContextManager[Any]] | None:
         """bf16 when no precision component is active (one is in charge of precision): IPEX's bf16 weights need
         the forward under autocast."""
         if not self.bf16 or any(c.role == "precision" for c in kernel.components):
@@ -137,7 +137,7 @@ class IpexOptimizer(Component):
             raise UsageError(f"ipex_config.use_xpu is set, but this process trains on {device}")
 
     @hookimpl(wrapper=True)
-    def accel_prepare_training(self, kernel: Kernel, models: list[Any], optimizers: list[Any]) -> Any:
+    def accel_prepare_training(self, kernel: KernelView, models: list[Any], optimizers: list[Any]) -> Any:
         """Optimize each (model, optimizer) pair in place, then let the strategy or the kernel's default place and
         wrap them. If IPEX hands back another object (a bare ``nn.Linear`` becomes an ``_IPEXLinear``), it takes
         the original's place in this call's lists, so it is what gets wrapped and what ``unwrap_model`` returns."""
@@ -145,7 +145,7 @@ class IpexOptimizer(Component):
             self._optimize(kernel, models, optimizers)
         return (yield)
 
-    def _optimize(self, kernel: Kernel, models: list[Any], optimizers: list[Any]) -> None:
+    def _optimize(self, kernel: KernelView, models: list[Any], optimizers: list[Any]) -> None:
         import torch
 
         self._check_device(kernel.device)

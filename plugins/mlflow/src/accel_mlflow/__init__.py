@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from accel import Settings, hookimpl
-from accel.tracking import requested
+from accel.spi import Settings, hookimpl, requested
 
 NAME = "mlflow"
 accel_components = ["accel_mlflow.tracker:MLflowTracker"]

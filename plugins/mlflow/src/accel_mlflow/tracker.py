@@ -7,11 +7,10 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import Tracker, hookimpl
-from accel.tracking import as_scalar, flatten
+from accel.spi import Tracker, as_scalar, flatten, hookimpl
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 #: init_kwargs["mlflow"] keys that are not arguments of mlflow.start_run.
 _OWN_KEYS = ("tracking_uri", "experiment_name", "artifact_location", "experiment_tags")
@@ -43,7 +42,7 @@ class MLflowTracker(Tracker):
 
     @hookimpl
     def accel_init_trackers(
-        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
     ) -> None:
         import mlflow
 
@@ -71,7 +70,7 @@ class MLflowTracker(Tracker):
 
     @hookimpl
     def accel_log(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         import mlflow
 
@@ -94,7 +93,7 @@ class MLflowTracker(Tracker):
 
     @hookimpl
     def accel_log_images(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         import mlflow
 
@@ -107,7 +106,7 @@ class MLflowTracker(Tracker):
     @hookimpl
     def accel_log_table(
         self,
-        kernel: Kernel,
+        kernel: KernelView,
         table_name: str,
         columns: list[str],
         data: list[list[Any]],
@@ -121,7 +120,7 @@ class MLflowTracker(Tracker):
         mlflow.log_dict({"columns": columns, "data": data}, f"tables/{name}.json")
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         import mlflow
 
         if self.run is not None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from accel import Settings, hookimpl
-from accel.tracking import requested
+from accel.spi import Settings, hookimpl, requested
 
 NAME = "tensorboard"
 accel_components = ["accel_tensorboard.tracker:TensorBoardTracker"]

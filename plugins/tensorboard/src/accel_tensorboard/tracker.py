@@ -7,11 +7,10 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import Tracker, hookimpl
-from accel.tracking import as_scalar, flatten
+from accel.spi import Tracker, as_scalar, flatten, hookimpl
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 
 def _image(value: Any) -> Any:
@@ -39,7 +38,7 @@ class TensorBoardTracker(Tracker):
 
     @hookimpl
     def accel_init_trackers(
-        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
     ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -57,7 +56,7 @@ class TensorBoardTracker(Tracker):
 
     @hookimpl
     def accel_log(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         writer = self.run
         kwargs = dict(log_kwargs.get("tensorboard", {}))
@@ -80,7 +79,7 @@ class TensorBoardTracker(Tracker):
 
     @hookimpl
     def accel_log_images(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         import numpy as np
 
@@ -97,7 +96,7 @@ class TensorBoardTracker(Tracker):
         writer.flush()
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         if self.run is not None:
             self.run.close()
             self.run = None

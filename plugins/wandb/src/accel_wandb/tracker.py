@@ -6,10 +6,10 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import Tracker, hookimpl
+from accel.spi import Tracker, hookimpl
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 
 def _image(value: Any) -> Any:
@@ -31,7 +31,7 @@ class WandbTracker(Tracker):
 
     @hookimpl
     def accel_init_trackers(
-        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
     ) -> None:
         import wandb
 
@@ -47,13 +47,13 @@ class WandbTracker(Tracker):
 
     @hookimpl
     def accel_log(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         self.run.log(dict(values), step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
     def accel_log_images(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         import wandb
 
@@ -68,7 +68,7 @@ class WandbTracker(Tracker):
     @hookimpl
     def accel_log_table(
         self,
-        kernel: Kernel,
+        kernel: KernelView,
         table_name: str,
         columns: list[str],
         data: list[list[Any]],
@@ -81,7 +81,7 @@ class WandbTracker(Tracker):
         self.run.log({table_name: wandb.Table(columns=header, data=data)}, step=step, **log_kwargs.get("wandb", {}))
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         if self.run is not None:
             self.run.finish()
             self.run = None

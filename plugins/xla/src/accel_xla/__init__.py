@@ -11,11 +11,11 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
+from accel.spi import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
 from accel_xla.availability import unavailable_reason
 
 if TYPE_CHECKING:
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+    from accel.spi import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "xla"
 accel_components = ["accel_xla.strategy:XLAStrategy"]
@@ -170,7 +170,7 @@ def accel_config_questions(answers: Mapping[str, Any]) -> Sequence[Question] | N
 def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
     """Every process holds the whole model, as with DDP (gradients are all-reduced in place): fp32 weights,
     gradients and optimizer state; ``downcast_bf16`` stores the weights and gradients in bf16 instead."""
-    from accel.memory import MemoryRow, replicated
+    from accel.spi import MemoryRow, replicated
 
     out = []
     for dtype in query.dtypes:

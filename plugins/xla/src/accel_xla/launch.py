@@ -20,9 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from accel import LaunchPlan, Settings, UsageError
-from accel.contract import unhonoured_launch_settings
-from accel.processes import run_process
+from accel.spi import LaunchPlan, Settings, UsageError, run_process, unhonoured_launch_settings
 
 #: Settings that only concern reaching the pod from here; they are not handed to the workers.
 CLUSTER_KEYS = (

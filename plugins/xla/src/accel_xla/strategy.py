@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
+from accel.spi import Component, ItemRecord, LaunchPlan, Settings, Topology, UsageError, hookimpl
 from accel_xla import launch as xla_launch
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+    from accel.spi import KernelView
 
 FORMAT = "accel.tree"  # the kernel's JSON + safetensors format, written with accel.checkpoint.write_tree
 
@@ -147,7 +147,7 @@ def to_cpu(obj: Any, memo: dict[int, Any] | None = None) -> Any:
     """``obj`` with every tensor copied to the CPU (nested dicts/lists/tuples); a tensor that appears twice (tied
     weights) becomes one CPU tensor, so the kernel's writer still sees it as tied."""
 
-    from accel.nested import map_tensors
+    from accel.spi import map_tensors
 
     memo = {} if memo is None else memo
 
@@ -191,7 +191,7 @@ class XLAStrategy(Component):
     # ---- process start-up ---------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_setup(self, kernel: Kernel) -> None:
+    def accel_setup(self, kernel: KernelView) -> None:
         torch_xla = _import_xla()
         self.xm = torch_xla.core.xla_model
         self.xr = torch_xla.runtime
@@ -205,20 +205,20 @@ class XLAStrategy(Component):
             )
 
     @hookimpl
-    def accel_topology(self, kernel: Kernel) -> Topology:
+    def accel_topology(self, kernel: KernelView) -> Topology:
         xr = self.xr
         return Topology(xr.global_ordinal(), xr.world_size(), xr.local_ordinal(), xr.local_process_count())
 
     @hookimpl
-    def accel_device(self, kernel: Kernel) -> torch.device:
+    def accel_device(self, kernel: KernelView) -> torch.device:
         return self.device
 
     @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> XLACollectives:
+    def accel_collectives(self, kernel: KernelView) -> XLACollectives:
         return XLACollectives(kernel.topology.num_processes, self.device)
 
     @hookimpl
-    def accel_autocast(self, kernel: Kernel) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
+    def accel_autocast(self, kernel: KernelView) -> Callable[[], contextlib.AbstractContextManager[Any]] | None:
         if self.settings.mixed_precision != "bf16":
             return None
         import torch
@@ -226,7 +226,7 @@ class XLAStrategy(Component):
         return functools.partial(torch.autocast, "xla", dtype=torch.bfloat16)
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         import torch_xla
 
         torch_xla.sync(wait=True)
@@ -237,7 +237,7 @@ class XLAStrategy(Component):
 
     @hookimpl
     def accel_prepare_training(
-        self, kernel: Kernel, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+        self, kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
     ) -> tuple[list[Any], list[Any], list[Any]]:
         import torch
 
@@ -267,8 +267,8 @@ class XLAStrategy(Component):
         optimizer.state.update(state)
 
     @hookimpl
-    def accel_prepare_dataloader(self, kernel: Kernel, dataloader: Any) -> Any:
-        from accel.data import shard_dataloader
+    def accel_prepare_dataloader(self, kernel: KernelView, dataloader: Any) -> Any:
+        from accel.spi import shard_dataloader
 
         return shard_dataloader(kernel, dataloader, device_loader=self._device_batches)
 
@@ -296,7 +296,7 @@ class XLAStrategy(Component):
 
     @hookimpl
     def accel_clip_grad_norm(
-        self, kernel: Kernel, parameters: list[Any], max_norm: float, norm_type: float
+        self, kernel: KernelView, parameters: list[Any], max_norm: float, norm_type: float
     ) -> torch.Tensor:
         import torch
 
@@ -308,7 +308,7 @@ class XLAStrategy(Component):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     @hookimpl
-    def accel_optimizer_step(self, kernel: Kernel, optimizer: Any) -> bool:
+    def accel_optimizer_step(self, kernel: KernelView, optimizer: Any) -> bool:
         if id(optimizer) in self._reduced:
             self._reduced.discard(id(optimizer))
             optimizer.step()
@@ -320,26 +320,28 @@ class XLAStrategy(Component):
     # ---- state --------------------------------------------------------------------------------------------
 
     @hookimpl
-    def accel_model_state_dict(self, kernel: Kernel, model: Any) -> dict[str, Any]:
+    def accel_model_state_dict(self, kernel: KernelView, model: Any) -> dict[str, Any]:
         sync(self.device)
         return to_cpu(kernel.unwrap_model(model).state_dict())
 
     @hookimpl
-    def accel_state_items(self, kernel: Kernel) -> Mapping[str, Any]:
+    def accel_state_items(self, kernel: KernelView) -> Mapping[str, Any]:
         return {"xla_rng": XLARandomState(self.device)}
 
     @staticmethod
     def _claimed(items: Mapping[str, Any]) -> dict[str, str]:
         """Keys this component writes, by kind: optimizers (main process), gradients and xla_rng (each process)."""
-        from accel import PreparedOptimizer
+        from accel.spi import PreparedOptimizer
 
         kinds = {key: "optimizer" for key, obj in items.items() if isinstance(obj, PreparedOptimizer)}
         kinds.update({"gradients": "per_process", "xla_rng": "per_process"})
         return kinds
 
     @hookimpl
-    def accel_save_state(self, kernel: Kernel, items: Mapping[str, Any], directory: Path) -> Mapping[str, ItemRecord]:
-        from accel.checkpoint import write_tree
+    def accel_save_state(
+        self, kernel: KernelView, items: Mapping[str, Any], directory: Path
+    ) -> Mapping[str, ItemRecord]:
+        from accel.spi import write_tree
 
         sync(self.device)  # one graph run for everything pending, then plain copies to the CPU
         records = {}
@@ -356,9 +358,9 @@ class XLAStrategy(Component):
 
     @hookimpl
     def accel_load_state(
-        self, kernel: Kernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
+        self, kernel: KernelView, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
     ) -> list[str]:
-        from accel.checkpoint import CheckpointError, read_tree
+        from accel.spi import CheckpointError, read_tree
 
         stems = {}
         for key, record in records.items():
