@@ -161,7 +161,9 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'accel.spi' has no attribute {name!r}")
+    from accel.deprecations import attribute
+
+    return attribute(__name__, name)  # a deprecated name (with a warning naming its replacement), or AttributeError
 
 
 def __dir__() -> list[str]:
