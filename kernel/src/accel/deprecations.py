@@ -124,7 +124,11 @@ def warn_or_fail(name: str, stacklevel: int = 3) -> None:
 
 def removed_hooks(names: Iterable[str]) -> list[Deprecation]:
     """The entries of the hooks among ``names`` that are removed in the installed kernel."""
-    return [DEPRECATIONS[n] for n in names if n in DEPRECATIONS and DEPRECATIONS[n].kind == "hook" and DEPRECATIONS[n].removed()]
+    return [
+        DEPRECATIONS[n]
+        for n in names
+        if n in DEPRECATIONS and DEPRECATIONS[n].kind == "hook" and DEPRECATIONS[n].removed()
+    ]
 
 
 def hook_suggestion(word: str, hooks: Iterable[str]) -> str:

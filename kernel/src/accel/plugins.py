@@ -26,8 +26,8 @@ from typing import Any
 import pluggy
 
 from accel import hookspecs
-from accel.deprecations import hook_suggestion, removed_hooks
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
+from accel.deprecations import hook_suggestion, removed_hooks
 from accel.dispatch import PluginManager, each_implementation, trace_to_stderr
 from accel.errors import PluginError, UsageError
 from accel.options import (
