@@ -10,16 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import torch
 from packaging.requirements import Requirement
-from packaging.version import Version
 
 import accel
 import accel.spi
@@ -164,7 +163,7 @@ def test_a_strategy_answering_the_deprecated_wrap_hooks_still_wraps_with_a_warni
         kernel = make_kernel(extra=[("old", Activates(strategy))])
     messages = {str(w.message).split(" is deprecated")[0]: str(w.message) for w in caught}
     for hook in ("accel_wrap_model", "accel_wrap_optimizer"):
-        assert f"since accel-kernel 0.1.1 and fails from 0.2.0: use accel_prepare_training" in messages[hook]
+        assert "since accel-kernel 0.1.1 and fails from 0.2.0: use accel_prepare_training" in messages[hook]
     try:
         model, optimizer = torch.nn.Linear(2, 1), None
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -219,7 +218,9 @@ class OldSuite(TrackerConformance):
 
 
 def test_the_kit_reads_a_0_1_suite_through_read_scalars_with_a_warning(tmp_path: Path) -> None:
-    with pytest.warns(DeprecationWarning, match="TrackerConformance.read_scalars .* use TrackerConformance.read_series"):
+    with pytest.warns(
+        DeprecationWarning, match="TrackerConformance.read_scalars .* use TrackerConformance.read_series"
+    ):
         assert OldSuite().read_series(tmp_path, "p") == {"loss": [(0, 1.0), (1, 0.5)]}
 
 
@@ -236,7 +237,9 @@ def test_a_deprecated_name_resolves_to_its_replacement_then_fails_naming_it(tabl
     with pytest.warns(DeprecationWarning, match="accel.spi.Part is deprecated .* use accel.spi.Component"):
         assert accel.spi.Part is Component  # type: ignore[attr-defined]
     removed_now(table, "accel.spi.Part")
-    with pytest.raises(AttributeError, match=r"^accel.spi.Part was removed in .*: use accel.spi.Component \(renamed\)$"):
+    with pytest.raises(
+        AttributeError, match=r"^accel.spi.Part was removed in .*: use accel.spi.Component \(renamed\)$"
+    ):
         accel.spi.Part  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(AttributeError, match="module 'accel' has no attribute 'Nothing'"):
         accel.Nothing  # type: ignore[attr-defined]  # noqa: B018
@@ -274,7 +277,9 @@ def test_last_releases_walkthrough_plugins_install_and_pass_their_own_tests(
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
     subprocess.run([*pip, str(source)], check=True, capture_output=True, timeout=300)
     env = isolated_env(tmp_path / "home", extra={"PYTHONPATH": str(site)})
-    probe = f"import accel_{name}, importlib.metadata as m; print(accel_{name}.__file__, m.version('accel-plugin-{name}'))"
+    probe = (
+        f"import accel_{name}, importlib.metadata as m; print(accel_{name}.__file__, m.version('accel-plugin-{name}'))"
+    )
     found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert found.stdout.split() == [str(site / f"accel_{name}" / "__init__.py"), "0.1.0"], found.stderr
     tests = subprocess.run(
