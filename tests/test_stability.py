@@ -6,6 +6,7 @@ release's walk-through plugins (tests/fixtures/plugins_0_1) installed for real a
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
@@ -282,6 +283,13 @@ def test_last_releases_walkthrough_plugins_install_and_pass_their_own_tests(
     )
     found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert found.stdout.split() == [str(site / f"accel_{name}" / "__init__.py"), "0.1.0"], found.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "accel.commands.cli", "plugins", "--json"], env=env, capture_output=True, text=True
+    )
+    row = {r["name"]: r for r in json.loads(listed.stdout)}[name]
+    assert row["status"] == "active" and row["version"] == "0.1.0", row
+    if name == "avgdp":  # `accel plugins` says what the plugin must change before 0.2.0
+        assert row["reason"] == "accel_wrap_model is deprecated, fails from 0.2.0: use accel_prepare_training", row
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "always::DeprecationWarning", "tests"],
         cwd=source,

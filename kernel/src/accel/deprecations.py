@@ -122,19 +122,27 @@ def warn_or_fail(name: str, stacklevel: int = 3) -> None:
     warnings.warn(entry.warning_line(), DeprecationWarning, stacklevel=stacklevel)
 
 
+def deprecated_hooks(names: Iterable[str]) -> list[Deprecation]:
+    """The entries of the deprecated (or removed) hooks among ``names``."""
+    return [DEPRECATIONS[n] for n in names if n in DEPRECATIONS and DEPRECATIONS[n].kind == "hook"]
+
+
 def removed_hooks(names: Iterable[str]) -> list[Deprecation]:
     """The entries of the hooks among ``names`` that are removed in the installed kernel."""
-    return [
-        DEPRECATIONS[n]
-        for n in names
-        if n in DEPRECATIONS and DEPRECATIONS[n].kind == "hook" and DEPRECATIONS[n].removed()
-    ]
+    return [entry for entry in deprecated_hooks(names) if entry.removed()]
+
+
+def deprecated_hooks_note(names: Iterable[str]) -> str:
+    """One line for ``accel plugins`` about the deprecated hooks among ``names`` (``""`` when none)."""
+    return "; ".join(
+        f"{e.name} is deprecated, fails from {e.removed_in}: use {e.replacement}" for e in deprecated_hooks(names)
+    )
 
 
 def hook_suggestion(word: str, hooks: Iterable[str]) -> str:
     """``"; did you mean `x`?"`` for a misspelt hook name: the closest of ``hooks`` and the deprecated hooks, a
     deprecated one replaced by its replacement (``accel_wrap_modle`` -> ``accel_prepare_training``); or ``""``."""
-    deprecated = {n: e.replacement for n, e in DEPRECATIONS.items() if e.kind == "hook"}
+    deprecated = {e.name: e.replacement for e in deprecated_hooks(DEPRECATIONS)}
     match = difflib.get_close_matches(word, [*hooks, *deprecated], n=1, cutoff=0.6)
     return f"; did you mean `{deprecated.get(match[0], match[0])}`?" if match else ""
 
@@ -153,4 +161,14 @@ def attribute(module: str, name: str) -> Any:
     return getattr(importlib.import_module(target), attr)
 
 
-__all__ = ["DEPRECATIONS", "Deprecation", "attribute", "hook_suggestion", "hook_warning", "release", "warn_or_fail"]
+__all__ = [
+    "DEPRECATIONS",
+    "Deprecation",
+    "attribute",
+    "deprecated_hooks",
+    "deprecated_hooks_note",
+    "hook_suggestion",
+    "hook_warning",
+    "release",
+    "warn_or_fail",
+]
