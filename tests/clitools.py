@@ -112,13 +112,14 @@ atexit.register(shutil.rmtree, _ROOT, True)
 
 
 @functools.cache
-def install(*packages: str) -> Path:
-    """``pip install --target`` the given directories of ``tests/plugin_pkgs`` (copied first, so the build writes
-    nothing into the repository) and return the target directory, for ``PYTHONPATH``. Once per session."""
-    target = _ROOT / "-".join(packages)
-    src = _ROOT / "src"
+def install(*packages: str, source: Path = PKGS) -> Path:
+    """``pip install --target`` the given directories of ``source`` (default ``tests/plugin_pkgs``; copied first, so
+    the build writes nothing into the repository) and return the target directory, for ``PYTHONPATH``. Once per
+    session."""
+    target = _ROOT / source.name / "-".join(packages)
+    src = _ROOT / f"src-{source.name}"
     if not src.exists():
-        shutil.copytree(PKGS, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        shutil.copytree(source, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     cmd = [
         sys.executable,
         "-m",

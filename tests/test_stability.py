@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import tomllib
 import torch
+from clitools import install
 from packaging.requirements import Requirement
 
 import accel
@@ -273,10 +274,8 @@ def test_last_releases_walkthrough_plugins_install_and_pass_their_own_tests(
     """The walk-through's plugins as accel-kernel 0.1.0's `accel new-plugin` wrote them, installed by pip (into a
     directory of their own, first on the path: the old accel-plugin-jsonl hides this repository's), pass their own
     tests against this kernel, with the deprecation warnings of what they use."""
-    source = shutil.copytree(FIXTURES / f"accel-plugin-{name}", tmp_path / f"accel-plugin-{name}")
-    site = tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
-    subprocess.run([*pip, str(source)], check=True, capture_output=True, timeout=300)
+    site = install(f"accel-plugin-{name}", source=FIXTURES)
+    source = shutil.copytree(FIXTURES / f"accel-plugin-{name}", tmp_path / f"accel-plugin-{name}")  # its tests
     env = isolated_env(tmp_path / "home", extra={"PYTHONPATH": str(site)})
     probe = (
         f"import accel_{name}, importlib.metadata as m; print(accel_{name}.__file__, m.version('accel-plugin-{name}'))"
