@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,3 +142,19 @@ def install(*packages: str, source: Path = PKGS) -> Path:
 
 def pythonpath(*targets: Path) -> str:
     return os.pathsep.join(str(t) for t in targets)
+
+
+def run_plugin_tests(python: str | Path, project: Path, env: Mapping[str, str], *pytest_args: str) -> str:
+    """Run a plugin project's own tests (``pytest tests`` in ``project``) with ``python``; they must all pass, none
+    skipped. Returns pytest's output."""
+    tests = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, "tests"],
+        cwd=project,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
+    assert " passed" in tests.stdout and "skipped" not in tests.stdout, tests.stdout[-2000:]
+    return tests.stdout
