@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +113,14 @@ atexit.register(shutil.rmtree, _ROOT, True)
 
 
 @functools.cache
-def install(*packages: str) -> Path:
-    """``pip install --target`` the given directories of ``tests/plugin_pkgs`` (copied first, so the build writes
-    nothing into the repository) and return the target directory, for ``PYTHONPATH``. Once per session."""
-    target = _ROOT / "-".join(packages)
-    src = _ROOT / "src"
+def install(*packages: str, source: Path = PKGS) -> Path:
+    """``pip install --target`` the given directories of ``source`` (default ``tests/plugin_pkgs``; copied first, so
+    the build writes nothing into the repository) and return the target directory, for ``PYTHONPATH``. Once per
+    session."""
+    target = _ROOT / source.name / "-".join(packages)
+    src = _ROOT / f"src-{source.name}"
     if not src.exists():
-        shutil.copytree(PKGS, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        shutil.copytree(source, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     cmd = [
         sys.executable,
         "-m",
@@ -140,3 +142,19 @@ def install(*packages: str) -> Path:
 
 def pythonpath(*targets: Path) -> str:
     return os.pathsep.join(str(t) for t in targets)
+
+
+def run_plugin_tests(python: str | Path, project: Path, env: Mapping[str, str], *pytest_args: str) -> str:
+    """Run a plugin project's own tests (``pytest tests`` in ``project``) with ``python``; they must all pass, none
+    skipped. Returns pytest's output."""
+    tests = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, "tests"],
+        cwd=project,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
+    assert " passed" in tests.stdout and "skipped" not in tests.stdout, tests.stdout[-2000:]
+    return tests.stdout

@@ -10,6 +10,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from clitools import run_plugin_tests
 
 from accel.commands.new_plugin import render
 from accel.testing import isolated_env, run_accel
@@ -102,13 +103,4 @@ def test_new_plugin_installs_is_listed_and_passes_its_own_tests(kind: str, tmp_p
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows[name]["status"] == "active" and rows[name]["distribution"] == f"accel-plugin-tmpl-{kind}"
     assert name not in {r["name"] for r in json.loads(run_accel(["plugins", "--json"], home=tmp_path).stdout)}
-    tests = subprocess.run(
-        [str(fresh_env), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
-    assert " passed" in tests.stdout and "skipped" not in tests.stdout, tests.stdout[-2000:]
+    run_plugin_tests(fresh_env, project, env)

@@ -72,4 +72,6 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    from accel.deprecations import attribute
+
+    return attribute(__name__, name)  # a deprecated name (with a warning naming its replacement), or AttributeError

@@ -99,7 +99,17 @@ def accel_model_init_context(kernel: KernelView) -> contextlib.AbstractContextMa
 def accel_prepare_training(
     kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
 ) -> tuple[list[Any], list[Any], list[Any]]:
-    return [m.to(kernel.device) for m in models], list(optimizers), list(schedulers)
+    # A strategy written for 0.1.0 answers the deprecated accel_wrap_model/accel_wrap_optimizer instead (they stay
+    # hooks until their removal, accel.deprecations); with nobody answering them this is the plain placement.
+    hook = kernel.plugins.pm.hook
+    placed, adapted = [], []
+    for model in models:
+        answer = hook.accel_wrap_model(kernel=kernel, model=model)
+        placed.append(model.to(kernel.device) if answer is None else answer)
+    for optimizer in optimizers:
+        answer = hook.accel_wrap_optimizer(kernel=kernel, optimizer=optimizer)
+        adapted.append(optimizer if answer is None else answer)
+    return placed, adapted, list(schedulers)
 
 
 @hookimpl(trylast=True)

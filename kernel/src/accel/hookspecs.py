@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from accel.deprecations import hook_warning
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -574,4 +576,31 @@ def accel_end_training(kernel: KernelView) -> None:
     When: ``kernel.end_training()`` (trackers also at interpreter exit for a script that never called it); once.
     Trackers are called only if ``init_trackers`` was called. Who: every component, each isolated as in
     ``accel_init_trackers``. Returns nothing.
+    """
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Deprecated: still called, and pluggy warns (``warn_on_impl``, a DeprecationWarning naming the replacement) when a
+# plugin implementing one is registered. Each fails from the release its entry in accel.deprecations names; delete
+# its hookspec then (the entry stays, for the error and the did-you-mean).
+
+
+@hookspec(firstresult=True, warn_on_impl=hook_warning("accel_wrap_model"))
+def accel_wrap_model(kernel: KernelView, model: torch.nn.Module) -> torch.nn.Module | None:
+    """Deprecated since 0.1.1, fails from 0.2.0: answer ``accel_prepare_training`` instead. Place a model on the
+    device and wrap it for the strategy.
+
+    When: by the kernel's default ``accel_prepare_training`` (that is, when no strategy answers it), once per model,
+    before ``accel_wrap_optimizer``. Who: first answer wins; default: ``model.to(kernel.device)``. Returns the
+    module the user will call.
+    """
+
+
+@hookspec(firstresult=True, warn_on_impl=hook_warning("accel_wrap_optimizer"))
+def accel_wrap_optimizer(kernel: KernelView, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """Deprecated since 0.1.1, fails from 0.2.0: adapt optimizers in ``accel_prepare_training`` instead. Adapt an
+    optimizer to the wrapped models.
+
+    When: by the kernel's default ``accel_prepare_training``, once per optimizer, after every model of the call went
+    through ``accel_wrap_model``. Who: first answer wins; default: the optimizer unchanged. Returns the optimizer.
     """

@@ -27,6 +27,7 @@ import pluggy
 
 from accel import hookspecs
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
+from accel.deprecations import deprecated_hooks_note, hook_suggestion, removed_hooks
 from accel.dispatch import PluginManager, each_implementation, trace_to_stderr
 from accel.errors import PluginError, UsageError
 from accel.options import (
@@ -191,6 +192,7 @@ class Plugins:
                 return
         rec.module = module
         rec.hooks = hooks + component_hooks(classes)
+        rec.reason = deprecated_hooks_note(rec.hooks)  # shown next to its status in `accel plugins`
         for one in each_implementation(pm, "accel_unavailable_reason"):
             if one.plugin is not module:
                 continue
@@ -465,14 +467,18 @@ def hook_names() -> list[str]:
 
 def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | None:
     """What breaks the contract in a registered plugin's (a module's, ``what=""``, or a component class's, ``what`` its
-    name) implementations, in one line, or ``None``: a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument given a
-    default value (pluggy never passes those: the implementation would silently always get its default)."""
+    name) implementations, in one line, or ``None``: a hook removed from the contract (naming its replacement,
+    accel.deprecations), a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument
+    given a default value (pluggy never passes those: the implementation would silently always get its default)."""
     callers = pm.get_hookcallers(plugin) or []
+    removed = removed_hooks(sorted(c.name for c in callers))
+    if removed:
+        return (f"{what}: " if what else "") + "; ".join(entry.error_line() for entry in removed)
     unknown = sorted(c.name for c in callers if not c.has_spec())
     if unknown:
         specs = hook_names()
         lead = f"{what} implements " if what else ""
-        return lead + "; ".join(f"unknown hook {n!r}{did_you_mean(n, specs)}" for n in unknown)
+        return lead + "; ".join(f"unknown hook {n!r}{hook_suggestion(n, specs)}" for n in unknown)
     for caller in sorted(callers, key=lambda c: c.name):
         for impl in caller.get_hookimpls():
             if impl.plugin is plugin and impl.kwargnames:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
 KINDS = ("tracker", "strategy")
-KERNEL_REQUIREMENT = "accel-kernel>=0.1,<0.2"
+KERNEL_REQUIREMENT = "accel-kernel>=0.1.1,<0.2"  # admits this kernel (docs/plugin-api.md, Stability)
 
 
 def template_files(kind: str) -> dict[str, str]:

@@ -32,9 +32,10 @@ from accel.errors import AccelError, CheckpointError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings, did_you_mean
 
-#: The plugin API's version (major, minor): a minor release adds names and hooks and may deprecate some; a major
-#: release removes what a minor release deprecated. See CHANGELOG.md.
-API_VERSION = (1, 0)
+#: The plugin contract's version (major, minor): hooks, records, the names of this module and the conformance kit.
+#: A minor step adds or deprecates (a plugin written for an earlier minor keeps working, with warnings); a major step
+#: removes what was deprecated. 1.0 was accel-kernel 0.1.0's contract; 1.1 is 0.1.1's. docs/plugin-api.md, "Stability".
+API_VERSION = (1, 1)
 
 if TYPE_CHECKING:
     from accel.checkpoint import (
@@ -164,7 +165,9 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'accel.spi' has no attribute {name!r}")
+    from accel.deprecations import attribute
+
+    return attribute(__name__, name)  # a deprecated name (with a warning naming its replacement), or AttributeError
 
 
 def __dir__() -> list[str]:
