@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from accel import version
 from accel.errors import PluginError
 
 KINDS = ("hook", "kit", "name")
@@ -103,9 +104,7 @@ def release(version: str) -> tuple[int, int, int]:
 @functools.cache
 def kernel_version() -> str:
     """The installed accel-kernel's version."""
-    import accel
-
-    return str(accel.__version__)
+    return version.kernel_version()
 
 
 def hook_warning(name: str) -> DeprecationWarning:
