@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel.checkpoint.files import fsync_all, fsync_path, read_json, weights_only_reason, write_json
-from accel.contract import ItemRecord
+from accel.contract import ItemRecord, KernelView
 from accel.errors import CheckpointError
 from accel.options import KERNEL
 
@@ -84,7 +84,7 @@ def latest_checkpoint(project_dir: str | os.PathLike[str]) -> Path | None:
 # Agreement between processes
 
 
-def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+def _agreed(kernel: KernelView, what: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on every process and make every process raise if any of them failed (so no process waits
     forever in a collective that a failed process never reaches). Returns ``fn``'s result."""
     error: BaseException | None = None
@@ -108,7 +108,7 @@ def _agreed(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def agree(kernel: Kernel, what: str, fn: Callable[[], Any]) -> Any:
+def agree(kernel: KernelView, what: str, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on every process; if it failed on any, raise :class:`CheckpointError` (one line, naming the
     process) on every process. Plugins call it around work that can fail on some processes only (a file only the
     main process reads or writes) BEFORE the next collective, so that no process waits in a collective that a
