@@ -121,3 +121,54 @@ def test_clip_grad_norm_of_plain_gradients_is_torchs(norm_type: float) -> None:
     with pytest.raises(RuntimeError, match="non-finite"):
         clip_grad_norm(ours, 0.5, norm_type, error_if_nonfinite=True)
     assert float(clip_grad_norm([torch.nn.Parameter(torch.ones(2))], 1.0)) == 0.0  # no gradients: norm 0
+
+
+OLD_AND_FRESH = """
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+from accel import Kernel
+from accel.spi.sharded import dcp_save
+from accel_parallel import load_sharded
+
+out = Path(sys.argv[1])
+kernel = Kernel(cpu=True, plugins=["parallel"])
+
+
+def prepared(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return kernel.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+
+
+model, optimizer = prepared(0)
+model(torch.randn(3, 4)).sum().backward()
+optimizer.step()
+# a checkpoint as accel-plugin-parallel wrote it before the toolkit: no "fresh" entry next to the optimizer state
+dcp_save(get_model_state_dict(model), out / "old" / "model")
+dcp_save(dict(get_optimizer_state_dict(model, optimizer.optimizer)), out / "old" / "optimizer")
+loaded, loaded_optimizer = prepared(1)
+load_sharded(kernel, out / "old", model=loaded, optimizer=loaded_optimizer)
+assert torch.equal(loaded.weight, model.weight)
+steps = [s["step"] for s in loaded_optimizer.optimizer.state.values()]
+assert steps and all(float(s) == 1.0 for s in steps), steps
+# saved before its first step, an optimizer loads back without state (not torch's zero-learning-rate warm-up step)
+fresh, fresh_optimizer = prepared(2)
+kernel.save_state(out / "fresh")
+again, again_optimizer = prepared(3)
+load_sharded(kernel, out / "fresh", model=again, optimizer=again_optimizer, model_key="model_2", optimizer_key="optimizer_2")
+assert torch.equal(again.weight, fresh.weight) and not again_optimizer.optimizer.state
+print("OK")
+"""
+
+
+def test_parallel_loads_its_checkpoints_from_before_the_toolkit_and_keeps_fresh_optimizers_fresh(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "old_and_fresh.py"
+    script.write_text(OLD_AND_FRESH)
+    proc = run([sys.executable, str(script), str(tmp_path)], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
