@@ -11,7 +11,6 @@ orders of magnitude more).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -20,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_fsdp
 import torch
-from safetensors.torch import load_file
+from test_fsdp import result
 
 HERE = Path(__file__).parent
 WORKER = HERE / "fsdp_worker.py"
@@ -29,26 +29,13 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 LOSS_TOL = 1e-5
 PARAM_TOL = 1e-4
 OPT = "--parallelism_config_fsdp_"
+reference = test_fsdp.reference  # the fixture: the worker on 1 process, kernel only
 
 
 def run(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_", "FSDP_", "PARALLELISM_"))}
     env.update(ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=tmp)
-
-
-def result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    return json.loads((out / "result.json").read_text()), load_file(str(out / "model.safetensors"))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    tmp = tmp_path_factory.mktemp("ref")
-    proc = run([sys.executable, str(WORKER), "train", str(tmp / "out"), "--ref"], tmp)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res, params = result(tmp / "out")
-    assert res["world"] == 1 and res["plugins"] == [] and res["block_forwards"] == 3 * 6  # 3 Blocks, 6 steps
-    return res, params
 
 
 CASES = {
@@ -67,6 +54,7 @@ def test_fsdp_option_on_the_mesh_matches_one_process(case: str, reference: Any, 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res, params = result(tmp_path / "out")
     ref_res, ref_params = reference
+    assert ref_res["block_forwards"] == 3 * 6  # 3 Blocks, 6 steps
     assert res["world"] == 2 and res["plugins"] == ["parallel"] and res["param_type"] == "DTensor"
     assert res["local_numel"] == [res["total_numel"] // 2] * 2  # each process holds half
     assert res["optimizer_params_are_model_params"]
