@@ -380,7 +380,7 @@ def clip_grad_norm(
 
 
 @contextlib.contextmanager
-def skip_gradient_sync(model: Any) -> Iterator[None]:
+def _skip_gradient_sync(model: Any) -> Iterator[None]:
     """Accumulate unsharded gradients locally: no reduce-scatter in the backward passes inside. Local."""
     model.set_requires_gradient_sync(False)
     try:
@@ -704,7 +704,7 @@ class ShardedStrategy(ProcessGroupComponent):
         module = self.model_of(kernel, model)
         if module is None:
             return None
-        return skip_gradient_sync(module) if isinstance(module, FSDPModule) else contextlib.nullcontext()
+        return _skip_gradient_sync(module) if isinstance(module, FSDPModule) else contextlib.nullcontext()
 
     @hookimpl
     def accel_clip_grad_norm(
