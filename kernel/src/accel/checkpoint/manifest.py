@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel.checkpoint.files import fsync_all, fsync_path, read_json, weights_only_reason, write_json
-from accel.contract import ItemRecord, KernelView
+from accel.contract import ItemRecord
 from accel.errors import CheckpointError
 from accel.options import KERNEL
 
 if TYPE_CHECKING:
     from accel.checkpoint.items import Item
+    from accel.contract import KernelView
     from accel.kernel import Kernel
 
 MANIFEST = "accel_manifest.json"
