@@ -21,6 +21,7 @@ from torch import nn
 from accel import Kernel
 
 DIM, IN, OUT_DIM, STEPS, BATCH = 32, 8, 4, 6, 16
+BLOCK_FORWARDS = [0]  # Block.forward calls in this process (activation checkpointing runs them again in backward)
 
 
 class Block(nn.Module):
@@ -31,6 +32,7 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(2 * d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        BLOCK_FORWARDS[0] += 1
         return x + self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
 
 
@@ -117,6 +119,7 @@ def train(args: argparse.Namespace) -> None:
         "total_numel": total_numel,
         "shard_units": sum("fully_shard" in r for r in registries),
         "checkpointed": sum("checkpoint" in r for r in registries),
+        "block_forwards": BLOCK_FORWARDS[0],
         "param_type": type(first).__name__,
         "param_dtype": str(first.dtype),
         "param_device": str(first.to_local().device if hasattr(first, "to_local") else first.device),

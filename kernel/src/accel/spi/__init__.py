@@ -7,7 +7,8 @@ checkpoint files, memory rows, trackers). Names here follow semantic versioning 
 a name is removed only after a minor release in which using it warns and names its replacement.
 
 ``import accel.spi`` does not import torch: names that need it are loaded on first use, so a plugin's entry-point
-module may import anything from here at discovery time.
+module may import anything from here at discovery time. Strategies that shard with FSDP2 import the
+sharded-training toolkit, the submodule :mod:`accel.spi.sharded`, explicitly.
 """
 
 from __future__ import annotations

@@ -6,20 +6,19 @@ Accelerate's ``distributed_type: FSDP`` in a config file.
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import HardwareInfo, Options, Question, Settings, UsageError, hookimpl
-from accel.hardware import nvidia_gpus
+from accel.spi import HardwareInfo, Options, Question, Settings, UsageError, hookimpl, nvidia_gpus, sharded
+from accel.spi.sharded import WRAP_POLICIES
 
 if TYPE_CHECKING:
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+    from accel.spi import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "fsdp"
 accel_components = ["accel_fsdp.strategy:FSDPStrategy"]
 
-WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 
@@ -37,50 +36,13 @@ def accel_add_options(options: Options) -> None:
         maximum=2,
         help="FSDP API version; this plugin implements FSDP2 (torch fully_shard), so only 2 is accepted.",
     )
-    add(
-        "fsdp_auto_wrap_policy",
-        default="TRANSFORMER_BASED_WRAP",
-        choices=WRAP_POLICIES,
-        help="Which submodules become their own shard unit: by layer class (fsdp_transformer_layer_cls_to_wrap, "
-        "else the model's _no_split_modules), by parameter count (fsdp_min_num_params), or only the root.",
-    )
-    add(
-        "fsdp_transformer_layer_cls_to_wrap",
-        type="list",
-        default=[],
-        help="Comma-separated class names of the layers to shard one by one (TRANSFORMER_BASED_WRAP).",
-    )
-    add(
-        "fsdp_min_num_params",
-        type="int",
-        default=100_000_000,
-        minimum=1,
-        help="Parameters a submodule needs to become its own shard unit (SIZE_BASED_WRAP).",
-    )
-    add(
-        "fsdp_reshard_after_forward",
-        type="bool",
-        default=True,
-        help="Free the gathered parameters after forward (less memory, one more all-gather in backward).",
-    )
-    add(
-        "fsdp_offload_params",
-        type="bool",
-        default=False,
-        help="Keep sharded parameters, gradients and optimizer state in CPU memory (CPUOffloadPolicy).",
-    )
+    sharded.declare_shard_options(add, "fsdp_")
     add(
         "fsdp_state_dict_type",
         default="SHARDED_STATE_DICT",
         choices=STATE_DICT_TYPES,
         help="How save_state writes models and optimizers: sharded (torch.distributed.checkpoint, one file per "
         "rank, loadable on any number of ranks) or full (gathered on the main process).",
-    )
-    add(
-        "fsdp_activation_checkpointing",
-        type="bool",
-        default=False,
-        help="Recompute the activations of each wrapped layer in backward instead of keeping them.",
     )
     add(
         "fsdp_cpu_ram_efficient_loading",
@@ -238,28 +200,10 @@ def accel_activate(settings: Settings) -> object | None:
     return FSDPStrategy(settings)
 
 
-def load_sharded(
-    kernel: Any,
-    directory: str | os.PathLike[str],
-    *,
-    model: Any,
-    optimizer: Any = None,
-    model_key: str = "model",
-    optimizer_key: str = "optimizer",
-) -> None:
-    """Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin fsdp``,
-    on any number of processes: torch.distributed.checkpoint reshards them. Use it to continue on a different
-    number of processes than the run that saved (``load_state`` restores everything, including per-process
-    random states and dataloader positions, so it needs the same number). Call it on every process after
-    ``prepare``; the keys are the checkpoint's item names (``model``, ``optimizer``, ``model_1``, ...)."""
-    from pathlib import Path
-
-    from accel_fsdp.strategy import FSDPStrategy
-
-    comp = next((c for c in kernel.components if isinstance(c, FSDPStrategy)), None)
-    if comp is None:
-        raise UsageError("load_sharded needs a Kernel running with --plugin fsdp")
-    comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
+#: Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin fsdp``, on any
+#: number of processes: ``load_sharded(kernel, directory, model=..., optimizer=..., model_key="model",
+#: optimizer_key="optimizer")``, on every process after ``prepare`` (see :func:`accel.spi.sharded.load_sharded`).
+load_sharded = functools.partial(sharded.load_sharded, plugin=NAME)
 
 
 @hookimpl

@@ -8,7 +8,7 @@ gradients unsharded); ``fsdp_offload_params`` keeps all three in host memory.
 
 from __future__ import annotations
 
-from accel.memory import MemoryQuery, MemoryRow, ModelSummary, unsupported
+from accel.spi import MemoryQuery, MemoryRow, ModelSummary, unsupported
 
 STRATEGY = "FSDP"
 

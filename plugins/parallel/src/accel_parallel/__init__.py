@@ -9,21 +9,23 @@ parallel (``tp``). It takes part when selected (``--plugin parallel``, Accelerat
 from __future__ import annotations
 
 import dataclasses
-import os
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel import HardwareInfo, Options, Settings, UsageError, hookimpl
-from accel.hardware import nvidia_gpus
+from accel.spi import HardwareInfo, Options, Settings, UsageError, hookimpl, nvidia_gpus, sharded
 
 if TYPE_CHECKING:
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
+    from accel.spi import MemoryQuery, MemoryRow, ModelSummary
 
 NAME = "parallel"
 accel_components = ["accel_parallel.strategy:ParallelStrategy"]
 
 #: The mesh dimensions in Accelerate's order (``ParallelismConfig._get_mesh``): outermost first, tp innermost.
 DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
+#: The prefix of the options of FSDP on the data-parallel dims (``parallelism_config_fsdp_offload_params``, ...):
+#: accel-plugin-fsdp's ``fsdp_*`` options of the same names and meanings (:func:`accel.spi.sharded.declare_shard_options`).
+FSDP_PREFIX = "parallelism_config_fsdp_"
 #: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
 FIELDS = (
     "dp_replicate_size",
@@ -144,6 +146,11 @@ def accel_add_options(options: Options) -> None:
         "to styles (colwise, rowwise, colwise_rep, rowwise_rep, embedding_rowwise, sequence). "
         "Default: the model's Hugging Face tp_plan (base_model_tp_plan and its head's).",
     )
+
+    def fsdp(name: str, **kw: Any) -> None:
+        options.add(name, config_key=f"parallelism_config.{name}", env=(name.upper(),), **kw)
+
+    sharded.declare_shard_options(fsdp, FSDP_PREFIX)
     options.add(
         "parallelism_config",
         type="mapping",
@@ -312,6 +319,14 @@ def accel_activate(settings: Settings) -> object | None:
         why = cp_refusal(settings, nvidia_gpus(settings.env) is not None)
         if why:
             raise UsageError(why)
+    fsdp_given = sorted(
+        n for n in settings.values if n.startswith(FSDP_PREFIX) and settings.sources.get(n, "default") != "default"
+    )
+    if fsdp_given and plan.size("dp_replicate") * plan.size("dp_shard") * plan.size("cp") == 1:
+        raise UsageError(
+            f"{', '.join(fsdp_given)} set, but the mesh has no data-parallel dimension for FSDP to shard over "
+            f"(dp_replicate, dp_shard and cp are 1); set parallelism_config_dp_shard_size > 1 or drop them"
+        )
     if settings.mixed_precision not in ("no", "bf16"):
         raise UsageError(
             f"mixed_precision={settings.mixed_precision} is not supported with --plugin parallel; use "
@@ -322,28 +337,11 @@ def accel_activate(settings: Settings) -> object | None:
     return ParallelStrategy(settings, plan)
 
 
-def load_sharded(
-    kernel: Any,
-    directory: str | os.PathLike[str],
-    *,
-    model: Any,
-    optimizer: Any = None,
-    model_key: str = "model",
-    optimizer_key: str = "optimizer",
-) -> None:
-    """Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin
-    parallel``, on any mesh (any sizes, any number of processes, one included): torch.distributed.checkpoint
-    reshards them. Use it to continue on a different mesh (``load_state`` also restores per-process random states
-    and dataloader positions, so it needs the same number of processes). Call it on every process after
-    ``prepare``; the keys are the checkpoint's item names (``model``, ``optimizer``, ``model_1``, ...)."""
-    from pathlib import Path
-
-    from accel_parallel.strategy import ParallelStrategy
-
-    comp = next((c for c in kernel.components if isinstance(c, ParallelStrategy)), None)
-    if comp is None:
-        raise UsageError("load_sharded needs a Kernel running with --plugin parallel")
-    comp.load_items(kernel, Path(directory), {model_key: model, **({optimizer_key: optimizer} if optimizer else {})})
+#: Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin parallel``, on
+#: any mesh (any sizes, any number of processes, one included): ``load_sharded(kernel, directory, model=...,
+#: optimizer=..., model_key="model", optimizer_key="optimizer")``, on every process after ``prepare`` (see
+#: :func:`accel.spi.sharded.load_sharded`).
+load_sharded = functools.partial(sharded.load_sharded, plugin=NAME)
 
 
 def context_parallel(

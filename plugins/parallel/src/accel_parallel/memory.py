@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from accel.memory import MemoryQuery, MemoryRow, ModelSummary, unsupported
+from accel.spi import MemoryQuery, MemoryRow, ModelSummary, unsupported
 
 STRATEGY = "parallel"
 SPLIT_BY_TP = ("Linear", "Embedding")
