@@ -72,9 +72,7 @@ def write(target: Path, files: dict[str, str]) -> None:
 def new_plugin_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel new-plugin", description="Write a new accel plugin project from a template.")
     parser.add_argument("name", help="the plugin's name: entry point NAME, module accel_NAME")
-    parser.add_argument(
-        "--kind", default="tracker", help=f"the plugin's role: {', '.join(KINDS)} (default: tracker)"
-    )
+    parser.add_argument("--kind", default="tracker", help=f"the plugin's role: {', '.join(KINDS)} (default: tracker)")
     parser.add_argument(
         "--directory",
         "--dir",
