@@ -6,8 +6,7 @@ accel imports this module for every command (``accel --help``, ``accel plugins``
 
 from __future__ import annotations
 
-from accel import Settings, hookimpl
-from accel.tracking import requested
+from accel.spi import Settings, hookimpl, requested
 
 NAME = "jsonl"
 #: Lets ``accel plugins`` show the runtime hooks of the component without activating it.

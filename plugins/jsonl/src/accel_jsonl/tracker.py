@@ -6,13 +6,9 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from accel import Tracker, hookimpl
-from accel.tracking import as_scalar
-
-if TYPE_CHECKING:
-    from accel.kernel import Kernel
+from accel.spi import KernelView, Tracker, as_scalar, hookimpl
 
 
 def _plain(value: Any) -> Any:
@@ -44,7 +40,7 @@ class JsonlTracker(Tracker):
 
     @hookimpl
     def accel_init_trackers(
-        self, kernel: Kernel, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, project_name: str, config: Mapping[str, Any], init_kwargs: Mapping[str, Any]
     ) -> None:
         options = init_kwargs.get("jsonl", {})
         path = options.get("path") or os.path.join(kernel.project_dir or ".", "jsonl", f"{project_name}.jsonl")
@@ -54,14 +50,14 @@ class JsonlTracker(Tracker):
 
     @hookimpl
     def accel_log(
-        self, kernel: Kernel, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
+        self, kernel: KernelView, values: Mapping[str, Any], step: int | None, log_kwargs: Mapping[str, Any]
     ) -> None:
         self._write({"event": "log", "step": step, "values": _plain(values)})
 
     @hookimpl
     def accel_log_table(
         self,
-        kernel: Kernel,
+        kernel: KernelView,
         table_name: str,
         columns: list[str],
         data: list[list[Any]],
@@ -71,7 +67,7 @@ class JsonlTracker(Tracker):
         self._write({"event": "table", "name": table_name, "step": step, "columns": columns, "data": _plain(data)})
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         if self.run is not None:
             self._write({"event": "end"})
             self.run.close()
