@@ -147,4 +147,5 @@ def check_launch_settings(launch: Launch, log_dir: Path, port: int, started: Cal
         extra = started(refused[0])
         if extra:
             problems.append(f"{' '.join(refused[0].flags)}: refused in a dry run, yet a real launch {extra}")
-    assert not problems, "launch settings the launcher ignores:\n" + "\n".join(f"- {p}" for p in problems)
+    if problems:
+        raise AssertionError("launch settings the launcher ignores:\n" + "\n".join(f"- {p}" for p in problems))
