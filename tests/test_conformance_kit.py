@@ -187,34 +187,28 @@ def strategy_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_strategy_syncing_on_every_micro_batch_fails(strategy_failures: dict[str, str]) -> None:
-    """Averaging gradients after every backward gives the same weights as syncing once per step (the average is
-    linear): only the gradients between synchronisations show that it talked on every micro-batch."""
-    assert re.search(
-        r"micro-batch 0 does not synchronise .* identical gradients after it: "
-        r"the strategy synchronised gradients on every micro-batch",
-        strategy_failures["mut_sync"],
-    ), strategy_failures["mut_sync"]
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_a_strategy_returning_its_own_wrapper_class_fails(strategy_failures: dict[str, str]) -> None:
-    """Its wrapper trains a copy: the module unwrap_model returns (the user's) never learns."""
-    assert re.search(
-        r"the module unwrap_model\(prepared\) returns kept its initial weights through training",
-        strategy_failures["mut_wrap"],
-    ), strategy_failures["mut_wrap"]
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_a_strategy_not_sharding_the_data_fails(strategy_failures: dict[str, str]) -> None:
-    """Every process trains on all the data: said so, not as a wrong step count."""
-    assert re.search(
-        r"the data was not sharded across processes: each of the 2 processes trained on the same 32 samples",
-        strategy_failures["mut_shard"],
-    ), strategy_failures["mut_shard"]
+@pytest.mark.parametrize(
+    ("mutant", "message"),
+    [
+        # Averaging gradients after every backward gives the same weights as syncing once per step (the average is
+        # linear): only the gradients between synchronisations show that it talked on every micro-batch.
+        (
+            "mut_sync",
+            r"micro-batch 0 does not synchronise .* identical gradients after it: "
+            r"the strategy synchronised gradients on every micro-batch",
+        ),
+        # Its wrapper trains a copy: the module unwrap_model returns (the user's) never learns.
+        ("mut_wrap", r"the module unwrap_model\(prepared\) returns kept its initial weights through training"),
+        # Every process trains on all the data: said so, not as a wrong step count.
+        (
+            "mut_shard",
+            r"the data was not sharded across processes: each of the 2 processes trained on the same 32 samples",
+        ),
+    ],
+    ids=["syncs-every-micro-batch", "trains-its-own-copy", "does-not-shard-data"],
+)
+def test_a_faulty_strategy_fails_naming_the_fault(strategy_failures: dict[str, str], mutant: str, message: str) -> None:
+    assert re.search(message, strategy_failures[mutant]), strategy_failures[mutant]
 
 
 # ---- launchers (and a strategy's launcher): settings silently dropped ------------------------------------------
