@@ -1,4 +1,5 @@
-"""The conformance kit (accel.testing.conformance) against mutants of the new-plugin templates.
+"""The conformance kit (accel.testing.conformance) against mutants of the new-plugin templates: a planted bug for
+every role (tracker, strategy, precision, compiler, launcher).
 
 Each mutant is a real plugin: the files ``accel new-plugin`` writes, changed in one place, and made discoverable
 the way an installed plugin is (a distribution with an ``accel`` entry point on ``sys.path`` / ``PYTHONPATH``,
@@ -22,11 +23,14 @@ import pytest
 
 from accel.commands.new_plugin import render
 
+Edits = tuple[str, str] | list[tuple[str, str]]
 
-def install(site: Path, name: str, kind: str, changes: dict[str, tuple[str, str]]) -> Any:
-    """Write the template's package for plugin ``name`` into ``site``, with ``changes`` (``{file: (old, new)}``,
-    each ``old`` found exactly once), and a distribution whose ``accel`` entry point names it. Returns an instance
-    of the conformance class of the template's own tests (``tests/test_NAME.py``, unchanged)."""
+
+def install(site: Path, name: str, kind: str, changes: dict[str, Edits]) -> Any:
+    """Write the template's package for plugin ``name`` into ``site``, with ``changes`` (``{file: (old, new)}`` or
+    ``{file: [(old, new), ...]}``, each ``old`` found exactly once), and a distribution whose ``accel`` entry point
+    names it. Returns an instance of the conformance class of the template's own tests (``tests/test_NAME.py``,
+    unchanged)."""
     applied = set()
     files = render(name, kind)
     for path, text in files.items():
@@ -35,9 +39,10 @@ def install(site: Path, name: str, kind: str, changes: dict[str, tuple[str, str]
         file = path.removeprefix("src/")
         base = Path(file).name
         if base in changes:
-            old, new = changes[base]
-            assert text.count(old) == 1, f"the template's {base} changed: update this mutant ({old!r})"
-            text = text.replace(old, new)
+            edits = changes[base]
+            for old, new in edits if isinstance(edits, list) else [edits]:
+                assert text.count(old) == 1, f"the template's {base} changed: update this mutant ({old!r})"
+                text = text.replace(old, new)
             applied.add(base)
         (site / file).parent.mkdir(parents=True, exist_ok=True)
         (site / file).write_text(text, encoding="utf-8")
@@ -100,6 +105,15 @@ def test_a_tracker_never_closing_its_file_fails(site: Path, tmp_path: Path, acce
         suite.test_end_training_closes_its_files(tmp_path)
 
 
+def test_a_tracker_losing_values_fails(site: Path, tmp_path: Path, accel_home: Path) -> None:
+    first_only = LOG_LINE.replace("_plain(values)", "_plain(dict(list(values.items())[:1]))")
+    suite = install(site, "mut_lose", "tracker", {TRACKER: (LOG_LINE, first_only)})
+    with pytest.raises(
+        AssertionError, match=r"logged values \['accuracy'\] were never recorded .* the tracker lost values"
+    ):
+        suite.test_logs_scalars_and_config(tmp_path)
+
+
 def test_the_unchanged_tracker_template_passes_the_new_checks(site: Path, tmp_path: Path, accel_home: Path) -> None:
     """The same checks, the same installation, no mutation: they pass (so the failures above are the mutations')."""
     suite = install(site, "mut_none", "tracker", {})
@@ -132,9 +146,19 @@ OWN_WRAPPER = '''        import copy
 '''
 
 
+NO_SHARDING = """            self.models.append(model)
+        return list(models), list(optimizers), list(schedulers)
+
+    @hookimpl
+    def accel_prepare_dataloader(self, dataloader: Any) -> Any:
+        return dataloader  # every process iterates over the whole data set
+"""
+
+
 MUTANTS = {
     "mut_sync": {STRATEGY: (SYNC_LINE, "        if kernel.num_processes > 1:\n")},
     "mut_wrap": {STRATEGY: (WRAP_RETURN, OWN_WRAPPER)},
+    "mut_shard": {STRATEGY: (WRAP_RETURN, NO_SHARDING)},
 }
 
 
@@ -163,21 +187,153 @@ def strategy_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_strategy_syncing_on_every_micro_batch_fails(strategy_failures: dict[str, str]) -> None:
-    """Averaging gradients after every backward gives the same weights as syncing once per step (the average is
-    linear): only the gradients between synchronisations show that it talked on every micro-batch."""
-    assert re.search(
-        r"micro-batch 0 does not synchronise .* identical gradients after it: "
-        r"the strategy synchronised gradients on every micro-batch",
-        strategy_failures["mut_sync"],
-    ), strategy_failures["mut_sync"]
+@pytest.mark.parametrize(
+    ("mutant", "message"),
+    [
+        # Averaging gradients after every backward gives the same weights as syncing once per step (the average is
+        # linear): only the gradients between synchronisations show that it talked on every micro-batch.
+        (
+            "mut_sync",
+            r"micro-batch 0 does not synchronise .* identical gradients after it: "
+            r"the strategy synchronised gradients on every micro-batch",
+        ),
+        # Its wrapper trains a copy: the module unwrap_model returns (the user's) never learns.
+        ("mut_wrap", r"the module unwrap_model\(prepared\) returns kept its initial weights through training"),
+        # Every process trains on all the data: said so, not as a wrong step count.
+        (
+            "mut_shard",
+            r"the data was not sharded across processes: each of the 2 processes trained on the same 32 samples",
+        ),
+    ],
+    ids=["syncs-every-micro-batch", "trains-its-own-copy", "does-not-shard-data"],
+)
+def test_a_faulty_strategy_fails_naming_the_fault(strategy_failures: dict[str, str], mutant: str, message: str) -> None:
+    assert re.search(message, strategy_failures[mutant]), strategy_failures[mutant]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_a_strategy_returning_its_own_wrapper_class_fails(strategy_failures: dict[str, str]) -> None:
-    """Its wrapper trains a copy: the module unwrap_model returns (the user's) never learns."""
-    assert re.search(
-        r"the module unwrap_model\(prepared\) returns kept its initial weights through training",
-        strategy_failures["mut_wrap"],
-    ), strategy_failures["mut_wrap"]
+# ---- launchers (and a strategy's launcher): settings silently dropped ------------------------------------------
+
+DROPPED = ("max_restarts", "tee", "log_dir", "main_process_port")
+STRATEGY_DROPS = [
+    ('    "tee",\n    "log_dir",\n', ""),
+    ("f\"--master_port={settings['main_process_port'] or free_port()}\",", 'f"--master_port={free_port()}",'),
+    ("            f\"--max_restarts={settings['max_restarts']}\",\n", ""),
+]
+LAUNCHER_DROPS = [
+    ('    "max_restarts",\n', ""),
+    ('    "tee",\n', ""),
+    ('MASTER_PORT=str(settings["main_process_port"] or free_port()),', "MASTER_PORT=str(free_port()),"),
+    ('log_dir = settings["log_dir"]', "log_dir = None"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes"),
+    [("strategy", {STRATEGY: STRATEGY_DROPS}), ("launcher", {"launcher.py": LAUNCHER_DROPS})],
+    ids=["strategy", "launcher"],
+)
+def test_a_launcher_dropping_settings_fails(site: Path, tmp_path: Path, kind: str, changes: dict[str, Edits]) -> None:
+    """``--max_restarts --tee --log_dir --main_process_port`` accepted and silently not carried out: each named."""
+    suite = install(site, f"mut_drop_{kind}", kind, changes)
+    with pytest.raises(AssertionError) as failed:
+        suite.test_every_launch_setting_is_honoured_or_refused(tmp_path)
+    for setting in DROPPED:
+        assert f"- {setting} was neither honoured nor refused" in str(failed.value), str(failed.value)
+    assert str(failed.value).count(" was neither honoured nor refused") == len(DROPPED), str(failed.value)
+
+
+@pytest.mark.parametrize("kind", ["strategy", "launcher"])
+def test_the_unchanged_launchers_pass_the_launch_settings_check(site: Path, tmp_path: Path, kind: str) -> None:
+    install(site, f"mut_keep_{kind}", kind, {}).test_every_launch_setting_is_honoured_or_refused(tmp_path)
+
+
+# ---- precision: the float16 + loss-scale template ---------------------------------------------------------------
+
+PRECISION = "precision.py"
+SCALER_LINE = "        self.scaler = torch.amp.GradScaler(device)\n"
+LEAK = (
+    SCALER_LINE + "        torch.autocast(device, dtype=torch.float16).__enter__()  # never left: on for the process\n"
+)
+BACKWARD_LINE = "        self.scaler.scale(kernel.scale_for_accumulation(loss)).backward(**backward_kwargs)\n"
+NO_BACKWARD = "        self.scaler.scale(kernel.scale_for_accumulation(loss))  # backward never runs\n"
+
+
+@pytest.fixture
+def autocast_kept() -> Any:
+    """What the precision suite's own fixture does: autocast as it was after the test, whatever the plugin left."""
+    from accel.testing.model_check import autocast_state, restore_autocast
+
+    state = autocast_state("cpu")
+    yield
+    restore_autocast("cpu", state)
+
+
+def test_a_precision_autocast_leaking_outside_the_forward_fails(
+    site: Path, accel_home: Path, autocast_kept: None
+) -> None:
+    suite = install(site, "mut_leak", "precision", {PRECISION: (SCALER_LINE, LEAK)})
+    with pytest.raises(
+        AssertionError,
+        match=r"autocast leaks outside the forward: it is on after Kernel\(\) returned; after the prepared "
+        r"model's forward returned; after kernel.backward\(loss\); after optimizer.step\(\)",
+    ):
+        suite.test_autocast_is_scoped_to_the_forward()
+
+
+def test_a_precision_dropping_gradients_fails(site: Path, accel_home: Path, autocast_kept: None) -> None:
+    suite = install(site, "mut_nograd", "precision", {PRECISION: (BACKWARD_LINE, NO_BACKWARD)})
+    with pytest.raises(
+        AssertionError,
+        match=r"no gradient reached \['hidden.weight', 'hidden.bias', 'out.weight', 'out.bias'\] after "
+        r"kernel.backward\(loss\): the precision plugin drops gradients",
+    ):
+        suite.test_gradients_reach_every_parameter()
+
+
+def test_the_unchanged_precision_template_passes_the_same_checks(
+    site: Path, tmp_path: Path, accel_home: Path, autocast_kept: None
+) -> None:
+    suite = install(site, "mut_fp16", "precision", {})
+    suite.test_autocast_is_scoped_to_the_forward()
+    suite.test_gradients_reach_every_parameter()
+    suite.test_state_round_trips_through_checkpoints(tmp_path)
+
+
+# ---- compilers: the counting-backend template -------------------------------------------------------------------
+
+COMPILE_LINE = "        model.compile(backend=self.backend)\n"
+COMPILED_COPY = """        pass
+
+    @hookimpl(wrapper=True)
+    def accel_prepare_training(self, models: list[Any]) -> Any:
+        import copy
+
+        import torch
+
+        result = yield
+        copies = [torch.compile(copy.deepcopy(model), backend=self.backend) for model in result[0]]
+        return copies, result[1], result[2]
+"""
+
+
+@pytest.fixture
+def fresh_dynamo() -> Any:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_a_compiler_returning_a_copy_of_the_model_fails(site: Path, accel_home: Path, fresh_dynamo: None) -> None:
+    suite = install(site, "mut_copy", "compiler", {"compiler.py": (COMPILE_LINE, COMPILED_COPY)})
+    with pytest.raises(
+        AssertionError, match=r"the user's module holds no gradient for .* \(a copy of the model\?\); compile in place"
+    ):
+        suite.test_compiled_model_computes_and_trains_like_the_eager_one()
+
+
+def test_the_unchanged_compiler_template_passes_the_same_checks(
+    site: Path, accel_home: Path, fresh_dynamo: None
+) -> None:
+    install(site, "mut_plain", "compiler", {}).test_compiled_model_computes_and_trains_like_the_eager_one()

@@ -1,18 +1,21 @@
-"""``accel new-plugin``: the templates render, install with pip into a fresh environment, show up in
-``accel plugins`` and pass their own tests (accel's conformance suites) out of the box."""
+"""``accel new-plugin --kind tracker|strategy|precision|compiler|launcher``: the templates render, import from
+accel only the plugin API, install with pip into a fresh environment (each kind once), show up in ``accel plugins``
+and pass their own tests (accel's conformance suites) out of the box; the precision template's mode works by name."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from clitools import run_plugin_tests
 
-from accel.commands.new_plugin import render
+from accel.commands.new_plugin import KINDS, render
 from accel.testing import isolated_env, run_accel
 
 
@@ -30,8 +33,10 @@ def accel_cli(args: list[str], tmp_path: Path, cwd: Path | None = None) -> subpr
 def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> None:
     bad = accel_cli(["new-plugin", "My-Plugin"], tmp_path, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "must start with a lowercase letter" in bad.stderr
-    kind = accel_cli(["new-plugin", "ok", "--kind", "compiler"], tmp_path, cwd=tmp_path)
-    assert kind.returncode == 2 and "--kind must be one of tracker, strategy" in kind.stderr
+    kind = accel_cli(["new-plugin", "ok", "--kind", "optimizer"], tmp_path, cwd=tmp_path)
+    assert (
+        kind.returncode == 2 and "--kind must be one of tracker, strategy, precision, compiler, launcher" in kind.stderr
+    )
     target = tmp_path / "taken"
     target.mkdir()
     (target / "mine.txt").write_text("keep me")
@@ -41,7 +46,7 @@ def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> 
     assert not (tmp_path / "accel-plugin-ok").exists()
 
 
-@pytest.mark.parametrize("kind", ["tracker", "strategy"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_templates_render_to_valid_python(kind: str) -> None:
     files = render("my_thing", kind)
     assert set(files) == {
@@ -58,13 +63,16 @@ def test_templates_render_to_valid_python(kind: str) -> None:
         if path.endswith(".py"):
             compile(text, path, "exec")
             assert "${" not in text
+            if path.startswith("src/"):  # a plugin imports from accel only the plugin API
+                imported = set(re.findall(r"^\s*(?:from|import) (accel[\w.]*)", text, re.M))
+                assert imported <= {"accel.spi", "accel_my_thing", "accel_my_thing." + kind}, (path, imported)
 
 
-@pytest.fixture
-def fresh_env(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment that sees this one's packages (torch, accel, pytest) through a .pth file, so a
     plugin installed into it leaves the test environment untouched."""
-    venv = tmp_path / "venv"
+    venv = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     purelib = subprocess.run(
@@ -78,21 +86,39 @@ def fresh_env(tmp_path: Path) -> Path:
     return python
 
 
+@pytest.fixture(scope="module")
+def installed(fresh_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``installed(kind)``: the project ``accel new-plugin tmpl_KIND --kind KIND`` wrote, pip-installed (editable)
+    into ``fresh_env``; each kind once per test session."""
+    projects: dict[str, Path] = {}
+
+    def install(kind: str) -> Path:
+        if kind not in projects:
+            root = tmp_path_factory.mktemp(kind)
+            project = root / "project"
+            made = accel_cli(["new-plugin", f"tmpl_{kind}", "--kind", kind, "--directory", str(project)], root)
+            assert made.returncode == 0, made.stderr
+            subprocess.run(
+                [str(fresh_env), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project)],
+                check=True,
+                env=isolated_env(root / "home"),
+                timeout=300,
+                capture_output=True,
+            )
+            projects[kind] = project
+        return projects[kind]
+
+    return install
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tracker", "strategy"])
-def test_new_plugin_installs_is_listed_and_passes_its_own_tests(kind: str, tmp_path: Path, fresh_env: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_new_plugin_installs_is_listed_and_passes_its_own_tests(
+    kind: str, tmp_path: Path, fresh_env: Path, installed: Callable[[str], Path]
+) -> None:
     name = f"tmpl_{kind}"
-    project = tmp_path / "project"
-    made = accel_cli(["new-plugin", name, "--kind", kind, "--directory", str(project)], tmp_path)
-    assert made.returncode == 0, made.stderr
+    project = installed(kind)
     env = isolated_env(tmp_path / "home")
-    subprocess.run(
-        [str(fresh_env), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(project)],
-        check=True,
-        env=env,
-        timeout=300,
-        capture_output=True,
-    )
     listed = subprocess.run(
         [str(fresh_env), "-m", "accel.commands.cli", "plugins", "--json"],
         env=env,
@@ -104,3 +130,58 @@ def test_new_plugin_installs_is_listed_and_passes_its_own_tests(kind: str, tmp_p
     assert rows[name]["status"] == "active" and rows[name]["distribution"] == f"accel-plugin-tmpl-{kind}"
     assert name not in {r["name"] for r in json.loads(run_accel(["plugins", "--json"], home=tmp_path).stdout)}
     run_plugin_tests(fresh_env, project, env)
+
+
+MODE_SCRIPT = """
+import json, sys
+
+import torch
+
+from accel import Kernel
+
+kernel = Kernel(**json.loads(sys.argv[1]))
+assert [c.name for c in kernel.components if c.role == "precision"] == ["tmpl_precision"], kernel.components
+net = torch.nn.Linear(4, 2)
+seen = []
+net.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+model = kernel.prepare(net)
+out = model(torch.randn(3, 4, device=kernel.device))
+assert seen == [torch.float16] and out.dtype == torch.float32, (seen, out.dtype)
+print("mode", kernel.mixed_precision)
+kernel.end_training()
+"""
+
+MODE_SUITE = """
+from typing import Any
+
+from test_tmpl_precision import TestTmplPrecisionConformance
+
+
+class TestTheModeByName(TestTmplPrecisionConformance):
+    def kernel_kwargs(self) -> dict[str, Any]:
+        return {"mixed_precision": "tmpl_precision"}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="needs open modes (branch modes)")
+def test_the_precision_template_adds_a_mode(tmp_path: Path, fresh_env: Path, installed: Callable[[str], Path]) -> None:
+    """The generated precision plugin's mode works as Kernel(mixed_precision=...), as accel launch
+    --mixed_precision ..., and passes the precision suite when chosen by that mode."""
+    project = installed("precision")
+    env = isolated_env(tmp_path / "home", registered=["tmpl_precision"])
+    (tmp_path / "train.py").write_text(MODE_SCRIPT)
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(
+            [str(fresh_env), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    assert "mode tmpl_precision" in run("train.py", json.dumps({"mixed_precision": "tmpl_precision"}))
+    launched = run("-m", "accel.commands.launch", "--quiet", "--mixed_precision", "tmpl_precision", "train.py", "{}")
+    assert "mode tmpl_precision" in launched
+    (project / "tests" / "test_mode_by_name.py").write_text(MODE_SUITE)
+    suite = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests" / "test_mode_by_name.py"))
+    assert " passed" in suite and "failed" not in suite, suite[-3000:]

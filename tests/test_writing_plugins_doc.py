@@ -11,16 +11,24 @@ from accel.commands.new_plugin import render
 from accel.testing import run_launch
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-plugins.md"
+#: The plugin of each role the walk-through builds: (kind, name).
+WALKTHROUGH = [
+    ("tracker", "jsonl"),
+    ("strategy", "avgdp"),
+    ("precision", "half"),
+    ("compiler", "fxpass"),
+    ("launcher", "procs"),
+]
 BLOCK = re.compile(r"<!-- template: (\w+) (\w+) (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
 def test_every_file_shown_is_the_template_output_and_every_file_is_shown() -> None:
     text = DOC.read_text()
     shown = {(kind, name, path): body for kind, name, path, body in BLOCK.findall(text)}
-    assert {(k, n) for k, n, _ in shown} == {("tracker", "jsonl"), ("strategy", "avgdp")}
+    assert {(k, n) for k, n, _ in shown} == set(WALKTHROUGH)
     for (kind, name, path), body in shown.items():
         assert body == render(name, kind)[path], f"{path} in {DOC.name} differs from `accel new-plugin {name}`"
-    for kind, name in (("tracker", "jsonl"), ("strategy", "avgdp")):
+    for kind, name in WALKTHROUGH:
         missing = {p for p in render(name, kind) if p not in ("README.md", "LICENSE")} - {
             p for k, n, p in shown if n == name
         }

@@ -475,6 +475,10 @@ def test_bad_launch_options_are_one_line(tmp_path: Path, args: list[str], messag
         ),
         ({"max_restarts": 2}, "the xla plugin does not carry out max_restarts=2 (torch_xla.launch"),
         ({"log_dir": "logs", "tee": "3"}, "the xla plugin does not carry out tee='3', log_dir='logs' (torch"),
+        (
+            {"num_cpu_threads_per_process": 3, "main_process_port": 29517},
+            "does not carry out num_cpu_threads_per_process=3, main_process_port=29517 (torch_xla.launch",
+        ),
     ],
 )
 def test_launch_settings_it_cannot_carry_out_are_refused(available: None, given: dict, message: str) -> None:

@@ -1,5 +1,6 @@
-"""``accel new-plugin NAME``: write a working plugin project (tracker or strategy) from the templates shipped with
-accel (``accel/templates/<kind>/``), ready for ``pip install -e`` and ``pytest``. No torch import."""
+"""``accel new-plugin NAME --kind KIND``: write a working plugin project of one role (tracker, strategy, precision,
+compiler or launcher) from the templates shipped with accel (``accel/templates/<kind>/``), ready for
+``pip install -e`` and ``pytest``. No torch import."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from accel.errors import UsageError
 if TYPE_CHECKING:
     from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
-KINDS = ("tracker", "strategy")
+KINDS = ("tracker", "strategy", "precision", "compiler", "launcher")
 KERNEL_REQUIREMENT = "accel-kernel>=0.1.1,<0.2"  # admits this kernel (docs/plugin-api.md, Stability)
 
 
@@ -71,7 +72,7 @@ def write(target: Path, files: dict[str, str]) -> None:
 def new_plugin_command(argv: Sequence[str]) -> int:
     parser = Parser(prog="accel new-plugin", description="Write a new accel plugin project from a template.")
     parser.add_argument("name", help="the plugin's name: entry point NAME, module accel_NAME")
-    parser.add_argument("--kind", default="tracker", help="tracker (default) or strategy")
+    parser.add_argument("--kind", default="tracker", help=f"the plugin's role: {', '.join(KINDS)} (default: tracker)")
     parser.add_argument(
         "--directory",
         "--dir",

@@ -5,8 +5,9 @@
 - :func:`isolated_env`: the environment those subprocesses get.
 - pytest fixtures ``accel_env``, ``accel_kernel``, ``accel_launch`` (:mod:`accel.testing.fixtures`, registered with
   pytest automatically when accel-kernel is installed).
-- Conformance suites a plugin's tests subclass: :class:`~accel.testing.conformance.TrackerConformance` and
-  :class:`~accel.testing.conformance.StrategyConformance`.
+- Conformance suites a plugin's tests subclass, one per role (:mod:`accel.testing.conformance`):
+  ``TrackerConformance``, ``StrategyConformance``, ``PrecisionConformance``, ``CompilerConformance`` and
+  ``LauncherConformance``.
 
 Importing this module does not import torch or pytest.
 """

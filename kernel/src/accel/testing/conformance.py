@@ -1,4 +1,5 @@
-"""Conformance suites: what every tracker or strategy plugin must do, as pytest test classes to subclass.
+"""Conformance suites: what every plugin of a role (tracker, strategy, precision, compiler, launcher) must do, as
+pytest test classes to subclass.
 
 In your plugin's tests::
 
@@ -21,7 +22,13 @@ pytest collects the inherited ``test_*`` methods. The Kernel used in the tests h
 The suites check behaviour, not only answers: a tracker's records are read back and must hold each logged point
 exactly once, in order, and no file under the test's directory may stay open after ``end_training()``; a
 strategy's local gradients must stay local on the micro-batches that do not synchronise (and agree after the
-ones that do), and ``unwrap_model`` must return the very module object the user prepared.
+ones that do), each process must see its own share of the data, and ``unwrap_model`` must return the very module
+object the user prepared; a precision plugin's autocast must end with the forward, and gradients reach every
+parameter; a compiled model must compute and train like the eager one, on the user's own module; a launcher (and a
+strategy's launcher) must honour or refuse every launch setting.
+
+Each suite's ``registered()`` is the ``ACCEL_PLUGINS`` allow-list of its runs, and (for the suites that build a
+Kernel in the test's process) ``kernel_kwargs()`` the arguments that make the plugin take part.
 """
 
 from __future__ import annotations
@@ -29,16 +36,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from accel import Tracker, hookimpl
-from accel.deprecations import warn_or_fail
-from accel.testing import imported_modules, make_kernel, patched_environ, run_accel, run_launch
+from accel.deprecations import kernel_version, release, warn_or_fail
+from accel.testing import free_port, imported_modules, make_kernel, patched_environ, run_accel, run_launch
 
 CONFIG = {"learning_rate": 0.1, "batch_size": 8, "optimizer": {"name": "sgd", "momentum": 0.9}}
 EXPECTED_CONFIG = {"learning_rate": "0.1", "batch_size": "8", "optimizer/name": "sgd", "optimizer/momentum": "0.9"}
@@ -189,7 +198,11 @@ class TrackerConformance(_PluginChecks):
     def _check_scalars(self, tmp_path: Path, project: str) -> None:
         """Each of the STEPS ``kernel.log`` calls recorded exactly once, in order, with its step and value."""
         series = self.read_series(tmp_path, project)
-        assert set(series) >= {"loss", "accuracy"}, f"recorded keys: {sorted(series)}"
+        lost = {"loss", "accuracy"} - set(series)
+        assert not lost, (
+            f"logged values {sorted(lost)} were never recorded (recorded keys: {sorted(series)}): the tracker lost "
+            "values; record every key of each kernel.log() call"
+        )
         for key, value_at in (("loss", loss_at), ("accuracy", lambda step: step / 10)):
             steps = [step for step, _ in series[key]]
             assert len(steps) == STEPS, (
@@ -326,15 +339,96 @@ class TrackerConformance(_PluginChecks):
         assert sorted(scalars["loss"]) == [0, 1, 2]
 
 
-class StrategyConformance(_PluginChecks):
-    """What a strategy plugin must do: be listed, be chosen with ``--plugin NAME``, and train a model on two
-    processes to exactly the weights one process gets with full-batch gradient descent, with working collectives.
-    Subclass it and set ``name``; ``launch_args`` adds launch flags, ``tolerance`` loosens the comparison (e.g.
-    for a strategy that trains in lower precision)."""
+def written_for(plugin: str) -> tuple[int, int, int] | None:
+    """The oldest accel-kernel release the installed plugin ``plugin`` says it works with: the lower bound of its
+    distribution's ``accel-kernel`` requirement (``None``: not installed from a distribution, or no lower bound)."""
+    from importlib.metadata import entry_points
+
+    from packaging.requirements import Requirement
+
+    for ep in entry_points(group="accel", name=plugin):
+        for line in (ep.dist.requires or []) if ep.dist else []:
+            req = Requirement(line)
+            if req.name == "accel-kernel":
+                lows = [release(s.version) for s in req.specifier if s.operator in (">=", "==", "~=", ">")]
+                return max(lows) if lows else None
+    return None
+
+
+def added_check(plugin: str, added_in: str, breaking: str, check: Callable[[], None]) -> None:
+    """Run ``check``, a check that an existing suite gained in kernel release ``added_in``. For a plugin written for
+    an older release (its ``accel-kernel`` requirement starts before ``added_in``) a failure is a ``FutureWarning``
+    with the finding until the breaking release ``breaking``, and a failure from then on: the kit gets stricter by
+    the same deprecation rule as the contract (docs/plugin-api.md, Stability). Every other plugin fails at once."""
+    since = written_for(plugin)
+    if since is None or since >= release(added_in) or release(kernel_version()) >= release(breaking):
+        check()
+        return
+    try:
+        check()
+    except AssertionError as exc:
+        finding = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warnings.warn(
+            FutureWarning(
+                f"plugin {plugin!r} (written for accel-kernel {'.'.join(map(str, since))}) fails a check the kit "
+                f"gained in {added_in}, which fails from {breaking} on: {finding}"
+            ),
+            stacklevel=2,
+        )
+
+
+class _LaunchSettingsChecks:
+    """Every launch setting honoured or refused (:mod:`accel.testing.launch_check`), by whoever answers
+    ``accel_launch`` when the plugin is chosen with ``--plugin NAME`` (and ``launch_args``)."""
+
+    name: str = ""
+    launch_args: tuple[str, ...] = ()
+    #: The kernel release whose suite first ran this check (a suite new in that release: strict from the start).
+    launch_check_added_in: str = "0.1.1"
+
+    def registered(self) -> list[str]:
+        return [self.name]
+
+    def chosen(self) -> list[str]:
+        """The launch flags that choose this plugin."""
+        return ["--plugin", self.name, *self.launch_args]
+
+    def test_every_launch_setting_is_honoured_or_refused(self, tmp_path: Path) -> None:
+        """One ``accel launch --dry-run`` per launch setting, asking for something: the launcher shows it in its
+        command or environment, or refuses it in one line (exit 2) and a real launch starts nothing."""
+        from accel.testing.launch_check import Probe, check_launch_settings
+
+        script = tmp_path / "train.py"
+        marker = tmp_path / "started"
+        script.write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+
+        def launch(flags: Sequence[str], n: int) -> subprocess.CompletedProcess[str]:
+            args = ["--quiet", *self.chosen(), *flags, str(script)]
+            return run_launch(args, num_processes=n, registered=self.registered(), home=tmp_path, check=False)
+
+        def started(probe: Probe) -> str | None:
+            proc = launch(list(probe.flags), probe.num_processes)
+            if marker.exists():
+                return f"started the script (exit {proc.returncode})"
+            return None if proc.returncode == 2 else f"exited with {proc.returncode}, not 2"
+
+        added_check(
+            self.name,
+            self.launch_check_added_in,
+            "0.2.0",
+            lambda: check_launch_settings(launch, tmp_path / "kit-logs", free_port(), started),
+        )
+
+
+class StrategyConformance(_LaunchSettingsChecks, _PluginChecks):
+    """What a strategy plugin must do: be listed, be chosen with ``--plugin NAME``, honour or refuse every launch
+    setting, and train a model on two processes, each on its own share of the data, to exactly the weights one
+    process gets with full-batch gradient descent, with working collectives. Subclass it and set ``name``;
+    ``launch_args`` adds launch flags, ``tolerance`` loosens the comparison (e.g. for a strategy that trains in
+    lower precision)."""
 
     role = "strategy"
     num_processes: int = 2
-    launch_args: tuple[str, ...] = ()
     tolerance: float = 1e-5
 
     #: False for a strategy that keeps gradients in its own buffers (DeepSpeed's engine): the user's module then
@@ -342,10 +436,6 @@ class StrategyConformance(_PluginChecks):
     gradients_visible: bool = True
     #: Seconds the two-process training may take (a backend that compiles ops on first use needs more).
     timeout: float = 240
-
-    def registered(self) -> list[str]:
-        """The plugins allowed in the launched run (an ``ACCEL_PLUGINS`` allow-list)."""
-        return [self.name]
 
     def environment(self, tmp_path: Path) -> dict[str, str]:
         """Environment variables the launched processes need (e.g. where a backend builds its ops)."""
@@ -365,8 +455,6 @@ class StrategyConformance(_PluginChecks):
     @pytest.mark.slow
     @pytest.mark.multiprocess
     def test_trains_like_one_process(self, tmp_path: Path) -> None:
-        from accel.testing.strategy_check import SAMPLES, make_data, reference_weights
-
         out = tmp_path / "out"
         run_launch(
             ["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
@@ -377,43 +465,71 @@ class StrategyConformance(_PluginChecks):
             timeout=self.timeout,
         )
         reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
-        expected = reference_weights()
-        n = self.num_processes
-        assert sorted(r["process_index"] for r in reports) == list(range(n))
-        for r in reports:
-            assert r["num_processes"] == n
-            assert r["is_main_process"] == (r["process_index"] == 0)
-            assert r["optimizer_steps"] == 3
-            assert r["unwrapped_is_original"], (
-                f"unwrap_model(prepared) returned a {r['unwrapped_type']}, not the torch.nn.Linear object passed to "
-                "prepare(): it must return the user's own module (the kernel keeps it; a strategy's wrapper must "
-                "not replace it)"
-            )
-            assert r["unwrapped_computes_like_prepared"], (
-                "unwrap_model(prepared) returned a module that computes differently from the prepared model: the "
-                "strategy's wrapper trains its own module, not the user's (a wrapper must hold the user's module "
-                "itself, so that unwrap_model, get_state_dict and save_model see the trained weights)"
-            )
-            assert not _same(r["weights"], r["initial_weights"]), (
-                "the module unwrap_model(prepared) returns kept its initial weights through training: the strategy "
-                "trains something other than the user's module (a copy inside its own wrapper class?); a wrapper "
-                "must hold the user's module itself"
-            )
-            for got, want in zip(r["weights"], expected, strict=True):
-                assert math.isclose(got, want, rel_tol=self.tolerance, abs_tol=self.tolerance), (r["weights"], expected)
-            assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), (
-                "processes ended with different weights"
-            )
-            assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-            for got, want in zip(
-                r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True
-            ):
-                assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
-            assert r["reduce_sum"] == n * (n + 1) / 2
-            assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
-            assert r["broadcast"] == [0.0, 0.0]
-        assert reports[0]["state_dict_keys"] == ["bias", "weight"]
-        check_gradient_sync(reports, self.gradients_visible)
+        check_training(reports, self.num_processes, self.tolerance, self.gradients_visible)
+
+
+def check_sharding(reports: list[dict[str, Any]], samples: int) -> None:
+    """In an epoch, each of the processes trains on its own share of the samples, and together on all of them."""
+    n = len(reports)
+    seen = [sorted(r["epoch_targets"]) for r in reports]
+    if n > 1 and all(s == seen[0] for s in seen):
+        raise AssertionError(
+            f"the data was not sharded across processes: each of the {n} processes trained on the same "
+            f"{len(seen[0])} samples in an epoch (of {samples}), instead of its own 1/{n} share; let the kernel "
+            "prepare dataloaders (accel_prepare_dataloader's default) or shard them with accel.spi.shard_dataloader"
+        )
+    counts = [len(s) for s in seen]
+    assert counts == [samples // n] * n, (
+        f"the processes trained on {counts} samples in an epoch; with {samples} samples each of the {n} must get "
+        f"{samples // n}: the data was not sharded evenly across processes"
+    )
+    together = {v for s in seen for v in s}
+    assert len(together) == samples, (
+        f"the processes' shares overlap or miss samples: {len(together)} different samples of {samples} in an "
+        "epoch; each sample must go to exactly one process"
+    )
+
+
+def check_training(reports: list[dict[str, Any]], n: int, tolerance: float, gradients_visible: bool) -> None:
+    """The reports of ``accel.testing.strategy_check`` from ``n`` processes: sharded data, the weights of
+    full-batch gradient descent everywhere, working collectives, gradients synchronised on sync steps only."""
+    from accel.testing.strategy_check import SAMPLES, make_data, reference_weights
+
+    expected = reference_weights()
+    assert sorted(r["process_index"] for r in reports) == list(range(n))
+    check_sharding(reports, SAMPLES)
+    for r in reports:
+        assert r["num_processes"] == n
+        assert r["is_main_process"] == (r["process_index"] == 0)
+        assert r["optimizer_steps"] == 3, f"{r['optimizer_steps']} optimizer steps, expected 3 (one per epoch)"
+        assert r["unwrapped_is_original"], (
+            f"unwrap_model(prepared) returned a {r['unwrapped_type']}, not the torch.nn.Linear object passed to "
+            "prepare(): it must return the user's own module (the kernel keeps it; a strategy's wrapper must "
+            "not replace it)"
+        )
+        assert r["unwrapped_computes_like_prepared"], (
+            "unwrap_model(prepared) returned a module that computes differently from the prepared model: the "
+            "strategy's wrapper trains its own module, not the user's (a wrapper must hold the user's module "
+            "itself, so that unwrap_model, get_state_dict and save_model see the trained weights)"
+        )
+        assert not _same(r["weights"], r["initial_weights"]), (
+            "the module unwrap_model(prepared) returns kept its initial weights through training: the strategy "
+            "trains something other than the user's module (a copy inside its own wrapper class?); a wrapper "
+            "must hold the user's module itself"
+        )
+        for got, want in zip(r["weights"], expected, strict=True):
+            assert math.isclose(got, want, rel_tol=tolerance, abs_tol=tolerance), (r["weights"], expected)
+        assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), (
+            "processes ended with different weights"
+        )
+        assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
+        for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
+            assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
+        assert r["reduce_sum"] == n * (n + 1) / 2
+        assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
+        assert r["broadcast"] == [0.0, 0.0]
+    assert reports[0]["state_dict_keys"] == ["bias", "weight"]
+    check_gradient_sync(reports, gradients_visible)
 
 
 def _same(a: list[float], b: list[float]) -> bool:
@@ -454,3 +570,327 @@ def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool =
         "the user's module held no gradients after any backward, so their synchronisation could not be checked; "
         "set gradients_visible = False if the strategy keeps them in its own buffers"
     )
+
+
+class _InProcessChecks(_PluginChecks):
+    """Suites that build a Kernel in the test's own process, with a private ``ACCEL_HOME``."""
+
+    def registered(self) -> list[str]:
+        """The entry-point plugins registered in the Kernel (an ``ACCEL_PLUGINS`` allow-list)."""
+        return [self.name]
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        """The ``Kernel(...)`` arguments that make this plugin take part."""
+        return {"plugins": [self.name]}
+
+    def kernel(self) -> Any:
+        return make_kernel(self.registered(), **self.kernel_kwargs())
+
+    @pytest.fixture(autouse=True)
+    def _accel_home(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        home = tmp_path / "accel_home"
+        home.mkdir(exist_ok=True)
+        monkeypatch.setenv("ACCEL_HOME", str(home))
+
+    def _component(self, kernel: Any) -> Any:
+        found = [c for c in kernel.components if c.name == self.name]
+        assert found, f"plugin {self.name!r} does not take part with Kernel(**{self.kernel_kwargs()!r})"
+        assert found[0].role == self.role, f"plugin {self.name!r} takes part as {found[0].role!r}, not {self.role!r}"
+        return found[0]
+
+
+class PrecisionConformance(_InProcessChecks):
+    """What a precision plugin must do: take part for its mode, run the forward of prepared models (and nothing
+    else) under its autocast, let gradients reach every trainable parameter with the values float32 gives (within
+    ``tolerance``, relative), and save and load its state (a loss scale) with checkpoints. Subclass it and set
+    ``name`` and ``mode`` (the ``mixed_precision`` value it provides); the kernels are built with
+    ``kernel_kwargs()``, by default ``{"mixed_precision": mode}``."""
+
+    role = "precision"
+    mode: str = ""
+    tolerance: float = 1e-2
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        return {"mixed_precision": self.mode}
+
+    @pytest.fixture(autouse=True)
+    def _restore_autocast(self) -> Iterator[None]:
+        """A plugin that leaves autocast on must not leave it on for the tests after this one."""
+        from accel.testing.model_check import autocast_state, restore_autocast
+
+        states = {device: autocast_state(device) for device in ("cpu", "cuda")}
+        yield
+        for device, state in states.items():
+            restore_autocast(device, state)
+
+    def test_takes_part_for_its_mode(self) -> None:
+        kernel = self.kernel()
+        try:
+            component = self._component(kernel)
+            assert f"precision:{self.mode}" in component.provides, (
+                f"the precision component does not declare 'precision:{self.mode}' in provides: {component.provides}"
+            )
+        finally:
+            kernel.end_training()
+
+    def test_autocast_is_scoped_to_the_forward(self) -> None:
+        """Autocast is on inside the forward of a prepared model (as ``kernel.autocast()`` has it) and off
+        everywhere else: after ``Kernel()``, after the forward returns, for the loss, backward and the step."""
+        import torch
+
+        from accel.testing.model_check import Probe, data, loss_of, prepared
+
+        kernel = self.kernel()
+        try:
+            device = kernel.device.type
+            on = []  # the places where autocast is on, outside any forward
+            if torch.is_autocast_enabled(device):
+                on.append("after Kernel() returned")
+            model, optimizer, _ = prepared(kernel, Probe())
+            x, y = data(kernel.device)
+            output = model(x)
+            if torch.is_autocast_enabled(device):
+                on.append("after the prepared model's forward returned")
+            loss = loss_of(output, y)
+            if loss.dtype != torch.float32:
+                on.append(f"for the loss (computed in {loss.dtype})")
+            kernel.backward(loss)
+            if torch.is_autocast_enabled(device):
+                on.append("after kernel.backward(loss)")
+            optimizer.step()
+            optimizer.zero_grad()
+            if torch.is_autocast_enabled(device):
+                on.append("after optimizer.step()")
+            assert not on, (
+                f"autocast leaks outside the forward: it is on {'; '.join(on)}. The precision plugin must turn "
+                "autocast on only in the context its accel_autocast factory makes (the kernel enters it around each "
+                "forward and leaves it when the forward returns), never for the whole process "
+                "(torch.autocast(...).__enter__() without __exit__, torch.set_autocast_enabled)"
+            )
+            inside = kernel.unwrap_model(model).seen[0]
+            with kernel.autocast():
+                expected = (torch.is_autocast_enabled(device), torch.nn.functional.linear(x, x[:1]).dtype)
+            assert inside == expected, (
+                f"the prepared model's forward ran with autocast on={inside[0]} computing in {inside[1]}, while "
+                f"kernel.autocast() gives on={expected[0]} computing in {expected[1]}: the forward of prepared models "
+                "must run under the plugin's autocast"
+            )
+        finally:
+            kernel.end_training()
+
+    def test_gradients_reach_every_parameter(self) -> None:
+        """After ``kernel.backward(loss)`` (and ``unscale_gradients``) every trainable parameter of the user's
+        module holds the gradient float32 gives, within ``tolerance``; the optimizer step then changes it."""
+        import torch
+
+        from accel.testing.model_check import Probe, data, loss_of, prepared, relative_error
+
+        kernel = self.kernel()
+        try:
+            net = Probe()
+            model, optimizer, reference = prepared(kernel, net)
+            x, y = data(kernel.device)
+            kernel.backward(loss_of(model(x), y))
+            kernel.unscale_gradients()
+            loss_of(reference(x), y).backward()
+            params = dict(net.named_parameters())
+            missing = [name for name, p in params.items() if p.requires_grad and p.grad is None]
+            assert not missing, (
+                f"no gradient reached {missing} after kernel.backward(loss): the precision plugin drops gradients "
+                "(run backward of the loss it was given, scaled if need be, through the graph of the forward)"
+            )
+            for name, ref in reference.named_parameters():
+                grad = params[name].grad
+                assert grad is not None and ref.grad is not None
+                error = relative_error(grad, ref.grad)
+                assert torch.isfinite(grad).all() and error <= self.tolerance, (
+                    f"the gradient of {name!r} differs from float32's by {error:.3g} (relative; tolerance "
+                    f"{self.tolerance}): the plugin's gradients are not the loss's (left scaled? scaled twice? "
+                    "lost in a low-precision copy?)"
+                )
+            before = {name: p.detach().clone() for name, p in params.items()}
+            optimizer.step()
+            unchanged = [name for name, p in params.items() if torch.equal(p.detach(), before[name])]
+            assert not unchanged, f"optimizer.step() left {unchanged} unchanged: the step did not reach them"
+        finally:
+            kernel.end_training()
+
+    def test_state_round_trips_through_checkpoints(self, tmp_path: Path) -> None:
+        """The plugin's checkpoint items (``accel_state_items``: a loss scale...) come back from ``load_state`` in
+        a new Kernel as they were saved. The run includes a step whose loss is infinite, so a dynamic loss scale
+        differs from a fresh one."""
+        from accel.testing.model_check import Probe, data, loss_of, prepared, same_state
+
+        saved = self._train_and_save(tmp_path / "checkpoint")
+        kernel = self.kernel()
+        try:
+            model, optimizer, _ = prepared(kernel, Probe())
+            fresh = self._plugin_state(kernel)
+            kernel.load_state(tmp_path / "checkpoint")
+            loaded = self._plugin_state(kernel)
+            assert loaded.keys() == saved.keys(), f"checkpoint items {sorted(saved)} saved, {sorted(loaded)} loaded"
+            for key, state in saved.items():
+                assert same_state(loaded[key], state), (
+                    f"checkpoint item {key!r} of plugin {self.name!r} was saved as {state} and came back from "
+                    f"load_state as {loaded[key]} (a new Kernel starts with {fresh[key]}): its load_state_dict must "
+                    "restore what state_dict returned"
+                )
+            x, y = data(kernel.device)
+            kernel.backward(loss_of(model(x), y))  # training goes on after loading
+            optimizer.step()
+        finally:
+            kernel.end_training()
+
+    def _train_and_save(self, directory: Path) -> dict[str, Any]:
+        from accel.testing.model_check import Probe, data, loss_of, prepared
+
+        kernel = self.kernel()
+        try:
+            model, optimizer, _ = prepared(kernel, Probe())
+            x, y = data(kernel.device)
+            for factor in (1.0, float("inf"), 1.0):
+                kernel.backward(loss_of(model(x), y) * factor)
+                optimizer.step()
+                optimizer.zero_grad()
+            state = self._plugin_state(kernel)
+            kernel.save_state(directory)
+            return state
+        finally:
+            kernel.end_training()
+
+    def _plugin_state(self, kernel: Any) -> dict[str, Any]:
+        """``{key: deep copy of state_dict()}`` of the checkpoint items this plugin gives."""
+        import copy
+
+        from accel.checkpoint.items import collect_items
+
+        return {
+            key: copy.deepcopy(item.obj.state_dict())
+            for key, item in collect_items(kernel).items()
+            if item.provider == self.name
+        }
+
+
+class CompilerConformance(_InProcessChecks):
+    """What a compiler plugin must do: take part for its backend, and compile in place, so that the prepared model
+    computes what the eager model computes, with the same gradients, and training it trains the user's module
+    (``unwrap_model`` returns that module; its state dict keys do not change). Subclass it and set ``name`` and
+    ``backend`` (the ``dynamo_backend`` value it answers); the kernels are built with ``kernel_kwargs()``, by
+    default ``{"dynamo_backend": backend}``."""
+
+    role = "compiler"
+    backend: str = ""
+    tolerance: float = 1e-5
+
+    def kernel_kwargs(self) -> dict[str, Any]:
+        return {"dynamo_backend": self.backend}
+
+    @pytest.fixture(autouse=True)
+    def _fresh_compile_caches(self) -> Iterator[None]:
+        """Every test compiles anew (dynamo's caches would otherwise hold the previous test's code)."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        yield
+        torch._dynamo.reset()
+
+    def test_takes_part_for_its_backend(self) -> None:
+        kernel = self.kernel()
+        try:
+            component = self._component(kernel)
+            assert "compile" in component.provides, f"the compiler does not provide 'compile': {component.provides}"
+        finally:
+            kernel.end_training()
+
+    def test_compiled_model_computes_and_trains_like_the_eager_one(self) -> None:
+        import torch
+
+        from accel.testing.model_check import LR, Net, data, loss_of, prepared, relative_error
+
+        kernel = self.kernel()
+        try:
+            net = Net()
+            keys = list(net.state_dict())
+            model, optimizer, reference = prepared(kernel, net)
+            unwrapped = kernel.unwrap_model(model)
+            assert unwrapped is net, (
+                f"unwrap_model(prepared) returned a {type(unwrapped).__name__}, not the module passed to prepare(): "
+                "compile in place (accel_transform_model), so that the user's module stays the module"
+            )
+            x, y = data(kernel.device)
+            output, expected = model(x), reference(x)
+            error = relative_error(output, expected)
+            assert error <= self.tolerance, f"the compiled model's outputs differ from the eager model's by {error:.3g}"
+            kernel.backward(loss_of(output, y))
+            loss_of(expected, y).backward()
+            params = dict(net.named_parameters())
+            missing = [name for name, p in params.items() if p.grad is None]
+            assert not missing, (
+                f"after kernel.backward(loss) the user's module holds no gradient for {missing}: what the prepared "
+                "model computes with is not the user's module (a copy of the model?); compile in place "
+                "(accel_transform_model, module.compile(...)) so that training the prepared model trains it"
+            )
+            for name, ref in reference.named_parameters():
+                grad = params[name].grad
+                assert grad is not None and ref.grad is not None
+                error = relative_error(grad, ref.grad)
+                assert error <= self.tolerance, f"the gradient of {name!r} differs from the eager one's by {error:.3g}"
+            optimizer.step()
+            with torch.no_grad():
+                for name, ref in reference.named_parameters():
+                    assert ref.grad is not None
+                    error = relative_error(params[name], ref - LR * ref.grad)
+                    assert error <= self.tolerance, (
+                        f"after optimizer.step() the user's {name!r} is not what one SGD step gives ({error:.3g} off)"
+                    )
+            after = list(kernel.get_state_dict(model))
+            assert after == keys, (
+                f"compiling changed the model's state dict keys from {keys} to {after}: checkpoints and save_model "
+                "must keep the user's names (compile in place, no wrapper in the module tree)"
+            )
+        finally:
+            kernel.end_training()
+
+
+class LauncherConformance(_LaunchSettingsChecks, _PluginChecks):
+    """What a launcher plugin (a component that answers ``accel_launch`` and nothing else of training) must do:
+    answer ``accel_launch`` when chosen with ``--plugin NAME``, honour or refuse every launch setting, and start
+    workers that train together (two processes through the strategy that takes part: accel-plugin-ddp by
+    default). Subclass it and set ``name``; override ``registered()`` to train through another strategy."""
+
+    role = "launcher"
+    num_processes: int = 2
+    timeout: float = 240
+
+    def registered(self) -> list[str]:
+        return [self.name, "ddp"]
+
+    def test_dry_run_launches_with_it(self, tmp_path: Path) -> None:
+        script = tmp_path / "train.py"
+        script.write_text("print('never run')\n")
+        proc = run_launch(
+            ["--dry-run", *self.chosen(), str(script)],
+            num_processes=self.num_processes,
+            registered=self.registered(),
+            home=tmp_path,
+        )
+        answer = re.search(r"^  accel_launch: (\S+)", proc.stdout, re.M)
+        assert answer is not None and answer.group(1).split(":")[0] == self.name, (
+            f"with --plugin {self.name}, accel_launch is answered by {answer and answer.group(1)}: a launcher "
+            "answers before the strategy (@hookimpl(tryfirst=True))"
+        )
+
+    @pytest.mark.slow
+    @pytest.mark.multiprocess
+    def test_workers_train_together(self, tmp_path: Path) -> None:
+        """The workers it starts form one run: they train like the strategy suite's two processes."""
+        out = tmp_path / "out"
+        run_launch(
+            [*self.chosen(), "-m", "accel.testing.strategy_check", str(out)],
+            num_processes=self.num_processes,
+            registered=self.registered(),
+            home=tmp_path / "home",
+            timeout=self.timeout,
+        )
+        reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
+        check_training(reports, self.num_processes, 1e-5, True)

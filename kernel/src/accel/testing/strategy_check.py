@@ -5,7 +5,8 @@ data set with gradient accumulation, exercises the collectives, and writes ``OUT
 that the result does not depend on how batches are spread over processes: one optimizer step per epoch whose
 gradient is the full-batch gradient, so the final weights equal :func:`reference_weights`.
 
-It also records, after each micro-batch's backward, the gradients the user's module holds (every process sees other
+It also records which samples the process trained on in the first epoch (each process must get its own share),
+after each micro-batch's backward the gradients the user's module holds (every process sees other
 samples, so they differ between processes until a step synchronises them), and whether ``unwrap_model`` gives back
 the very module object that was prepared.
 """
@@ -97,8 +98,11 @@ def main(argv: list[str]) -> int:
     model, optimizer, loader, evaluation = kernel.prepare(original, optimizer, loader, evaluation)
     steps = 0
     micro_steps = []  # per micro-batch: did it synchronise, and the gradients the user's module held after backward
-    for _ in range(EPOCHS):
+    epoch_targets: list[float] = []  # the samples (their targets) this process trained on in the first epoch
+    for epoch in range(EPOCHS):
         for xb, yb in loader:
+            if epoch == 0:
+                epoch_targets.extend(float(v) for v in yb.flatten().cpu())
             with kernel.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(xb), yb)
                 kernel.backward(loss)
@@ -135,6 +139,7 @@ def main(argv: list[str]) -> int:
         "unwrapped_computes_like_prepared": same_outputs,
         "initial_weights": initial,
         "micro_steps": micro_steps,
+        "epoch_targets": epoch_targets,
         "all_weights": [list(map(float, w)) for w in kernel.gather_object([weights.tolist()])],
         "gathered_targets": sorted(float(v) for v in torch.cat(targets).flatten()),
         "reduce_sum": float(kernel.reduce(rank, "sum").item()),

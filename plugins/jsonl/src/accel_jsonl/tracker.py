@@ -6,12 +6,9 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from accel.spi import Tracker, as_scalar, hookimpl
-
-if TYPE_CHECKING:
-    from accel.spi import KernelView
+from accel.spi import KernelView, Tracker, as_scalar, hookimpl
 
 
 def _plain(value: Any) -> Any:

@@ -52,6 +52,7 @@ NOT_HONOURED = (
     "log_dir",
     "role",
     "enable_cpu_affinity",
+    "num_cpu_threads_per_process",
 )
 
 
@@ -73,6 +74,8 @@ class XLALaunch:
 def plan(settings: Settings) -> XLALaunch:
     """Check the launch options and decide the launch; raise UsageError (one line) before anything starts."""
     refused = unhonoured_launch_settings(settings, NOT_HONOURED)
+    if settings.get("main_process_port"):  # PJRT picks its own ports
+        refused.append(f"main_process_port={settings['main_process_port']!r}")
     if refused:
         raise UsageError(
             f"the xla plugin does not carry out {', '.join(refused)} (torch_xla.launch starts one "
