@@ -20,9 +20,7 @@ from accel.options import Settings
 if TYPE_CHECKING:
     import torch
 
-    # KernelView once plugins/parallel (branch sharded) overrides accel_topology with a KernelView argument: a
-    # subclass may not narrow an argument's type, and today it annotates it with Kernel
-    from accel.kernel import Kernel
+    from accel.contract import KernelView
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -350,25 +348,25 @@ class ProcessGroupComponent(Component):
     local_world = 1
 
     @hookimpl
-    def accel_topology(self, kernel: Kernel) -> Topology:
+    def accel_topology(self, kernel: KernelView) -> Topology:
         import torch.distributed as dist
 
         return Topology(dist.get_rank(), dist.get_world_size(), self.local_rank, self.local_world)
 
     @hookimpl
-    def accel_device(self, kernel: Kernel) -> torch.device:
+    def accel_device(self, kernel: KernelView) -> torch.device:
         return self.device
 
     @hookimpl
-    def accel_collectives(self, kernel: Kernel) -> TorchDistributed:
+    def accel_collectives(self, kernel: KernelView) -> TorchDistributed:
         return TorchDistributed(kernel.topology.num_processes)
 
     @hookimpl
-    def accel_end_training(self, kernel: Kernel) -> None:
+    def accel_end_training(self, kernel: KernelView) -> None:
         if self.owns_process_group:
             barrier_if_initialized()
 
     @hookimpl
-    def accel_teardown(self, kernel: Kernel) -> None:
+    def accel_teardown(self, kernel: KernelView) -> None:
         if self.owns_process_group:
             destroy_process_group()
