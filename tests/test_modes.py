@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -107,7 +108,9 @@ def test_misspelt_mode_names_the_installed_providers(installed: Path) -> None:
     with pytest.raises(UsageError) as err:
         Kernel(mixed_precision="int9")
     message = str(err.value)
-    assert message.startswith("Kernel(mixed_precision=...) must be no or a precision mode a plugin provides, got 'int9'")
+    assert message.startswith(
+        "Kernel(mixed_precision=...) must be no or a precision mode a plugin provides, got 'int9'"
+    )
     assert "int8q: int8" in message and "amp: bf16, fp16, fp8" in message
     assert message.endswith("did you mean `int8`?") and "\n" not in message
 
@@ -146,7 +149,10 @@ def test_misspelt_backend_without_dynamo_is_one_line(installed: Path, monkeypatc
     assert "must be no or a compile mode a plugin provides, got 'graphcnt'" in message
     assert "(installed providers: graphcount: graphcount)" in message  # dynamo is installed (disabled): no hint
     assert message.endswith("did you mean `graphcount`?")
-    with pytest.raises(UsageError, match=r"needs a plugin that provides 'compile:inductor', .* plugin 'dynamo' is installed but disabled"):
+    with pytest.raises(
+        UsageError,
+        match=r"needs a plugin that provides 'compile:inductor', .* plugin 'dynamo' is installed but disabled",
+    ):
         Kernel(dynamo_backend="inductor")
 
 
@@ -187,6 +193,32 @@ def test_implementation_of_an_absent_hook_is_refused_unless_optional(installed: 
     with_spec = PluginManager()
     with_spec.add_hookspecs(hookspecs)
     assert class_problem(Strict, with_spec) is None
+
+
+# ---- accel config's menus -----------------------------------------------------------------------------------
+
+
+def test_config_menus_offer_the_modes_plugins_declare(installed: Path) -> None:
+    from accel.commands.questionnaire import Questionnaire
+    from accel.spi import Question
+
+    answers = {"use_dynamo": "yes", "dynamo_backend": "graphcount", "mixed_precision": "int8"}
+    offered: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+
+    def ask(q: Question, disabled: dict[str, str]) -> object:
+        offered[q.key] = (q.choices, dict(disabled))
+        return answers.get(q.key, q.default)
+
+    plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp,amp,int8q,graphcount"})
+    questionnaire = Questionnaire(plugins, ask, env={})
+    questionnaire.run()
+    backends, backend_disabled = offered["dynamo_backend"]
+    assert backends[0] == "inductor" and "graphcount" in backends
+    assert "graphcount" not in backend_disabled and "plugin 'dynamo' is disabled" in backend_disabled["inductor"]
+    precisions, precision_disabled = offered["mixed_precision"]
+    assert {"no", "int8", "fp16", "bf16", "fp8"} <= set(precisions) and "int8" not in precision_disabled
+    data = questionnaire.config_data()
+    assert data["mixed_precision"] == "int8" and data["dynamo_config"] == {"dynamo_backend": "graphcount"}
 
 
 # ---- the command line ----------------------------------------------------------------------------------------
@@ -258,3 +290,18 @@ def test_new_mode_and_added_hook_on_two_processes(tmp_path: Path, env: dict[str,
     for rank in (0, 1):
         assert f"RANK {rank}/2 mode=int8 quantised=True changed=True" in result.stdout, result
         assert f"[shout] ECHO LINEAR on process {rank}" in result.stdout, result
+
+
+@pytest.mark.parametrize("args", [["--help"], ["launch", "--help"], ["plugins", "--json"]])
+def test_modes_are_known_without_importing_torch(env: dict[str, str], args: list[str]) -> None:
+    result = run(args, env, python_flags=("-X", "importtime"))
+    assert result.returncode == 0, result
+    imported = [
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    ]
+    if args != ["--help"]:  # the plugins were loaded and their component classes read
+        assert "accel_int8q.precision" in imported and "accel_graphcount.compiler" in imported
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+    if args == ["plugins", "--json"]:
+        provides = {row["name"]: row["provides"] for row in json.loads(result.stdout)}
+        assert provides["int8q"] == ["precision:int8"] and provides["graphcount"] == ["compile:graphcount"]

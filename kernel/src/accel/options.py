@@ -165,7 +165,7 @@ class Modes:
     declared: Mapping[str, frozenset[str]] | None = None
 
     def installed(self) -> dict[str, list[str]]:
-        """Installed plugin -> its modes of this kind (plugins with none left out)."""
+        """Installed plugin -> its modes of this kind, sorted (plugins with none left out)."""
         return {name: modes for name, caps in (self.declared or {}).items() if (modes := modes_of(caps, self.kind))}
 
     def published(self) -> dict[str, list[str]]:
@@ -178,32 +178,35 @@ class Modes:
         }
 
     def known(self) -> list[str]:
-        """Every mode named: declared by installed plugins, provided by published ones, then those the capability
-        without a mode is known to cover (``generic_modes`` of ``known_plugins.json``), once each."""
+        """Every mode named, once each: those of ``known_plugins.json``'s ``modes`` (in menu order; for
+        ``compile``, backends ``compile`` covers), those installed plugins declare, those published plugins
+        provide."""
         known = known_plugins()
-        named = [m for modes in self.installed().values() for m in modes]
+        named = list(known["modes"].get(self.kind, []))
+        named += [m for modes in self.installed().values() for m in modes]
         named += [m for info in known["plugins"].values() for m in modes_of(info["provides"], self.kind)]
-        named += known["generic_modes"].get(self.kind, [])
         return list(dict.fromkeys(m for m in named if m != ANY))
 
     def coerce(self, value: str, raw: Any, label: str) -> str:
-        """``value`` in its declared spelling (``"BF16"`` -> ``"bf16"``), or a UsageError starting with ``label``
-        naming the installed providers and their modes and the packages that would add more."""
-        if value.lower() == "no":
-            return "no"
-        if self.declared is None:
+        """``value`` if accepted, or a UsageError starting with ``label`` naming the installed providers and their
+        modes and the packages that would add more. The spelling is folded to the declared one (``"BF16"`` ->
+        ``"bf16"``), except where a plugin provides every mode of this kind (``compile``: accel-plugin-dynamo,
+        which reads Accelerate's ``INDUCTOR`` itself): there only the modes installed plugins name are folded."""
+        key = value.lower()
+        installed = self.installed()
+        spelling = {"no": "no", **{m.lower(): m for m in self.known()}}
+        named = {m.lower() for modes in installed.values() for m in modes}
+        every = any(ANY in modes for modes in installed.values())  # an installed plugin checks any value itself
+        owned = every or any(self.kind in info["provides"] for info in known_plugins()["plugins"].values())
+        if key in spelling and (not owned or key in named):
+            return spelling[key]
+        if key in spelling or self.declared is None or every:
             return value
-        spelling = {m.lower(): m for m in self.known()}
-        if value.lower() in spelling:
-            return spelling[value.lower()]
-        if any(ANY in modes for modes in self.installed().values()):
-            return value  # a plugin that provides every mode checks it (accel-plugin-dynamo: torch's backends)
-        installed = "; ".join(f"{name}: {', '.join(modes)}" for name, modes in self.installed().items())
+        providers = "; ".join(f"{name}: {', '.join(modes)}" for name, modes in installed.items())
         more = ", ".join(f"{dist} ({', '.join(modes)})" for dist, modes in self.published().items())
         raise UsageError(
             f"{label} must be no or a {self.kind} mode a plugin provides, got {raw!r} (installed providers: "
-            f"{installed or 'none'}{'; more with pip install ' + more if more else ''})"
-            f"{did_you_mean(value.lower(), spelling)}"
+            f"{providers or 'none'}{'; more with pip install ' + more if more else ''}){did_you_mean(key, spelling)}"
         )
 
 

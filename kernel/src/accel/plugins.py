@@ -37,8 +37,8 @@ from accel.options import (
     did_you_mean,
     install_hint,
     known_capabilities,
-    provides,
     providers_of,
+    provides,
 )
 
 GROUP = "accel"
@@ -194,8 +194,8 @@ class Plugins:
             try:
                 one(pluginmanager=pm)
             except pluggy.PluginValidationError as exc:
-                blamed = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
-                cls._refuse(pm, *blamed, f"invalid hook implementation: {exc}")
+                bad_rec, bad_module = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
+                cls._refuse(pm, bad_rec, bad_module, f"invalid hook implementation: {exc}")
             except (Exception, SystemExit) as exc:
                 cls._refuse(pm, rec, module, f"accel_add_hookspecs failed: {describe_exception(exc)}")
 

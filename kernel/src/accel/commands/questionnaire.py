@@ -18,8 +18,8 @@ from accel.options import (
     Options,
     install_hint,
     known_plugins,
-    provides,
     providers_of,
+    provides,
 )
 from accel.plugins import Plugins
 
@@ -297,9 +297,7 @@ class Questionnaire:
                     choices=backends,
                     default=backends[0],
                 ),
-                disabled={
-                    b: reason for b in backends if (reason := capability_missing(self.plugins, f"compile:{b}"))
-                },
+                disabled={b: reason for b in backends if (reason := capability_missing(self.plugins, f"compile:{b}"))},
             )
         else:
             self.answers.setdefault("dynamo_backend", "no")
