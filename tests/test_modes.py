@@ -195,6 +195,46 @@ def test_implementation_of_an_absent_hook_is_refused_unless_optional(installed: 
     assert class_problem(Strict, with_spec) is None
 
 
+def test_bad_added_hooks_fail_only_their_plugin() -> None:
+    """A plugin whose accel_add_hookspecs raises is failed; an implementation (registered before the spec existed)
+    that the new spec finds invalid fails its own plugin, not the one adding the spec."""
+    import types
+
+    import pluggy
+
+    from accel.spi import hookspec
+
+    specs = types.SimpleNamespace(accel_a_words=hookspec(lambda kernel: None))
+
+    def module(name: str, **functions: object) -> types.ModuleType:
+        mod = types.ModuleType(name)
+        for fname, fn in functions.items():
+            setattr(mod, fname, hookimpl(fn))
+        return mod
+
+    def add(pluginmanager: pluggy.PluginManager) -> None:
+        pluginmanager.add_hookspecs(specs)
+
+    def broken(pluginmanager: pluggy.PluginManager) -> None:
+        raise RuntimeError("no specs today")
+
+    def words(kernel: object, colour: object) -> list[str]:  # `colour` is not an argument of the spec
+        return []
+
+    plugins = Plugins.load(
+        env={"ACCEL_PLUGINS": ""},
+        extra=[
+            ("b", module("b", accel_a_words=words)),
+            ("a", module("a", accel_add_hookspecs=add)),
+            ("c", module("c", accel_add_hookspecs=broken)),
+        ],
+    )
+    status = {r.name: (r.status, r.reason) for r in plugins.all_records}
+    assert status["a"] == ("loaded", "")
+    assert status["b"][0] == "failed" and "invalid hook implementation" in status["b"][1] and "colour" in status["b"][1]
+    assert status["c"] == ("failed", "accel_add_hookspecs failed: RuntimeError: no specs today")
+
+
 # ---- accel config's menus -----------------------------------------------------------------------------------
 
 

@@ -57,7 +57,11 @@ class PluginManager(pluggy.PluginManager):
     def add_hookspecs(self, module_or_class: Any) -> None:
         """pluggy's ``add_hookspecs``, remembering the specifications (so component classes are checked against
         them too, :func:`accel.plugins.class_problem`)."""
-        super().add_hookspecs(module_or_class)
+        try:
+            super().add_hookspecs(module_or_class)
+        except pluggy.PluginValidationError:  # the specs are added; an implementation registered earlier is invalid
+            self.plugin_specs.append(module_or_class)
+            raise
         self.plugin_specs.append(module_or_class)
 
     def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
