@@ -5,7 +5,7 @@
   int8 -n 2``; a misspelt mode is one line naming the installed providers; without the plugin ``int8`` is unknown.
 - accel-plugin-graphcount declares ``compile:graphcount``: ``dynamo_backend=graphcount`` compiles with it, also
   where accel-plugin-dynamo (``compile``: every backend) is installed.
-- accel-plugin-shout adds a hook (``accel_add_hookspecs``) that accel-plugin-echo implements (registered first).
+- accel-plugin-shout adds a hook (``accel_hookspecs``) that accel-plugin-echo implements (registered first).
 """
 
 from __future__ import annotations
@@ -195,28 +195,16 @@ def test_implementation_of_an_absent_hook_is_refused_unless_optional(installed: 
     assert class_problem(Strict, with_spec) is None
 
 
-def test_bad_added_hooks_fail_only_their_plugin() -> None:
-    """A plugin whose accel_add_hookspecs raises is failed; an implementation (registered before the spec existed)
-    that the new spec finds invalid fails its own plugin, not the one adding the spec."""
+def test_bad_added_hooks_fail_only_their_plugin(installed: Path) -> None:
+    """An ``accel_hookspecs`` entry that does not import fails its plugin; an implementation (registered before the
+    spec existed) that the added spec finds invalid fails its own plugin, not the one adding the spec."""
     import types
 
-    import pluggy
-
-    from accel.spi import hookspec
-
-    specs = types.SimpleNamespace(accel_a_words=hookspec(lambda kernel: None))
-
-    def module(name: str, **functions: object) -> types.ModuleType:
+    def module(name: str, **attributes: object) -> types.ModuleType:
         mod = types.ModuleType(name)
-        for fname, fn in functions.items():
-            setattr(mod, fname, hookimpl(fn))
+        for key, value in attributes.items():
+            setattr(mod, key, hookimpl(value) if callable(value) else value)
         return mod
-
-    def add(pluginmanager: pluggy.PluginManager) -> None:
-        pluginmanager.add_hookspecs(specs)
-
-    def broken(pluginmanager: pluggy.PluginManager) -> None:
-        raise RuntimeError("no specs today")
 
     def words(kernel: object, colour: object) -> list[str]:  # `colour` is not an argument of the spec
         return []
@@ -224,15 +212,18 @@ def test_bad_added_hooks_fail_only_their_plugin() -> None:
     plugins = Plugins.load(
         env={"ACCEL_PLUGINS": ""},
         extra=[
-            ("b", module("b", accel_a_words=words)),
-            ("a", module("a", accel_add_hookspecs=add)),
-            ("c", module("c", accel_add_hookspecs=broken)),
+            ("b", module("b", accel_shout_words=words)),
+            ("a", module("a", accel_hookspecs=["accel_shout.hookspecs"])),
+            ("c", module("c", accel_hookspecs=["accel_nowhere.hookspecs"])),
         ],
     )
     status = {r.name: (r.status, r.reason) for r in plugins.all_records}
     assert status["a"] == ("loaded", "")
     assert status["b"][0] == "failed" and "invalid hook implementation" in status["b"][1] and "colour" in status["b"][1]
-    assert status["c"] == ("failed", "accel_add_hookspecs failed: RuntimeError: no specs today")
+    assert status["c"] == (
+        "failed",
+        "accel_hookspecs 'accel_nowhere.hookspecs': ModuleNotFoundError: No module named 'accel_nowhere'",
+    )
 
 
 # ---- accel config's menus -----------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ class KernelView(Protocol):
 
     @property
     def hook(self) -> pluggy.HookRelay:
-        """pluggy's hook relay: how a component calls the hooks its plugin added (``accel_add_hookspecs``),
+        """pluggy's hook relay: how a component calls the hooks its plugin added (``accel_hookspecs``),
         ``kernel.hook.accel_<plugin>_<what>(kernel=kernel, ...)``."""
 
     @property

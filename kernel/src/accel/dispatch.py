@@ -50,7 +50,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
         self.monitors = 0
-        #: the hook specifications plugins added (``accel_add_hookspecs``), after the contract's own
+        #: the hook specifications plugins added (``accel_hookspecs``), after the contract's own
         self.plugin_specs: list[Any] = []
         super().add_hookspecs(hookspecs)
 

@@ -19,8 +19,7 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``,
-   ``accel_add_hookspecs``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``) are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that
@@ -34,6 +33,18 @@ that does is refused, naming the plugin, the hook and the argument. Misspelt hoo
 plugin. Both are checked when plugins are discovered, for the module and for the component classes it lists in
 ``accel_components`` (``accel plugins`` shows such a plugin as failed), and again for each component ``Kernel()``
 registers.
+
+Plugins may add hooks of their own (pytest's ``pytest_addhooks``, declared rather than called): a plugin module lists
+them in ``accel_hookspecs``, strings ``"package.module"`` or ``"package.module:Class"`` naming modules or classes whose
+functions are marked ``@accel.spi.hookspec`` (name the hooks ``accel_<plugin>_<what>``). They are added when plugins
+are discovered, after every plugin module is imported and registered and before any implementation (module level or
+``accel_components`` class) is checked, so plugin B may implement a hook of plugin A whatever order they load in;
+an ``accel_hookspecs`` entry that fails to import, or that holds no hook, marks its plugin failed. Added hooks are
+runtime hooks: components implement them, and A's component calls them through the kernel's hook relay,
+``kernel.hook.accel_a_what(kernel=kernel, ...)``, by pluggy's rules (the first answer for a
+``@hookspec(firstresult=True)``, else the list of every answer). An implementation of a hook whose plugin may be
+absent (not installed, or disabled) is marked ``@hookimpl(optionalhook=True)``; without the mark it is refused as
+an unknown hook when that plugin is absent.
 
 Roles are declared, never negotiated through call order:
 
@@ -76,7 +87,6 @@ DISCOVERY_HOOKS = (
     "accel_config_questions",
     "accel_unavailable_reason",
     "accel_estimate_memory",
-    "accel_add_hookspecs",
 )
 
 
@@ -94,24 +104,6 @@ def accel_add_options(options: Options) -> None:
     ``check=fn`` adds a test of the converted value (``fn(value)`` returns what is wrong, or ``None``).
     A name declared twice (by two plugins) is an error naming both. A plugin whose implementation raises anything
     else is marked failed and left out with every option it declared; runs that do not ask for it go on.
-    """
-
-
-@hookspec
-def accel_add_hookspecs(pluginmanager: pluggy.PluginManager) -> None:
-    """Add the plugin's own hooks, as pytest's ``pytest_addhooks``: ``pluginmanager.add_hookspecs(my_hookspecs)``,
-    a module or class whose functions are marked ``@accel.spi.hookspec`` (name them ``accel_<plugin>_<what>``).
-
-    When: each time plugins are loaded, after every plugin module is imported and registered and before any
-    plugin's implementations (module level and ``accel_components`` classes) are checked, so plugin B may
-    implement a hook plugin A adds whatever their order. Who: every plugin module, at module level. Returns nothing.
-    An exception raised here marks the plugin failed.
-
-    Added hooks are runtime hooks: components implement them (at module level one is refused like any runtime
-    hook), and A's component calls them through the kernel's hook relay, ``kernel.hook.accel_a_what(kernel=kernel,
-    ...)``, by pluggy's rules (the first answer with ``@hookspec(firstresult=True)``, else the list of every answer).
-    An implementation of a hook whose plugin may be absent (A not installed, or disabled) is marked
-    ``@hookimpl(optionalhook=True)``; without the mark it is refused as an unknown hook when A is absent.
     """
 
 

@@ -301,7 +301,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     @property
     def hook(self) -> pluggy.HookRelay:
         """pluggy's hook relay of this run: ``kernel.hook.accel_<plugin>_<what>(kernel=kernel, ...)`` calls a hook a
-        plugin added (``accel_add_hookspecs``) on every active component that implements it."""
+        plugin added (``accel_hookspecs``) on every active component that implements it."""
         return self.plugins.pm.hook
 
     @property

@@ -17,6 +17,7 @@ No torch import here.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -185,19 +186,22 @@ class Plugins:
 
     @classmethod
     def _add_hookspecs(cls, pm: pluggy.PluginManager, registered: list[tuple[PluginRecord, Any]]) -> None:
-        """Ask each registered module's ``accel_add_hookspecs`` to add its hooks; one that raises is refused (an
-        implementation registered earlier that a new spec finds invalid: its plugin is refused)."""
-        for one in each_implementation(pm, "accel_add_hookspecs"):
-            rec, module = next(((r, m) for r, m in registered if m is one.plugin), (None, None))
-            if rec is None:
-                continue
-            try:
-                one(pluginmanager=pm)
-            except pluggy.PluginValidationError as exc:
-                bad_rec, bad_module = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
-                cls._refuse(pm, bad_rec, bad_module, f"invalid hook implementation: {exc}")
-            except (Exception, SystemExit) as exc:
-                cls._refuse(pm, rec, module, f"accel_add_hookspecs failed: {describe_exception(exc)}")
+        """Add the hooks each registered module names in ``accel_hookspecs`` (``"package.module[:Class]"``). An
+        entry that fails to import or holds no hook fails its plugin; an implementation registered earlier that an
+        added spec finds invalid fails the implementing plugin."""
+        for rec, module in registered:
+            for spec in getattr(module, "accel_hookspecs", ()):
+                if rec.status != "loaded":
+                    break
+                try:
+                    mod_name, _, attr = str(spec).partition(":")
+                    target = importlib.import_module(mod_name)
+                    pm.add_hookspecs(getattr(target, attr) if attr else target)
+                except pluggy.PluginValidationError as exc:
+                    bad_rec, bad_module = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
+                    cls._refuse(pm, bad_rec, bad_module, f"invalid hook implementation: {exc}")
+                except (Exception, SystemExit) as exc:
+                    cls._refuse(pm, rec, module, f"accel_hookspecs {spec!r}: {describe_exception(exc)}")
 
     @classmethod
     def _check_module(cls, pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
@@ -559,7 +563,7 @@ def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | 
 def class_problem(cls: type, pm: pluggy.PluginManager | None = None) -> str | None:
     """:func:`contract_problem` for a component class, found by registering the class itself in a scratch manager
     (pluggy reads the same methods from the class as from its instances) that has the hooks plugins added to
-    ``pm`` (``accel_add_hookspecs``)."""
+    ``pm`` (``accel_hookspecs``)."""
     scratch = PluginManager()
     for specs in getattr(pm, "plugin_specs", ()):
         scratch.add_hookspecs(specs)

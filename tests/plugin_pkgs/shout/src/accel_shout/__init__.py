@@ -1,25 +1,17 @@
 """accel-plugin-shout: a plugin that adds a hook of its own, as pytest's ``pytest_addhooks``.
 
-``accel_add_hookspecs`` adds ``accel_shout_words`` (:mod:`accel_shout.hookspecs`); when selected, its component
-asks every active component for words through the kernel's hook relay when a model is prepared, and prints them.
-No torch import here.
+``accel_hookspecs`` names the module of its hook, ``accel_shout_words`` (:mod:`accel_shout.hookspecs`); when
+selected, its component asks every active component for words through the kernel's hook relay when a model is
+prepared, and prints them. No torch import here.
 """
 
 from __future__ import annotations
-
-import pluggy
 
 from accel.spi import Component, Settings, hookimpl
 
 NAME = "shout"
 accel_components = ["accel_shout.component:Shouter"]
-
-
-@hookimpl
-def accel_add_hookspecs(pluginmanager: pluggy.PluginManager) -> None:
-    from accel_shout import hookspecs
-
-    pluginmanager.add_hookspecs(hookspecs)
+accel_hookspecs = ["accel_shout.hookspecs"]
 
 
 @hookimpl
