@@ -273,7 +273,9 @@ def test_dynamo_config_needs_a_compile_plugin(env, tmp_path):
         + "dynamo_config:\n  dynamo_backend: INDUCTOR\n  dynamo_mode: default\n  dynamo_use_fullgraph: false\n"
     )
     line = one_error(
-        run(["launch", "--config_file", write(tmp_path, text), PROBE], env), "dynamo_backend=INDUCTOR", "'compile'"
+        run(["launch", "--config_file", write(tmp_path, text), PROBE], env),
+        "dynamo_backend=INDUCTOR",
+        "provides 'compile:INDUCTOR'",
     )
     assert line.endswith(hint("dynamo")), line
     text = SINGLE_NO + "dynamo_config:\n  dynamo_backend: 'NO'\n"

@@ -108,7 +108,7 @@ def test_config_multi_cpu_through_a_terminal(env: dict[str, str], tmp_path: Path
     term.child.send("\r")
     term.answer("How many processes should be used", CLEAR + "2\r")
     precision = term.menu("Do you wish to use mixed precision", r"fp8 \(needs a plugin: pip install accel-plugin-amp\)")
-    assert "fp16 (needs a plugin: pip install accel-plugin-amp)" in precision
+    assert "fp16 (needs a plugin: pip install accel-plugin-deepspeed or pip install accel-plugin-amp)" in precision
     term.child.send("\r")
     code, out = term.finish()
     assert code == 0, out

@@ -164,7 +164,6 @@ class TestTheModeByName(TestTmplPrecisionConformance):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs open modes (branch modes)")
 def test_the_precision_template_adds_a_mode(tmp_path: Path, fresh_env: Path, installed: Callable[[str], Path]) -> None:
     """The generated precision plugin's mode works as Kernel(mixed_precision=...), as accel launch
     --mixed_precision ..., and passes the precision suite when chosen by that mode."""

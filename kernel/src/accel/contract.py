@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import pluggy
     import torch
 
     from accel.options import Settings
@@ -24,7 +25,12 @@ class Component:
       ``"precision"`` (at most one active of each), or any other word (``"tracker"``) for roles that may repeat.
       Hooks are asked in role order: strategy, compiler, precision, the rest, then the kernel's defaults.
     - ``provides``: capabilities it realises, checked against what the settings ask for: ``"distributed"`` (more
-      than one process), ``"precision:bf16"`` / ``"precision:fp16"`` / ``"precision:fp8"``, ``"compile"``.
+      than one process), ``"precision:<mode>"`` (``mixed_precision=<mode>``: ``bf16``, ``fp16``, ``fp8`` or a mode
+      of its own), ``"compile:<backend>"`` (``dynamo_backend=<backend>``) or ``"compile"`` (every backend
+      ``torch.compile`` has), ``"sharding"``, ``"tracker:<name>"``. Read at discovery from the classes listed in
+      ``accel_components``: ``mixed_precision``/``dynamo_backend`` accept the modes installed plugins declare there.
+      A mode declared by name is its declarer's: for ``dynamo_backend=x``, plugins declaring only ``"compile"`` are
+      not asked ``accel_activate`` while an installed plugin declares ``"compile:x"`` (unless selected).
     - ``name`` is filled in by the kernel with the plugin's name.
     """
 
@@ -187,6 +193,11 @@ class KernelView(Protocol):
     @property
     def components(self) -> list[Component]:
         """The active plugin components, in the order hooks ask them."""
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        """pluggy's hook relay: how a component calls the hooks its plugin added (``accel_hookspecs``),
+        ``kernel.hook.accel_<plugin>_<what>(kernel=kernel, ...)``."""
 
     @property
     def mixed_precision(self) -> str:

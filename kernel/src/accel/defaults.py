@@ -101,7 +101,7 @@ def accel_prepare_training(
 ) -> tuple[list[Any], list[Any], list[Any]]:
     # A strategy written for 0.1.0 answers the deprecated accel_wrap_model/accel_wrap_optimizer instead (they stay
     # hooks until their removal, accel.deprecations); with nobody answering them this is the plain placement.
-    hook = kernel.plugins.pm.hook
+    hook = kernel.hook
     placed, adapted = [], []
     for model in models:
         answer = hook.accel_wrap_model(kernel=kernel, model=model)

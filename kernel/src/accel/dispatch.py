@@ -49,8 +49,20 @@ class PluginManager(pluggy.PluginManager):
 
     def __init__(self) -> None:
         super().__init__(hookspecs.PROJECT)
-        self.add_hookspecs(hookspecs)
         self.monitors = 0
+        #: the hook specifications plugins added (``accel_hookspecs``), after the contract's own
+        self.plugin_specs: list[Any] = []
+        super().add_hookspecs(hookspecs)
+
+    def add_hookspecs(self, module_or_class: Any) -> None:
+        """pluggy's ``add_hookspecs``, remembering the specifications (so component classes are checked against
+        them too, :func:`accel.plugins.class_problem`)."""
+        try:
+            super().add_hookspecs(module_or_class)
+        except pluggy.PluginValidationError:  # the specs are added; an implementation registered earlier is invalid
+            self.plugin_specs.append(module_or_class)
+            raise
+        self.plugin_specs.append(module_or_class)
 
     def add_hookcall_monitoring(self, before: Any, after: Any) -> Callable[[], None]:
         undo = super().add_hookcall_monitoring(before, after)

@@ -34,6 +34,18 @@ plugin. Both are checked when plugins are discovered, for the module and for the
 ``accel_components`` (``accel plugins`` shows such a plugin as failed), and again for each component ``Kernel()``
 registers.
 
+Plugins may add hooks of their own (pytest's ``pytest_addhooks``, declared rather than called): a plugin module lists
+them in ``accel_hookspecs``, strings ``"package.module"`` or ``"package.module:Class"`` naming modules or classes whose
+functions are marked ``@accel.spi.hookspec`` (name the hooks ``accel_<plugin>_<what>``). They are added when plugins
+are discovered, after every plugin module is imported and registered and before any implementation (module level or
+``accel_components`` class) is checked, so plugin B may implement a hook of plugin A whatever order they load in;
+an ``accel_hookspecs`` entry that fails to import, or that holds no hook, marks its plugin failed. Added hooks are
+runtime hooks: components implement them, and A's component calls them through the kernel's hook relay,
+``kernel.hook.accel_a_what(kernel=kernel, ...)``, by pluggy's rules (the first answer for a
+``@hookspec(firstresult=True)``, else the list of every answer). An implementation of a hook whose plugin may be
+absent (not installed, or disabled) is marked ``@hookimpl(optionalhook=True)``; without the mark it is refused as
+an unknown hook when that plugin is absent.
+
 Roles are declared, never negotiated through call order:
 
 - A strategy that realises a precision itself (FSDP's ``MixedPrecisionPolicy``, DeepSpeed's bf16/fp16 engine, XLA's

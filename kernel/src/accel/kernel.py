@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import pluggy
 import torch
 
 from accel.compat import (
@@ -57,7 +58,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     ``kernel.backward(loss)``; the same script runs on one CPU process or many, with any installed plugin.
 
     Arguments (all optional; ``None`` means "from ``accel launch``/environment/default"):
-    ``mixed_precision`` ("no", "fp16", "bf16", "fp8"), ``gradient_accumulation_steps``, ``cpu``, ``log_with``,
+    ``mixed_precision`` ("no", "fp16", "bf16", "fp8" or another mode a plugin provides), ``gradient_accumulation_steps``, ``cpu``, ``log_with``,
     ``project_dir``, ``dynamo_backend``, ``plugins`` (names to select), ``even_batches`` (default True),
     ``extra_plugins`` ((name, module-or-object) pairs registered without entry points, for tests),
     ``project_config`` (:class:`accel.ProjectConfiguration`: checkpoint naming and retention), ``kwargs_handlers``
@@ -186,7 +187,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
 
     @property
     def mixed_precision(self) -> str:
-        """The ``mixed_precision`` setting: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``."""
+        """The ``mixed_precision`` setting: ``"no"`` or a mode a plugin provides (``"fp16"``, ``"bf16"``, ``"fp8"``...)."""
         return self.settings.mixed_precision
 
     @property
@@ -296,6 +297,12 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
     def components(self) -> list[Any]:
         """The active plugin components, in the order hooks ask them."""
         return list(self.plugins.components)
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        """pluggy's hook relay of this run: ``kernel.hook.accel_<plugin>_<what>(kernel=kernel, ...)`` calls a hook a
+        plugin added (``accel_hookspecs``) on every active component that implements it."""
+        return self.plugins.pm.hook
 
     @property
     def sync_gradients(self) -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 
 from accel.distributed import free_port
 from accel.errors import UsageError
-from accel.options import Options, Settings, core_options
+from accel.options import Settings
 from accel.processes import die_with_parent, elastic_signals, quiet_torch_elastic, stop_signals, stopped_line
 
 CUDA_FORK_ERROR = "Cannot re-initialize CUDA in forked subprocess"
@@ -130,9 +130,11 @@ def environment(values: Mapping[str, str | None]) -> Iterator[None]:
 
 
 def handed_settings(mixed_precision: str | None, cpu: bool | None) -> dict[str, str]:
-    """``ACCEL_CONFIG`` for the processes: what is already there plus these settings, checked like any option."""
-    options = Options()
-    core_options(options)
+    """``ACCEL_CONFIG`` for the processes: what is already there plus these settings, checked like any option (a
+    mixed precision mode against the installed plugins')."""
+    from accel.plugins import Plugins
+
+    options = Plugins.load().options()
     try:
         handed = json.loads(os.environ.get("ACCEL_CONFIG") or "{}")
     except ValueError:

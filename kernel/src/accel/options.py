@@ -53,6 +53,9 @@ class Option:
     #: Optional further check of the converted value: returns what is wrong (``"is not an IP address or host
     #: name"``) or None. Applied wherever the value comes from (flag, file, environment, argument, question).
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)
+    #: A mode setting (``mixed_precision``: ``"precision"``, ``dynamo_backend``: ``"compile"``): ``"no"`` or a mode of
+    #: this kind that a plugin provides (:class:`Modes`).
+    modes: Modes | None = field(default=None, compare=False)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -109,11 +112,13 @@ class Option:
                 raise UsageError(f"{bad} expects a mapping, got {raw!r}")
             value = dict(raw)
         else:
-            if raw is False and self.choices and "no" in {c.lower() for c in self.choices}:
+            if raw is False and (self.modes or (self.choices and "no" in {c.lower() for c in self.choices})):
                 raw = "no"  # YAML 1.1 reads an unquoted `no` (or `NO`) as False
             if raw is None or isinstance(raw, (dict, list)):
                 raise UsageError(f"{bad} expects a string, got {raw!r}")
             value = str(raw)
+        if self.modes is not None:
+            value = self.modes.coerce(value, raw, bad)
         if self.choices is not None:
             folded = {c.lower(): c for c in self.choices}
             key = str(value).lower()
@@ -134,12 +139,85 @@ class Option:
         return value
 
 
+#: How a mode appears among the modes of a capability declared without one (``"compile"``: every backend).
+ANY = "any"
+
+
+def modes_of(provides: Iterable[str], kind: str) -> list[str]:
+    """The modes of capability ``kind`` among ``provides``, sorted: ``["bf16", "fp16"]`` for
+    ``{"precision:fp16", "precision:bf16"}``; :data:`ANY` for ``kind`` itself (``"compile"``: every mode)."""
+    return sorted(ANY if cap == kind else cap.partition(":")[2] for cap in provides if cap.partition(":")[0] == kind)
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The values of a mode setting: ``"no"`` or a mode of capability ``kind`` (``precision:<mode>``) that some plugin
+    provides. Plugins declare modes in their component classes' ``provides`` (read at discovery);
+    ``"compile"`` without a mode means every backend ``torch.compile`` has.
+
+    ``declared``: what the component classes of each installed plugin provide (name -> capabilities; nothing for
+    one that is disabled or failed), or ``None``
+    where plugins were not loaded (any value passes; the Kernel that runs checks it). A value is accepted when an
+    installed plugin declares it, a published plugin (``known_plugins.json``) provides it (the run then says which
+    package to install), or an installed plugin provides every mode of ``kind``."""
+
+    kind: str
+    declared: Mapping[str, frozenset[str]] | None = None
+
+    def installed(self) -> dict[str, list[str]]:
+        """Installed plugin -> its modes of this kind, sorted (plugins with none left out)."""
+        return {name: modes for name, caps in (self.declared or {}).items() if (modes := modes_of(caps, self.kind))}
+
+    def published(self) -> dict[str, list[str]]:
+        """Distribution of each published plugin that is not installed -> its modes (what installing it adds)."""
+        known = known_plugins()
+        return {
+            info["distribution"]: modes
+            for name, info in known["plugins"].items()
+            if name not in (self.declared or {}) and (modes := modes_of(info["provides"], self.kind))
+        }
+
+    def known(self) -> list[str]:
+        """Every mode named, once each: those of ``known_plugins.json``'s ``modes`` (in menu order; for
+        ``compile``, backends ``compile`` covers), those installed plugins declare, those published plugins
+        provide."""
+        known = known_plugins()
+        named = list(known["modes"].get(self.kind, []))
+        named += [m for modes in self.installed().values() for m in modes]
+        named += [m for info in known["plugins"].values() for m in modes_of(info["provides"], self.kind)]
+        return list(dict.fromkeys(m for m in named if m != ANY))
+
+    def coerce(self, value: str, raw: Any, label: str) -> str:
+        """``value`` if accepted, or a UsageError starting with ``label`` naming the installed providers and their
+        modes and the packages that would add more. The spelling is folded to the declared one (``"BF16"`` ->
+        ``"bf16"``), except where a plugin provides every mode of this kind (``compile``: accel-plugin-dynamo,
+        which reads Accelerate's ``INDUCTOR`` itself): there only the modes installed plugins name are folded."""
+        key = value.lower()
+        installed = self.installed()
+        spelling = {"no": "no", **{m.lower(): m for m in self.known()}}
+        named = {m.lower() for modes in installed.values() for m in modes}
+        every = any(ANY in modes for modes in installed.values())  # an installed plugin checks any value itself
+        owned = every or any(self.kind in info["provides"] for info in known_plugins()["plugins"].values())
+        if key in spelling and (not owned or key in named):
+            return spelling[key]
+        if key in spelling or self.declared is None or every:
+            return value
+        providers = "; ".join(f"{name}: {', '.join(modes)}" for name, modes in installed.items())
+        more = ", ".join(f"{dist} ({', '.join(modes)})" for dist, modes in self.published().items())
+        raise UsageError(
+            f"{label} must be no or a {self.kind} mode a plugin provides, got {raw!r} (installed providers: "
+            f"{providers or 'none'}{'; more with pip install ' + more if more else ''}){did_you_mean(key, spelling)}"
+        )
+
+
 class Options:
     """The registry plugins fill in ``accel_add_options``. Names are unique across the kernel and all plugins."""
 
-    def __init__(self) -> None:
+    def __init__(self, declared: Mapping[str, frozenset[str]] | None = None) -> None:
         self._by_name: dict[str, Option] = {}
         self.current_plugin = KERNEL
+        #: what each installed plugin's component classes provide (``None``: plugins not loaded): :class:`Modes`
+        self.declared = declared
 
     def add(
         self,
@@ -158,12 +236,14 @@ class Options:
         cli: bool = True,
         handler: str | Iterable[str] = (),
         check: Callable[[Any], str | None] | None = None,
+        modes: str = "",
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
         ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
         ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
         :mod:`accel.utils.handlers`); ``refused`` maps values that are
-        recognised but not supported to the one line saying what to use instead."""
+        recognised but not supported to the one line saying what to use instead; ``modes`` makes it a mode
+        setting of that capability kind (``"precision"``: ``"no"`` or a mode some plugin provides, :class:`Modes`)."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -186,6 +266,7 @@ class Options:
             plugin=self.current_plugin,
             handler=(handler,) if isinstance(handler, str) else tuple(handler),
             check=check,
+            modes=Modes(modes, self.declared) if modes else None,
         )
 
     def remove_plugin(self, plugin: str) -> None:
@@ -251,16 +332,19 @@ def core_options(options: Options) -> None:
     add(
         "mixed_precision",
         default="no",
-        choices=("no", "fp16", "bf16", "fp8"),
+        modes="precision",
         env=("ACCEL_MIXED_PRECISION", "MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION"),
-        help="Mixed precision mode: no, fp16, bf16 or fp8 (needs a plugin that provides it, e.g. accel-plugin-amp).",
+        help="Mixed precision: no, or a mode a plugin provides (fp16, bf16, fp8: accel-plugin-amp; "
+        "`accel plugins --json` shows what each installed plugin provides).",
     )
     add(
         "dynamo_backend",
         default="no",
+        modes="compile",
         config_key="dynamo_config.dynamo_backend",
         env=("ACCEL_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
-        help="torch.compile backend, or 'no' (needs a plugin that provides 'compile', e.g. accel-plugin-dynamo).",
+        help="torch.compile backend, or 'no' (needs a plugin that provides it: accel-plugin-dynamo provides "
+        "every backend of torch.compile).",
     )
     add(
         "gradient_accumulation_steps",
@@ -409,9 +493,16 @@ def known_capabilities() -> list[str]:
     return sorted({c for info in known_plugins()["plugins"].values() for c in info["provides"]})
 
 
+def provides(capabilities: Iterable[str], capability: str) -> bool:
+    """Whether ``capabilities`` include ``capability``, or its kind without a mode (``"compile"`` provides
+    ``"compile:inductor"``: every backend)."""
+    caps = set(capabilities)
+    return capability in caps or (":" in capability and capability.partition(":")[0] in caps)
+
+
 def providers_of(capability: str) -> list[str]:
     """Names of published plugins that provide a capability (for error messages)."""
-    return [n for n, info in known_plugins()["plugins"].items() if capability in info["provides"]]
+    return [n for n, info in known_plugins()["plugins"].items() if provides(info["provides"], capability)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ No torch import here.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -39,6 +40,7 @@ from accel.options import (
     install_hint,
     known_capabilities,
     providers_of,
+    provides,
 )
 
 GROUP = "accel"
@@ -56,6 +58,8 @@ class PluginRecord:
     reason: str = ""
     module: Any = None
     hooks: list[str] = field(default_factory=list)
+    #: what its component classes (``accel_components``) provide: ``precision:<mode>``, ``compile:<backend>``, ...
+    provides: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "module"}
@@ -123,6 +127,7 @@ class Plugins:
         for rec in scanned:
             by_name.setdefault(rec.name, []).append(rec)
         records: list[PluginRecord] = []
+        registered: list[tuple[PluginRecord, Any]] = []
         from_env = set(_csv(env.get("ACCEL_DISABLE_PLUGINS")))
         for name, recs in by_name.items():
             records.extend(recs)
@@ -151,27 +156,62 @@ class Plugins:
             except (Exception, SystemExit) as exc:  # any import failure of a third-party plugin is isolated
                 rec.status, rec.reason = "failed", one_line(f"import failed: {describe_exception(exc)}")
                 continue
-            cls._register_module(pm, rec, module)
+            registered.append((rec, module))
         for name, obj in extra:
             rec = PluginRecord(name, "(registered directly)", "", "")
             records.append(rec)
-            cls._register_module(pm, rec, obj)
+            registered.append((rec, obj))
+        registered = [(rec, module) for rec, module in registered if cls._register(pm, rec, module)]
+        cls._add_hookspecs(pm, registered)  # before any implementation is checked: plugins may implement them
+        for rec, module in registered:
+            if rec.status == "loaded":
+                cls._check_module(pm, rec, module)
         return cls(records, pm)
 
     @staticmethod
-    def _register_module(pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
-        """Register a plugin module; on any contract violation unregister it and mark the record failed."""
+    def _refuse(pm: pluggy.PluginManager, rec: PluginRecord, module: Any, reason: str) -> None:
+        """Unregister a plugin module that breaks the contract and mark its record failed with ``reason``."""
+        if pm.get_plugin(rec.name) is module:  # not another plugin that pluggy finds equal to this one
+            pm.unregister(name=rec.name)
+        rec.status, rec.reason = "failed", one_line(reason)
 
-        def refuse(reason: str) -> None:
-            if pm.get_plugin(rec.name) is module:  # not another plugin that pluggy finds equal to this one
-                pm.unregister(name=rec.name)
-            rec.status, rec.reason = "failed", one_line(reason)
-
+    @classmethod
+    def _register(cls, pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> bool:
+        """Register a plugin module in pluggy (which checks the arguments of the hooks it knows already)."""
         try:
             pm.register(module, name=rec.name)
         except Exception as exc:  # pluggy rejects wrong argument names, duplicate names, ...
-            refuse(f"invalid hook implementation: {exc}")
-            return
+            cls._refuse(pm, rec, module, f"invalid hook implementation: {exc}")
+            return False
+        return True
+
+    @classmethod
+    def _add_hookspecs(cls, pm: pluggy.PluginManager, registered: list[tuple[PluginRecord, Any]]) -> None:
+        """Add the hooks each registered module names in ``accel_hookspecs`` (``"package.module[:Class]"``). An
+        entry that fails to import or holds no hook fails its plugin; an implementation registered earlier that an
+        added spec finds invalid fails the implementing plugin."""
+        for rec, module in registered:
+            for spec in getattr(module, "accel_hookspecs", ()):
+                if rec.status != "loaded":
+                    break
+                try:
+                    mod_name, _, attr = str(spec).partition(":")
+                    target = importlib.import_module(mod_name)
+                    pm.add_hookspecs(getattr(target, attr) if attr else target)
+                except pluggy.PluginValidationError as exc:
+                    bad_rec, bad_module = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
+                    cls._refuse(pm, bad_rec, bad_module, f"invalid hook implementation: {exc}")
+                except (Exception, SystemExit) as exc:
+                    cls._refuse(pm, rec, module, f"accel_hookspecs {spec!r}: {describe_exception(exc)}")
+
+    @classmethod
+    def _check_module(cls, pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
+        """Check a registered plugin module against the contract (its hooks and its component classes) and ask it
+        ``accel_unavailable_reason``; on any violation unregister it and mark the record failed."""
+
+        def refuse(reason: str) -> None:
+            cls._refuse(pm, rec, module, reason)
+
         problem = contract_problem(pm, module, "")
         if problem:
             refuse(problem)
@@ -185,14 +225,15 @@ class Plugins:
             )
             return
         classes = component_classes(module)
-        for cls in classes:  # checked now, as Kernel() would check them, so `accel plugins` shows the plugin failed
-            problem = class_problem(cls)
+        for component in classes:  # checked now, as Kernel() would, so `accel plugins` shows the plugin failed
+            problem = class_problem(component, pm)
             if problem:
                 refuse(problem)
                 return
         rec.module = module
         rec.hooks = hooks + component_hooks(classes)
         rec.reason = deprecated_hooks_note(rec.hooks)  # shown next to its status in `accel plugins`
+        rec.provides = sorted({cap for component in classes for cap in getattr(component, "provides", ())})
         for one in each_implementation(pm, "accel_unavailable_reason"):
             if one.plugin is not module:
                 continue
@@ -224,15 +265,16 @@ class Plugins:
         return ", ".join(names) or "none"
 
     def call_each(
-        self, hook: str, isolate: Callable[[str], bool] | None = None, **kwargs: Any
+        self, hook: str, isolate: Callable[[str], bool] | None = None, skip: Iterable[str] = (), **kwargs: Any
     ) -> list[tuple[str, Any]]:
         """Call every implementation of a discovery hook one at a time; return (plugin name, result) pairs.
         An exception is re-raised as a PluginError naming the plugin (a UsageError keeps its type), except for
         plugins ``isolate`` answers true for: those are marked failed and left out (``self.fail``). Unavailable
         plugins are asked only ``accel_activate`` (they may take part without their backend, e.g. a TPU pod
-        launch that runs only gcloud here)."""
+        launch that runs only gcloud here). Plugins named in ``skip`` are not asked."""
         results = []
         unusable = {r.name for r in self.all_records if r.status == "unavailable" and hook != "accel_activate"}
+        unusable.update(skip)
         for one in each_implementation(self.pm, hook):
             name = one.plugin_name
             if name in unusable:
@@ -268,7 +310,7 @@ class Plugins:
         a PluginError such as declaring a name another plugin declared) is left out (``fail``): it must not block
         runs that do not use it; asking for it names the error."""
         if self._options is None:
-            options = Options()
+            options = Options(declared={r.name: frozenset(r.provides) for r in self.all_records})
             core_options(options)
             failures: list[tuple[str, str]] = []
             for one in each_implementation(self.pm, "accel_add_options"):
@@ -323,7 +365,10 @@ class Plugins:
         # An unselected plugin that raises is left out (it must not block runs that do not ask for it);
         # a selected one's failure is the run's error. A UsageError (a deliberate refusal) always stops the run.
         for name, comp in self.call_each(
-            "accel_activate", settings=settings, isolate=lambda plugin: not settings.is_selected(plugin)
+            "accel_activate",
+            settings=settings,
+            isolate=lambda plugin: not settings.is_selected(plugin),
+            skip=self._generic_only(settings),
         ):
             if comp is None:
                 continue
@@ -397,6 +442,22 @@ class Plugins:
                 f"be used: {rec.reason}"
             )
 
+    def _generic_only(self, settings: Settings) -> set[str]:
+        """Plugins not asked ``accel_activate``: for a mode the settings ask for that an installed plugin declares
+        by name (``compile:graphcount``), those that declare only its kind (``compile``: every backend) and were not
+        selected. A mode named is its declarer's."""
+        loaded = [r for r in self.all_records if r.status == "loaded"]
+        skip: set[str] = set()
+        for capability, _ in mode_needs(settings):
+            if any(capability in r.provides for r in loaded):
+                kind = capability.partition(":")[0]
+                skip.update(
+                    r.name
+                    for r in loaded
+                    if kind in r.provides and capability not in r.provides and not settings.is_selected(r.name)
+                )
+        return skip
+
     def _dist(self, name: str) -> str:
         rec = self.records.get(name)
         return f"{rec.distribution} {rec.version}".strip() if rec else "registered directly"
@@ -405,17 +466,15 @@ class Plugins:
         needs: list[tuple[str, str]] = []
         if settings.world_size > 1:
             needs.append(("distributed", f"running {settings.world_size} processes"))
-        if settings.mixed_precision != "no":
-            needs.append((f"precision:{settings.mixed_precision}", f"mixed_precision={settings.mixed_precision}"))
-        if str(settings.get("dynamo_backend", "no")).lower() != "no":
-            needs.append(("compile", f"dynamo_backend={settings.get('dynamo_backend')}"))
+        needs += mode_needs(settings)
         for tracker in settings.get("log_with") or []:
             if tracker != "all":  # "all": whichever trackers are installed
                 needs.append((f"tracker:{tracker}", f"log_with={tracker!r}"))
         for capability, why in needs:
-            if any(capability in c.provides for c in found):
+            if any(provides(c.provides, capability) for c in found):
                 continue
             names = providers_of(capability)
+            names += [r.name for r in self.all_records if provides(r.provides, capability) and r.name not in names]
             own = capability.partition(":")[2]  # "tracker:x": a plugin named x that cannot be used says why
             if own in self.records and self.records[own].status != "loaded" and own not in names:
                 names.append(own)
@@ -448,6 +507,18 @@ class Plugins:
         return order
 
 
+def mode_needs(settings: Settings) -> list[tuple[str, str]]:
+    """(capability, why) for the modes the settings ask for: ``("precision:bf16", "mixed_precision=bf16")``,
+    ``("compile:inductor", "dynamo_backend=inductor")``."""
+    needs = []
+    if settings.mixed_precision != "no":
+        needs.append((f"precision:{settings.mixed_precision}", f"mixed_precision={settings.mixed_precision}"))
+    backend = str(settings.get("dynamo_backend") or "no")
+    if backend.lower() != "no":
+        needs.append((f"compile:{backend}", f"dynamo_backend={backend}"))
+    return needs
+
+
 def describe_exception(exc: BaseException) -> str:
     """``"ValueError: bad"``; for ``SystemExit`` (which a plugin must never raise) what it did."""
     if isinstance(exc, SystemExit):
@@ -468,13 +539,18 @@ def hook_names() -> list[str]:
 def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | None:
     """What breaks the contract in a registered plugin's (a module's, ``what=""``, or a component class's, ``what`` its
     name) implementations, in one line, or ``None``: a hook removed from the contract (naming its replacement,
-    accel.deprecations), a hook the contract does not have (a misspelling; said with a did-you-mean), or an argument
-    given a default value (pluggy never passes those: the implementation would silently always get its default)."""
+    accel.deprecations), a hook the contract does not have (a misspelling; said with a did-you-mean) unless marked
+    ``@hookimpl(optionalhook=True)`` (a hook another plugin may add), or an argument given a default value (pluggy
+    never passes those: the implementation would silently always get its default)."""
     callers = pm.get_hookcallers(plugin) or []
     removed = removed_hooks(sorted(c.name for c in callers))
     if removed:
         return (f"{what}: " if what else "") + "; ".join(entry.error_line() for entry in removed)
-    unknown = sorted(c.name for c in callers if not c.has_spec())
+    unknown = sorted(
+        c.name
+        for c in callers
+        if not c.has_spec() and not all(i.optionalhook for i in c.get_hookimpls() if i.plugin is plugin)
+    )
     if unknown:
         specs = hook_names()
         lead = f"{what} implements " if what else ""
@@ -490,10 +566,13 @@ def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | 
     return None
 
 
-def class_problem(cls: type) -> str | None:
+def class_problem(cls: type, pm: pluggy.PluginManager | None = None) -> str | None:
     """:func:`contract_problem` for a component class, found by registering the class itself in a scratch manager
-    (pluggy reads the same methods from the class as from its instances)."""
+    (pluggy reads the same methods from the class as from its instances) that has the hooks plugins added to
+    ``pm`` (``accel_hookspecs``)."""
     scratch = PluginManager()
+    for specs in getattr(pm, "plugin_specs", ()):
+        scratch.add_hookspecs(specs)
     try:
         scratch.register(cls, name=cls.__qualname__)
     except pluggy.PluginValidationError as exc:

@@ -159,7 +159,10 @@ def default_command(argv: Sequence[str]) -> int:
         "--config_file", "--config-file", default=None, help=f"where to write [default: {default_config_path(env)}]"
     )
     parser.add_argument(
-        "--mixed_precision", "--mixed-precision", default="no", help="no, fp16, bf16 or fp8 [default: no]"
+        "--mixed_precision",
+        "--mixed-precision",
+        default="no",
+        help="no, or a mode a plugin provides (fp16, bf16, fp8, ...) [default: no]",
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     args = parser.parse_args(list(argv))

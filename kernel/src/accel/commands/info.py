@@ -63,6 +63,7 @@ def plugins_command(argv: Sequence[str]) -> int:
             "distribution": r.distribution,
             "version": r.version,
             "hooks": r.hooks,
+            "provides": r.provides,
             "status": _status(r),
             "reason": r.reason,
             "entry_point": r.value,

@@ -219,6 +219,8 @@ def add_option_flags(parser: argparse.ArgumentParser, options: Options) -> None:
         help_text = opt.help + (f" [default: {opt.default}]" if opt.default not in (None, [], "") else "")
         if opt.choices:
             help_text += f" {{{', '.join(opt.choices)}}}"
+        elif opt.modes:
+            help_text += f" {{{', '.join(['no', *opt.modes.known()])}}}"
         if opt.type == "bool":
             group.add_argument(*names, dest=opt.name, action=BoolFlag, default=None, help=help_text)
         elif opt.type == "list":

@@ -19,6 +19,7 @@ from accel.options import (
     install_hint,
     known_plugins,
     providers_of,
+    provides,
 )
 from accel.plugins import Plugins
 
@@ -75,10 +76,12 @@ def capability_missing(plugins: Plugins, capability: str, unknown_may_provide: b
     (the user decides), not in ``config default`` (which must write a config that works)."""
     known = known_plugins()["plugins"]
     loaded = plugins.loaded
-    if any(name in known and capability in known[name]["provides"] for name in loaded):
+    if any(provides(plugins.records[name].provides, capability) for name in loaded):
+        return None  # declared by its component classes
+    if any(name in known and provides(known[name]["provides"], capability) for name in loaded):
         return None
-    if unknown_may_provide and any(name not in known for name in loaded):
-        return None
+    if unknown_may_provide and any(name not in known and not plugins.records[name].provides for name in loaded):
+        return None  # declares nothing: may provide anything
     for name in providers_of(capability):
         rec = plugins.records.get(name)
         if rec is not None:  # installed, but disabled or failed
@@ -271,7 +274,8 @@ class Questionnaire:
         self.plugin_rounds()
 
         # 2. Compilation.
-        compile_missing = capability_missing(self.plugins, "compile")
+        compilers = self.options["dynamo_backend"].modes
+        compile_missing = None if compilers and compilers.installed() else capability_missing(self.plugins, "compile")
         use = self.question(
             Question(
                 "use_dynamo",
@@ -284,7 +288,7 @@ class Questionnaire:
             disabled={"yes": compile_missing} if compile_missing else {},
         )
         if use == "yes":
-            backends = tuple(menu()["dynamo_backends"])
+            backends = tuple(compilers.known()) if compilers else ()
             self.question(
                 Question(
                     "dynamo_backend",
@@ -292,7 +296,8 @@ class Questionnaire:
                     kind="select",
                     choices=backends,
                     default=backends[0],
-                )
+                ),
+                disabled={b: reason for b in backends if (reason := capability_missing(self.plugins, f"compile:{b}"))},
             )
         else:
             self.answers.setdefault("dynamo_backend", "no")
@@ -319,7 +324,8 @@ class Questionnaire:
                     default="all",
                 )
             )
-        precisions = self.options["mixed_precision"].choices or ("no",)
+        precision = self.options["mixed_precision"].modes
+        precisions = ("no", *(precision.known() if precision else ()))
         self.question(
             Question(
                 "mixed_precision",
