@@ -124,7 +124,7 @@ def signature(fn: Callable[..., Any], annotated: bool) -> str:
 @dataclasses.dataclass
 class Impl:
     plugin: str  # column: a plugin name or KERNEL
-    where: str  # "DDPStrategy", "module", "accel.defaults"
+    where: str  # "DDPStrategy", "module", or a built-in plugin's "name` (`module" ("accel` (`accel.defaults")
     opts: dict[str, Any]
 
 
@@ -168,12 +168,12 @@ def component_classes(module: Any) -> list[type]:
 
 
 def kernel_implementers() -> list[tuple[str, Any]]:
-    """What the kernel registers itself in every run (``accel.defaults``, ...): the objects a plugin manager holds
-    when every plugin is left out (an empty ``ACCEL_PLUGINS`` allow-list)."""
+    """What the kernel registers itself in every run (the built-in plugins, ``accel.builtin``): the objects a plugin
+    manager holds when every plugin is left out (an empty ``ACCEL_PLUGINS`` allow-list), as ``name` (`module``."""
     from accel.plugins import Plugins
 
     pm = Plugins.load(env={"ACCEL_PLUGINS": ""}).pm
-    return [(getattr(obj, "__name__", type(obj).__name__), obj) for _, obj in pm.list_name_plugin()]
+    return [(f"{name}` (`{getattr(obj, '__name__', type(obj).__name__)}", obj) for name, obj in pm.list_name_plugin()]
 
 
 def who_answers() -> dict[str, list[Impl]]:
@@ -212,7 +212,7 @@ def answered_by(impls: list[Impl]) -> str:
         kind = "wrapper, " if impl.opts.get("wrapper") or impl.opts.get("hookwrapper") else ""
         where = "module level" if impl.where == "module" else f"`{impl.where}`"
         if impl.plugin == KERNEL:
-            parts.append(f"the kernel's default ({kind}`{impl.where}`, last)")
+            parts.append(f"the built-in `{impl.where}`, {kind}last)")
         else:
             parts.append(f"`{impl.plugin}` ({kind}{where})")
     return ", ".join(parts)

@@ -156,5 +156,6 @@ def test_hook_monitoring_sees_the_state_hook_calls(tmp_path: Path) -> None:
         undo()
     saves = [plugins for name, plugins in seen if name == "accel_save_state"]
     loads = [plugins for name, plugins in seen if name == "accel_load_state"]
-    assert saves == [["p0:observer"], ["accel"]] and loads == [["p0:observer"], ["accel"]]
-    assert ["accel"] in [plugins for name, plugins in seen if name == "accel_state_items"]
+    # the kernel's writer is the built-in plugin accel.checkpoint
+    assert saves == [["p0:observer"], ["accel.checkpoint"]] and loads == [["p0:observer"], ["accel.checkpoint"]]
+    assert ["accel.checkpoint"] in [plugins for name, plugins in seen if name == "accel_state_items"]

@@ -62,7 +62,7 @@ def test_plugins_json_is_unchanged(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     rows = json.loads(run(["plugins", "--json"], env).stdout)
     assert [sorted(row) for row in rows] == [
-        ["distribution", "entry_point", "hooks", "name", "reason", "status", "version"]
+        ["distribution", "entry_point", "hooks", "name", "provides", "reason", "status", "version"]
     ] * len(rows)
 
 

@@ -14,6 +14,7 @@ import pytest
 from clitools import GOOD_AND_BROKEN, TESTS, clean_env, install, pythonpath, run
 
 from accel import Component, Options, PluginError, Settings, hookimpl
+from accel.builtin import BUILTIN_PLUGINS
 from accel.options import resolve
 from accel.plugins import Plugins
 
@@ -112,7 +113,9 @@ def test_allow_list(env):
     for name in ("ddp", "broken", "misspelt", "leaky"):
         assert found[name]["status"] == "disabled" and found[name]["reason"] == "not in ACCEL_PLUGINS", found[name]
     found = rows(run(["plugins", "--json"], {**env, "ACCEL_PLUGINS": ""}))
-    assert {row["status"] for row in found.values()} == {"disabled"}
+    # an empty allow-list leaves every installed plugin out; the built-in ones are always there
+    assert {row["status"] for row in found.values() if row["status"] != "built-in"} == {"disabled"}
+    assert [n for n, row in found.items() if row["status"] == "built-in"] == [n for n, _ in BUILTIN_PLUGINS]
 
 
 def test_duplicate_names_refuse_both_naming_both(env, fork_site, site):

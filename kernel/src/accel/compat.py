@@ -12,9 +12,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel.errors import UsageError
+
+if TYPE_CHECKING:
+    from accel.project import ProjectConfiguration
 
 #: ``scheduler_steps``: how often a prepared scheduler steps (see :class:`accel.kernel.PreparedScheduler`).
 SCHEDULER_RULES = ("accelerate", "per_optimizer_step")
@@ -228,6 +231,50 @@ def member_message(name: str) -> str | None:
         note = f" ({entry['note']})" if entry.get("note") else ""
         return f"Kernel has no attribute {name!r} (Accelerate's name): use kernel.{entry['accel']}{note}"
     return str(entry["message"])
+
+
+class AccelerateMembersMixin:
+    """``Accelerator``'s members that read back what ``Kernel(...)`` resolved, under Accelerate's names, and one line
+    for each member accel does not have (mixed into :class:`accel.Kernel`)."""
+
+    _data: DataSettings
+    even_batches: bool
+    project_configuration: ProjectConfiguration
+
+    @property
+    def split_batches(self) -> bool:
+        return self._data.split_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        return self._data.non_blocking
+
+    @property
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        data = self._data
+        return DataLoaderConfiguration(
+            split_batches=data.split_batches,
+            even_batches=self.even_batches,
+            use_seedable_sampler=True,
+            data_seed=data.data_seed,
+            non_blocking=data.non_blocking,
+            use_stateful_dataloader=True,
+        )
+
+    dispatch_batches = False  # every process reads its own shard
+    use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
+    use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
+    device_placement = True
+    rng_types = ("generator",)
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    def __getattr__(self, name: str) -> Any:
+        """Accelerate's members that Kernel does not have: one line saying what to use instead."""
+        message = member_message(name) if not name.startswith("_") else None
+        raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def markdown_table() -> str:

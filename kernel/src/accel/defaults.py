@@ -1,7 +1,9 @@
-"""The kernel's own answers to the hooks: one process, one device, no plugin needed.
+"""Built-in plugin ``accel``: the kernel's own answers to the hooks of a run with one process, one device, no
+plugin needed (data sharding, the checkpoint writer and the memory estimate are built-in plugins of their own,
+:mod:`accel.builtin`).
 
-Registered before any plugin with ``trylast=True``, so every hook has an answer and any plugin's answer comes
-first. torch is imported inside the functions: the CLI registers this module too and must stay torch-free.
+Registered before any installed plugin with ``trylast=True``, so every hook has an answer and any plugin's answer
+comes first. torch is imported inside the functions: the CLI registers this module too and must stay torch-free.
 """
 
 from __future__ import annotations
@@ -9,30 +11,20 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.contract import HardwareInfo, ItemRecord, LaunchPlan, Topology
+from accel.contract import HardwareInfo, LaunchPlan, Topology
 from accel.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.checkpoint.items import CheckpointKernel
     from accel.contract import KernelView
-    from accel.memory import MemoryQuery, MemoryRow, ModelSummary
 
 
 @hookimpl(trylast=True)
 def accel_detect_hardware(env: Mapping[str, str]) -> HardwareInfo:
     return HardwareInfo(name="cpu", device_count=1, priority=0, details={"cores": str(os.cpu_count() or 1)})
-
-
-@hookimpl(trylast=True)
-def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[MemoryRow]:
-    from accel.memory import single_process_rows
-
-    return single_process_rows(model, query)
 
 
 @hookimpl(trylast=True)
@@ -113,13 +105,6 @@ def accel_prepare_training(
 
 
 @hookimpl(trylast=True)
-def accel_prepare_dataloader(kernel: KernelView, dataloader: Any) -> Any:
-    from accel.data import shard_dataloader
-
-    return shard_dataloader(kernel, dataloader)
-
-
-@hookimpl(trylast=True)
 def accel_backward(kernel: KernelView, loss: torch.Tensor, backward_kwargs: dict[str, Any]) -> bool:
     # When only this implementation answers (HotHooks.plain_backward), Kernel.backward makes this call itself.
     kernel.scale_for_accumulation(loss).backward(**backward_kwargs)
@@ -155,32 +140,3 @@ def accel_clip_grad_norm(
 @hookimpl(trylast=True)
 def accel_model_state_dict(kernel: KernelView, model: torch.nn.Module) -> dict[str, Any]:
     return kernel.unwrap_model(model).state_dict()
-
-
-# ---- checkpoints: the kernel's own items, written and read in its own format (accel.checkpoint) ----------------
-
-
-@hookimpl(trylast=True)
-def accel_state_items(kernel: CheckpointKernel) -> dict[str, Any]:
-    from accel.checkpoint import kernel_items
-
-    return kernel_items(kernel)
-
-
-@hookimpl(trylast=True)
-def accel_save_state(
-    kernel: CheckpointKernel, items: Mapping[str, Any], directory: Path, asynchronous: bool
-) -> dict[str, ItemRecord]:
-    # called last, once the plugins' claims are agreed between processes: writes every item nobody claimed
-    from accel.checkpoint import write_unclaimed
-
-    return write_unclaimed(kernel, directory, asynchronous)
-
-
-@hookimpl(trylast=True)
-def accel_load_state(
-    kernel: CheckpointKernel, items: Mapping[str, Any], directory: Path, records: Mapping[str, ItemRecord]
-) -> list[str]:
-    from accel.checkpoint import restore_own
-
-    return restore_own(kernel, items, directory, records)

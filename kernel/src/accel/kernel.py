@@ -23,11 +23,11 @@ import pluggy
 import torch
 
 from accel.compat import (
+    AccelerateMembersMixin,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     argument_refusal,
     check_bool,
-    member_message,
     resolve_data_settings,
 )
 from accel.contract import Topology
@@ -53,7 +53,7 @@ _ARGUMENTS = (
 )
 
 
-class Kernel(ProcessOpsMixin, TrackingMixin):
+class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     """The training-loop companion. ``Kernel().prepare(model, optimizer, dataloader, scheduler)``, then
     ``kernel.backward(loss)``; the same script runs on one CPU process or many, with any installed plugin.
 
@@ -203,46 +203,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin):
             raise UsageError(f"gradient_accumulation_steps expects a whole number >= 1, got {value!r}")
         self._accumulation_steps = value
 
-    # Accelerate's dataloader settings, read back under Accelerate's names (see accel.compat).
-
-    @property
-    def split_batches(self) -> bool:
-        return self._data.split_batches
-
-    @property
-    def non_blocking(self) -> bool:
-        return self._data.non_blocking
-
-    @property
-    def dataloader_config(self) -> DataLoaderConfiguration:
-        data = self._data
-        return DataLoaderConfiguration(
-            split_batches=data.split_batches,
-            even_batches=self.even_batches,
-            use_seedable_sampler=True,
-            data_seed=data.data_seed,
-            non_blocking=data.non_blocking,
-            use_stateful_dataloader=True,
-        )
-
-    dispatch_batches = False  # every process reads its own shard
-    use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
-    use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
-    device_placement = True
-    rng_types = ("generator",)
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
     @property
     def log_with(self) -> list[str]:
         return list(self.settings["log_with"] or [])
-
-    def __getattr__(self, name: str) -> Any:
-        """Accelerate's members that Kernel does not have: one line saying what to use instead."""
-        message = member_message(name) if not name.startswith("_") else None
-        raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def project_dir(self) -> str | None:

@@ -33,7 +33,6 @@ from typing import Any
 
 from accel.distributed import free_port
 from accel.errors import UsageError
-from accel.options import Settings
 from accel.processes import die_with_parent, elastic_signals, quiet_torch_elastic, stop_signals, stopped_line
 
 CUDA_FORK_ERROR = "Cannot re-initialize CUDA in forked subprocess"
@@ -147,11 +146,11 @@ def handed_settings(mixed_precision: str | None, cpu: bool | None) -> dict[str, 
 
 
 def preflight(num_processes: int, num_nodes: int, handed: Mapping[str, str]) -> None:
-    """The checks ``accel launch`` makes before starting anything, for a run of ``num_processes`` processes on each
-    of ``num_nodes`` machines with the settings in ``handed`` (``ACCEL_CONFIG``): settings, plugins and their
-    roles and capabilities (a strategy that provides ``distributed``). Raises ``UsageError`` with one line."""
-    from accel.commands.launch import check
-    from accel.options import resolve
+    """The launch plan ``accel launch`` makes (:mod:`accel.planning`) before starting anything, for a run of
+    ``num_processes`` processes on each of ``num_nodes`` machines with the settings in ``handed``
+    (``ACCEL_CONFIG``): settings, plugins and their roles and capabilities (a strategy that provides
+    ``distributed``). Raises ``UsageError`` with one line."""
+    from accel.planning import activate_plan, resolve_plan
     from accel.plugins import Plugins
 
     env = {**os.environ, **handed}
@@ -159,11 +158,9 @@ def preflight(num_processes: int, num_nodes: int, handed: Mapping[str, str]) -> 
     launched = json.loads(handed.get("ACCEL_CONFIG") or "{}")
     # the precision may come from a plugin the function's Kernel registers itself (extra_plugins): its Kernel checks it
     launched.pop("mixed_precision", None)
-    total = num_processes * num_nodes
-    flags = {"num_processes": total, "num_machines": num_nodes}
-    values, sources = resolve(plugins.options(), flags=flags, launched=launched, env=env)
-    check(values)
-    plugins.activate(Settings(values, sources, world_size=total, phase="launch", env=env))
+    flags = {"num_processes": num_processes * num_nodes, "num_machines": num_nodes}
+    values, sources = resolve_plan(plugins, env, flags=flags, launched=launched)
+    activate_plan(plugins, values, sources, env)
 
 
 def _worker(function: Callable[..., Any], parent: int, *args: Any) -> Any:

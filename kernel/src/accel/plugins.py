@@ -1,5 +1,7 @@
 """Plugin discovery, control and resolution.
 
+- Built-in plugins (:mod:`accel.builtin`, pytest's ``default_plugins``): the kernel's own features, registered
+  by name before anything else and listed with status ``built-in``; they answer hooks through pluggy as any plugin.
 - Discovery: entry points of group ``accel``, read lazily (on first use, not on ``import accel``). A plugin that
   fails to import is recorded with its error and the rest keep working; it becomes an error only when that
   plugin is asked for. Two distributions claiming one name are both refused, naming both. A plugin whose
@@ -27,6 +29,7 @@ from typing import Any
 import pluggy
 
 from accel import hookspecs
+from accel.builtin import BUILTIN_PLUGINS, DISTRIBUTION, is_builtin
 from accel.contract import EXCLUSIVE_ROLES, Component, HardwareInfo
 from accel.deprecations import deprecated_hooks_note, hook_suggestion, removed_hooks
 from accel.dispatch import PluginManager, each_implementation, trace_to_stderr
@@ -42,6 +45,7 @@ from accel.options import (
     providers_of,
     provides,
 )
+from accel.version import kernel_version
 
 GROUP = "accel"
 
@@ -54,7 +58,8 @@ class PluginRecord:
     distribution: str
     version: str
     value: str
-    status: str = "loaded"  # loaded | unavailable (registered; its backend cannot run here) | disabled | failed
+    #: loaded | unavailable (registered; its backend cannot run here) | disabled | failed | built-in
+    status: str = "loaded"
     reason: str = ""
     module: Any = None
     hooks: list[str] = field(default_factory=list)
@@ -93,7 +98,11 @@ def scan_entry_points() -> list[PluginRecord]:
 class Plugins:
     """The plugins of this process and the pluggy manager they are registered in."""
 
-    def __init__(self, records: list[PluginRecord], pm: pluggy.PluginManager) -> None:
+    def __init__(
+        self, records: list[PluginRecord], pm: pluggy.PluginManager, builtin: Iterable[PluginRecord] = ()
+    ) -> None:
+        #: the built-in plugins (:mod:`accel.builtin`), in registration order
+        self.builtin = list(builtin)
         #: every entry point found, including both sides of a name claimed by two distributions
         self.all_records = list(records)
         #: by name (for a duplicated name, one of the two failed records)
@@ -119,9 +128,8 @@ class Plugins:
         pm = PluginManager()
         if env.get("ACCEL_TRACE_PLUGINS", "").strip().lower() not in ("", "0", "false", "no"):
             trace_to_stderr(pm)
-        from accel import defaults
-
-        pm.register(defaults, name=KERNEL)
+        version = kernel_version()
+        builtin = [cls._register_builtin(pm, name, module, version) for name, module in BUILTIN_PLUGINS]
         scanned = scan_entry_points()
         by_name: dict[str, list[PluginRecord]] = {}
         for rec in scanned:
@@ -166,7 +174,17 @@ class Plugins:
         for rec, module in registered:
             if rec.status == "loaded":
                 cls._check_module(pm, rec, module)
-        return cls(records, pm)
+        return cls(records, pm, builtin)
+
+    @staticmethod
+    def _register_builtin(pm: pluggy.PluginManager, name: str, module_name: str, version: str) -> PluginRecord:
+        """Register a built-in plugin module by name, as an installed one is registered (a broken one is a bug
+        of accel: its error propagates)."""
+        module = importlib.import_module(module_name)
+        pm.register(module, name=name)
+        pm.trace.root.get("register")(f"built-in plugin {name} ({module_name})")
+        hooks = sorted(caller.name for caller in pm.get_hookcallers(module) or [])
+        return PluginRecord(name, DISTRIBUTION, version, module_name, "built-in", module=module, hooks=hooks)
 
     @staticmethod
     def _refuse(pm: pluggy.PluginManager, rec: PluginRecord, module: Any, reason: str) -> None:
@@ -282,11 +300,11 @@ class Plugins:
             try:
                 results.append((name, one(**kwargs)))
             except UsageError as exc:
-                raise UsageError(f"{exc}" if name == KERNEL else f"plugin {name!r}: {exc}") from None
+                raise UsageError(f"{exc}" if is_builtin(name) else f"plugin {name!r}: {exc}") from None
             except KeyboardInterrupt:
                 raise
             except (Exception, SystemExit) as exc:
-                if name != KERNEL and isolate is not None and isolate(name):
+                if not is_builtin(name) and isolate is not None and isolate(name):
                     self.fail(name, f"{hook} failed: {describe_exception(exc)}")
                     continue
                 if isinstance(exc, PluginError):
@@ -322,7 +340,7 @@ class Plugins:
                 except KeyboardInterrupt:
                     raise
                 except (Exception, SystemExit) as exc:
-                    if name == KERNEL or name not in self.records:
+                    if is_builtin(name) or name not in self.records:
                         raise PluginError(
                             f"plugin {name!r} failed in accel_add_options: {describe_exception(exc)}"
                         ) from exc

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from accel.builtin import is_builtin
 from accel.contract import KernelView
 from accel.dispatch import each_implementation
 from accel.errors import CheckpointError, PluginError
@@ -298,6 +299,9 @@ def call_by_owner(
 
 
 def _component_name(impl: Any) -> str:
+    """The component's name; the kernel's (``"accel"``) for a built-in plugin (the checkpoint writer)."""
+    if is_builtin(impl.plugin_name):
+        return KERNEL
     return getattr(impl.plugin, "name", "") or impl.plugin_name.split(":")[0]
 
 

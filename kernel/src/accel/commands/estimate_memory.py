@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accel.builtin import is_builtin
 from accel.commands.info import load_plugins
 from accel.commands.launch import Parser
 from accel.errors import UsageError
@@ -30,7 +31,6 @@ from accel.memory import (
     format_bytes,
     sorted_rows,
 )
-from accel.options import KERNEL
 from accel.plugins import Plugins, describe_exception, one_line
 
 if TYPE_CHECKING:
@@ -246,9 +246,9 @@ def summarize(name: str, model: torch.nn.Module) -> ModelSummary:
 
 
 def estimate(model: ModelSummary, query: MemoryQuery, plugins: Plugins) -> list[MemoryRow]:
-    """Every plugin's rows (the kernel's single-process rows first), grouped by dtype in the order asked."""
+    """Every plugin's rows (the built-in single-process rows first), grouped by dtype in the order asked."""
     answers = plugins.call_each("accel_estimate_memory", model=model, query=query)
-    answers.sort(key=lambda pair: (pair[0] != KERNEL, pair[0]))
+    answers.sort(key=lambda pair: (not is_builtin(pair[0]), pair[0]))
     return sorted_rows([row for _name, answer in answers for row in answer or ()], query.dtypes)
 
 

@@ -54,9 +54,13 @@ def _status(rec: PluginRecord) -> str:
 
 
 def plugins_command(argv: Sequence[str]) -> int:
-    parser = Parser(prog="accel plugins", description="List installed accel plugins (entry-point group 'accel').")
+    parser = Parser(
+        prog="accel plugins",
+        description="List the built-in plugins and the installed accel plugins (entry-point group 'accel').",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     plugins, args = load_plugins(argv, parser)
+    listed = plugins.builtin + plugins.all_records
     rows = [
         {
             "name": r.name,
@@ -68,16 +72,15 @@ def plugins_command(argv: Sequence[str]) -> int:
             "reason": r.reason,
             "entry_point": r.value,
         }
-        for r in plugins.all_records
+        for r in listed
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    if not rows:
-        print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
-        return 0
     print("accel plugins (entry-point group 'accel')")
-    print(_plugins_table(plugins.all_records, shutil.get_terminal_size().columns))
+    print(_plugins_table(listed, shutil.get_terminal_size().columns))
+    if not plugins.all_records:
+        print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
     return 0
 
 

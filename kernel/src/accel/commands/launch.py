@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,15 +23,8 @@ from accel.config_files import (
 )
 from accel.contract import LaunchPlan
 from accel.errors import UsageError
-from accel.options import (
-    KERNEL,
-    Options,
-    Settings,
-    did_you_mean,
-    install_hint,
-    known_plugins,
-    resolve,
-)
+from accel.options import Options, did_you_mean, install_hint, known_plugins
+from accel.planning import activate_plan, resolve_plan
 from accel.plugins import Plugins
 
 #: Settings whose default is announced when no config file is used (as Accelerate does).
@@ -264,38 +256,6 @@ def build_parser(options: Options, prog: str = "accel launch", plugins: Plugins 
     return parser
 
 
-#: torchrun's --tee: one stream choice for every process, or per local rank ("0:3,1:2").
-TEE = re.compile(r"[0-3]|\d+:[0-3](,\d+:[0-3])*")
-
-
-def check(values: dict[str, Any]) -> None:
-    """Checks that need several values at once (single values were checked by their Option)."""
-    if values.get("cpu") and values.get("gpu_ids") and str(values["gpu_ids"]).lower() != "all":
-        raise UsageError(
-            f"--cpu and --gpu_ids {values['gpu_ids']} contradict each other: --cpu trains on the CPU; drop one of them"
-        )
-    tee = values.get("tee")
-    if tee is not None and not TEE.fullmatch(str(tee)):
-        raise UsageError(
-            f"--tee expects 0 (none), 1 (stdout), 2 (stderr), 3 (both) or per local rank such as '0:3,1:2', got {tee!r}"
-        )
-
-    if values["machine_rank"] >= values["num_machines"]:
-        raise UsageError(
-            f"--machine_rank {values['machine_rank']} is out of range for --num_machines "
-            f"{values['num_machines']} (ranks go from 0 to {values['num_machines'] - 1})"
-        )
-    if values["num_processes"] % values["num_machines"]:
-        raise UsageError(
-            f"--num_processes {values['num_processes']} is not a multiple of --num_machines "
-            f"{values['num_machines']} (num_processes counts the processes of all machines)"
-        )
-    if values["num_machines"] > 1 and not values["main_process_ip"]:
-        raise UsageError("a run on several machines needs --main_process_ip (the address of the machine of rank 0)")
-    if values["compute_environment"] != "LOCAL_MACHINE":
-        raise UsageError(f"compute_environment {values['compute_environment']} is not supported; use LOCAL_MACHINE")
-
-
 def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Plugins, LaunchPlan, list[str]]:
     """Resolve everything ``accel launch`` needs; raise ``UsageError`` on bad input before anything is printed,
     started or written. Returns the plugins, the plan, and the notices to print (one line each)."""
@@ -335,23 +295,11 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
         if ignored:
             notices.append(f"ignoring config keys: {'; '.join(ignored)}")
     flags = {opt.name: getattr(args, opt.name, None) for opt in options if opt.cli}
-    values, sources = resolve(options, flags=flags, config=config, env=env)
-    if values["multi_gpu"] and sources["num_processes"] == "default":
-        values["num_processes"] = max(1, plugins.detect_hardware(env).device_count)
-        sources["num_processes"] = "hardware"
-    check(values)
-    if values["enable_cpu_affinity"] and plugins.detect_hardware(env).name == "cpu":
-        values["enable_cpu_affinity"] = False
-        notices.append(
-            "--enable_cpu_affinity binds each process to the CPUs next to its GPU; there is no GPU here, "
-            "so it does nothing"
-        )
+    values, sources = resolve_plan(plugins, env, flags=flags, config=config, notices=notices)
     script = args.training_script
     if not (args.module or args.no_python) and not os.path.isfile(script):
         raise UsageError(f"training script {script!r} does not exist")
-    settings = Settings(values, sources, world_size=values["num_processes"], phase="launch", env=env)
-    plugins.activate(settings)
-    refuse_idle_plugin_flags(options, values, sources, {c.name for c in plugins.components})
+    settings = activate_plan(plugins, values, sources, env)
     defaults = [n for n in ANNOUNCED if sources[n] in ("default", "hardware")]
     if path is None and defaults:
         listed = ", ".join(f"`--{n}` was set to a value of `{values[n]!r}`" for n in defaults)
@@ -379,24 +327,6 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
     return plugins, plan, [] if args.quiet else notices
 
 
-def refuse_idle_plugin_flags(
-    options: Options, values: Mapping[str, Any], sources: Mapping[str, str], active: set[str]
-) -> None:
-    """A flag of an installed plugin that does not take part in this run would silently change nothing: refuse it
-    (one that sets the default value, such as ``--no_tpu_cluster``, asks for nothing and passes)."""
-    for opt in options:
-        if (
-            opt.plugin != KERNEL
-            and sources.get(opt.name) == "flag"
-            and opt.plugin not in active
-            and values.get(opt.name) != opt.default
-        ):
-            raise UsageError(
-                f"--{opt.name} is an option of plugin {opt.plugin!r}, which does not take part in this "
-                f"run; select it (--plugin {opt.plugin}) or drop the flag"
-            )
-
-
 def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:
     print("accel launch plan (dry run: nothing is started)")
     comps = ", ".join(f"{c.name} ({c.role})" for c in plugins.components) or "none (kernel only)"
@@ -410,7 +340,7 @@ def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:
         print(f"settings (value, where it came from; {hidden} more at their defaults, --verbose lists them):")
     for key, value in shown:
         print(f"  {key} = {value!r} ({plan.settings.sources.get(key, '?')})")
-    print("hooks (who answers; 'accel' is the kernel's default):")
+    print("hooks (who answers; 'accel' and 'accel.*' are built-in plugins):")
     for hook, (firstresult, who) in plugins.answer_order().items():
         if not who:
             print(f"  {hook}: -")
