@@ -71,6 +71,21 @@ def plugin_filter(env: Mapping[str, str], blocked: Iterable[str] = ()) -> tuple[
     return disabled, allow
 
 
+def unknown_plugin_names(env: Mapping[str, str], blocked: Iterable[str], installed: Iterable[str]) -> list[str]:
+    """One warning line for each name in ``-p no:NAME``, ``ACCEL_DISABLE_PLUGINS`` or ``ACCEL_PLUGINS`` that matches no
+    installed plugin (a typo there would otherwise silently keep the plugin on, or load nothing)."""
+    names = sorted(set(installed))
+    where = [(f"-p no:{name}", name) for name in blocked]
+    where += [(f"ACCEL_DISABLE_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_DISABLE_PLUGINS"))]
+    where += [(f"ACCEL_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_PLUGINS"))]
+    return [
+        f"{given} names no installed plugin, so it does nothing{did_you_mean(name, names)} "
+        f"(installed: {', '.join(names) or 'none'})"
+        for given, name in dict.fromkeys(where)
+        if name not in names
+    ]
+
+
 _MODULES: dict[str, Any] = {}  # entry-point value -> imported module (imports happen once per process)
 
 
@@ -98,6 +113,8 @@ class Plugins:
         self.pm = pm
         self.components: list[Component] = []
         self._options: Options | None = None
+        #: warnings about the plugin selection (names that match no installed plugin), for the caller to show
+        self.warnings: list[str] = []
 
     # ---- loading -------------------------------------------------------------------------------------------
 
@@ -110,6 +127,7 @@ class Plugins:
     ) -> Plugins:
         """Discover and import plugins. ``extra`` registers (name, module-or-object) pairs directly (tests)."""
         env = os.environ if env is None else env
+        blocked = list(blocked)
         disabled, allow = plugin_filter(env, blocked)
         pm = PluginManager()
         if env.get("ACCEL_TRACE_PLUGINS", "").strip().lower() not in ("", "0", "false", "no"):
@@ -155,7 +173,9 @@ class Plugins:
             rec = PluginRecord(name, "(registered directly)", "", "")
             records.append(rec)
             cls._register_module(pm, rec, obj)
-        return cls(records, pm)
+        plugins = cls(records, pm)
+        plugins.warnings = unknown_plugin_names(env, blocked, [r.name for r in records])
+        return plugins
 
     @staticmethod
     def _register_module(pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:

@@ -32,6 +32,10 @@ class ProcessOpsMixin:
     _trigger: torch.Tensor  # set_trigger/check_trigger's flag
     device: torch.device
     profile_handler: Any  # an accel.utils.ProfileKwargs from kwargs_handlers, or None
+    _loader_check_due: bool  # the Kernel's one look for DataLoaders that did not go through prepare
+
+    def _warn_unprepared_loaders(self) -> None:
+        raise NotImplementedError
 
     @property
     def num_processes(self) -> int:
@@ -182,6 +186,8 @@ class ProcessOpsMixin:
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather`` for evaluation: on the last batch of an epoch, drops the samples that even batching
         duplicated, so the result over an epoch has exactly ``len(dataset)`` items."""
+        if self._loader_check_due:
+            self._warn_unprepared_loaders()
         tensors_only = True
         try:
             map_tensors(lambda t: t, input_data, strict=True)

@@ -26,11 +26,21 @@ def _image(value: Any) -> Any:
     return np.asarray(value)
 
 
+def default_tracking_uri(kernel: Kernel) -> str:
+    """A file store in ``<logging_dir or project_dir or the working directory>/mlruns``: MLflow's own default
+    (``sqlite:///mlflow.db``) needs SQLAlchemy, which mlflow-skinny does not install."""
+    import pathlib
+
+    base = kernel.logging_dir or kernel.project_dir or os.getcwd()
+    return (pathlib.Path(base).resolve() / "mlruns").as_uri()
+
+
 class MLflowTracker(Tracker):
     """One MLflow run per ``init_trackers``: experiment ``project_name`` (or ``experiment_name`` /
     ``MLFLOW_EXPERIMENT_NAME``), the config as params, numbers as metrics.
 
-    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else MLflow's default),
+    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else a file store in
+    ``<logging_dir or project_dir or .>/mlruns``),
     ``experiment_name``, ``artifact_location``, ``experiment_tags``, and any argument of ``mlflow.start_run``
     (``run_name``, ``run_id``, ``tags``, ``nested``, ``description``). ``get_tracker("mlflow", unwrap=True)`` is the
     ``mlflow.ActiveRun``."""
@@ -51,6 +61,8 @@ class MLflowTracker(Tracker):
         own = {k: kwargs.pop(k) for k in _OWN_KEYS if k in kwargs}
         if own.get("tracking_uri"):
             mlflow.set_tracking_uri(own["tracking_uri"])
+        elif not os.environ.get("MLFLOW_TRACKING_URI"):
+            mlflow.set_tracking_uri(default_tracking_uri(kernel))
         name = own.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or project_name
         experiment = mlflow.get_experiment_by_name(name)
         if experiment is not None:
