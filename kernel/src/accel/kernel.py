@@ -713,7 +713,7 @@ _ACTIVE: list[Kernel] = []
 
 
 #: What ``prepare`` takes, for its error messages.
-PREPARE_TAKES = "prepare takes models, optimizers, DataLoaders and LR schedulers (other objects pass through)"
+PREPARE_TAKES = "prepare takes models, optimizers, DataLoaders and LR schedulers"
 
 
 def check_prepare_arguments(args: Sequence[Any]) -> None:

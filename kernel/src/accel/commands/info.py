@@ -88,16 +88,17 @@ def _plugins_table(records: Sequence[PluginRecord], width: int | None) -> str:
     """The plugins as plain-text columns ``width`` wide (the terminal's: COLUMNS, else the terminal, else 80). Name
     and version keep their width, hooks wrap between whole names, the status wraps to what is left; the distribution
     folds at its hyphens only when the status would get under 20 columns, and width the status does not need goes
-    to the hooks (fewer lines). ``width=None``: one line per plugin, each column as wide as its longest cell."""
+    to the hooks (fewer lines). ``width=None``: one line per plugin, each column as wide as its longest cell, the hooks last."""
     names = ("name", "distribution", "version", "hooks", "status")
     rows = [
         (r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
         for r in records
     ]
     widths = [max(len(names[i]), *(len(row[i]) for row in rows)) for i in range(5)]
-    if width is None:
+    if width is None:  # the long hooks cell last, so no other column waits behind its padding
+        order = (0, 1, 2, 4, 3)
         return "\n".join(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            "  ".join(row[i].ljust(widths[i]) for i in order).rstrip()
             for row in [names, tuple("-" * w for w in widths), *rows]
         )
     widths[3] = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])  # a whole name and its comma

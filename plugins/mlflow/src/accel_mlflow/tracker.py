@@ -27,20 +27,27 @@ def _image(value: Any) -> Any:
 
 
 def default_tracking_uri(kernel: Kernel) -> str:
-    """A file store in ``<logging_dir or project_dir or the working directory>/mlruns``: MLflow's own default
-    (``sqlite:///mlflow.db``) needs SQLAlchemy, which mlflow-skinny does not install."""
+    """Where runs go when neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` says: in ``logging_dir``, else
+    ``project_dir``, else the working directory, MLflow's default database (``mlflow.db``) where its database
+    packages are installed, else a file store (``mlruns``): mlflow-skinny has no SQLAlchemy for MLflow's own default
+    and refuses the file store unless ``MLFLOW_ALLOW_FILE_STORE`` allows it, which this sets for the process."""
+    import importlib.util
     import pathlib
 
-    base = kernel.logging_dir or kernel.project_dir or os.getcwd()
-    return (pathlib.Path(base).resolve() / "mlruns").as_uri()
+    base = pathlib.Path(kernel.logging_dir or kernel.project_dir or os.getcwd()).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("sqlalchemy") and importlib.util.find_spec("alembic"):
+        return f"sqlite:///{base / 'mlflow.db'}"
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (base / "mlruns").as_uri()
 
 
 class MLflowTracker(Tracker):
     """One MLflow run per ``init_trackers``: experiment ``project_name`` (or ``experiment_name`` /
     ``MLFLOW_EXPERIMENT_NAME``), the config as params, numbers as metrics.
 
-    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else a file store in
-    ``<logging_dir or project_dir or .>/mlruns``),
+    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else ``mlflow.db`` or, with
+    mlflow-skinny, ``mlruns/`` in ``logging_dir`` / ``project_dir`` / the working directory),
     ``experiment_name``, ``artifact_location``, ``experiment_tags``, and any argument of ``mlflow.start_run``
     (``run_name``, ``run_id``, ``tags``, ``nested``, ``description``). ``get_tracker("mlflow", unwrap=True)`` is the
     ``mlflow.ActiveRun``."""
