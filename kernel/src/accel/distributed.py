@@ -187,10 +187,16 @@ def failure_line(
 ) -> tuple[str, int]:
     """One line for torch's ``ChildFailedError`` (which process failed first, how, where its output is) and the exit
     code to return. ``noted``: when an exception ended each worker, by rank (:func:`accel.processes.failure_times`);
-    torch's own timestamps have whole seconds only. A failed process with no noted time ended without a Python
-    exception (a signal, ``sys.exit``, a crash) and counts as earlier than those noted in the same second."""
+    torch's own timestamps have whole seconds only. Within one second: a process ended by SIGTERM (torchrun's agent
+    stops the others that way) comes last; one with no noted time ended without a Python exception (``sys.exit``,
+    a crash, another signal) and comes before those noted; ties keep torch's order."""
     noted = noted or {}
-    failures = sorted(exc.failures.items(), key=lambda kv: (kv[1].timestamp, noted.get(kv[0], float("-inf")), kv[0]))
+
+    def order(item: tuple[int, Any]) -> tuple[int, bool, float]:
+        rank, failure = item
+        return failure.timestamp, failure.exitcode == -signal.SIGTERM, noted.get(rank, float("-inf"))
+
+    failures = sorted(exc.failures.items(), key=order)
     rank, first = failures[0]
     code = first.exitcode if first.exitcode and first.exitcode > 0 else (128 - first.exitcode if first.exitcode else 1)
     how = (

@@ -37,6 +37,7 @@ from accel.options import (
     did_you_mean,
     install_hint,
     known_capabilities,
+    known_plugins,
     providers_of,
 )
 
@@ -72,17 +73,20 @@ def plugin_filter(env: Mapping[str, str], blocked: Iterable[str] = ()) -> tuple[
 
 
 def unknown_plugin_names(env: Mapping[str, str], blocked: Iterable[str], installed: Iterable[str]) -> list[str]:
-    """One warning line for each name in ``-p no:NAME``, ``ACCEL_DISABLE_PLUGINS`` or ``ACCEL_PLUGINS`` that matches no
-    installed plugin (a typo there would otherwise silently keep the plugin on, or load nothing)."""
+    """One warning line for each name in ``-p no:NAME``, ``ACCEL_DISABLE_PLUGINS`` or ``ACCEL_PLUGINS`` that is neither
+    an installed plugin nor a published one (a typo there would otherwise silently keep the plugin on, or load
+    nothing). A published plugin that is not installed here is no mistake: one environment may serve machines with
+    different plugins."""
     names = sorted(set(installed))
+    published = known_plugins()["plugins"]
     where = [(f"-p no:{name}", name) for name in blocked]
     where += [(f"ACCEL_DISABLE_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_DISABLE_PLUGINS"))]
     where += [(f"ACCEL_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_PLUGINS"))]
     return [
-        f"{given} names no installed plugin, so it does nothing{did_you_mean(name, names)} "
+        f"{given} names no plugin, so it does nothing{did_you_mean(name, sorted({*names, *published}))} "
         f"(installed: {', '.join(names) or 'none'})"
         for given, name in dict.fromkeys(where)
-        if name not in names
+        if name not in names and name not in published
     ]
 
 
