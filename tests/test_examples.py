@@ -50,6 +50,7 @@ def test_tracking_writes_the_config_and_metrics(tmp_path: Path) -> None:
     assert '"lr": 0.05' in text and '"train/loss"' in text, text
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_gradient_accumulation_steps_every_fourth_batch(tmp_path: Path) -> None:
     out = run([ACCEL, "launch", "-q", "-n", "2", example("gradient_accumulation.py")], tmp_path)
