@@ -68,6 +68,7 @@ def test_fsdp_shards_the_parameters(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 def test_deepspeed_zero_2_trains(tmp_path: Path) -> None:
     args = [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", "--zero_stage", "2"]
     out = run([*args, example("deepspeed_zero.py")], tmp_path, env=deepspeed_env(tmp_path), timeout=900)
