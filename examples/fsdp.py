@@ -4,7 +4,8 @@
     accel launch -n 2 --plugin fsdp --mixed_precision bf16 examples/fsdp.py
 
 The script is the one you would write for plain data parallelism: the plugin shards the model in ``prepare``.
-``kernel.get_state_dict(model)`` gathers the full weights (on every process), for saving a plain checkpoint.
+``kernel.get_state_dict(model)`` gathers the full weights (call it on every process: it is a collective), for
+saving a plain checkpoint from the main process.
 """
 
 from __future__ import annotations
