@@ -1,4 +1,5 @@
-"""MNIST-style example on scikit-learn's digits (8x8 images, ships with scikit-learn: no download).
+"""MNIST-style example on scikit-learn's digits (8x8 images, ships with scikit-learn: no download). It needs
+scikit-learn (``pip install -r examples/requirements.txt``), which no accel distribution installs.
 
 A small CNN, AdamW, StepLR, three short epochs of training (about 0.89 accuracy on 2 CPU processes), each
 followed by evaluation with ``gather_for_metrics``.
@@ -24,7 +25,12 @@ from accel import Kernel, ProjectConfiguration
 
 
 def datasets() -> tuple[TensorDataset, TensorDataset]:
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SystemExit(
+            "examples/train_digits.py needs scikit-learn: pip install -r examples/requirements.txt"
+        ) from None
 
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0

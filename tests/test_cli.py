@@ -4,6 +4,7 @@ accel.commands.launch`, flags beating the config file, the default config lookup
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -50,8 +51,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 def settings_of(stdout: str) -> dict[str, str]:
     """``name -> "value (source)"`` from the settings block of a dry run (only the settings that differ from their
     defaults, unless the dry run was --verbose)."""
-    block = stdout.split("\nsettings (", 1)[1].split("\n", 1)[1].split("\nhooks", 1)[0]
-    return dict(line.strip().split(" = ", 1) for line in block.splitlines())
+    block = stdout.split("\nsettings (", 1)[1].splitlines()[1:]
+    return dict(line.strip().split(" = ", 1) for line in itertools.takewhile(lambda x: x.startswith("  "), block))
 
 
 def launcher_line(stdout: str) -> str:
@@ -169,24 +170,36 @@ def test_defaults_are_listed_in_one_notice(env):
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(env, tmp_path):
+    """Before: 43 lines, 30 of them hook names, and the worker prelude `python -S -c 'import ctypes...prctl'` in
+    the command. Now: the plan, the command as a user would type it, the environment; hooks with --verbose."""
     marker = tmp_path / "started.txt"
-    result = run(["launch", "--dry-run", "-n", "2", "-p", "no:nothing", PROBE, "--touch", str(marker)], env)
+    result = run(["launch", "--dry-run", "-n", "2", "-p", "no:ddpp", PROBE, "--touch", str(marker)], env)
     assert result.returncode == 0, result
     out = result.stdout
     assert "active plugins: ddp (strategy)" in out
-    # which plugin answers each hook
-    assert re.search(r"^  accel_prepare_training: ddp:strategy \(then accel\)$", out, re.M), out
-    assert re.search(r"^  accel_backward: accel$", out, re.M), out
-    assert re.search(r"^  accel_detect_hardware: each of ddp, accel$", out, re.M), out
-    # the exact launcher command, with the script and its arguments
+    assert "accel_" not in out and "prctl" not in out and "-S -c" not in out, out
+    assert len(out.splitlines()) <= 12, out
+    # the launcher command as typed by hand (torchrun's own), with the script and its arguments
     command = launcher_line(out)
     assert command.startswith(f"launcher: ddp (torchrun): {sys.executable} -m torch.distributed.run ")
-    assert command.endswith(f"{PROBE} --touch {marker}")
+    assert command.endswith(
+        f"--nproc_per_node=2 --max_restarts=0 --monitor_interval=0.1 --node_rank=0 "
+        f"--master_addr=127.0.0.1 --master_port={command.split('--master_port=')[1].split()[0]} "
+        f"-- {PROBE} --touch {marker}"
+    )
     # the environment handed to the workers
     env_block = out.split("environment for the workers (added to or changed from yours):\n", 1)[1]
     assert "ACCEL_CONFIG='{\"num_processes\": 2}'" in env_block
-    assert "ACCEL_DISABLE_PLUGINS=nothing" in env_block
+    assert "ACCEL_DISABLE_PLUGINS=ddpp" in env_block
+    assert result.err_lines[0] == (
+        "accel: warning: -p no:ddpp names no plugin, so it does nothing; did you mean `ddp`? (installed: ddp)"
+    )
     assert not marker.exists()  # nothing was started
+    # which plugin answers each hook: behind --verbose
+    verbose = run(["launch", "--dry-run", "--verbose", "-n", "2", PROBE], env).stdout
+    assert re.search(r"^  accel_prepare_training: ddp:strategy \(then accel\)$", verbose, re.M), verbose
+    assert re.search(r"^  accel_backward: accel$", verbose, re.M), verbose
+    assert re.search(r"^  accel_detect_hardware: each of ddp, accel$", verbose, re.M), verbose
 
 
 def test_dry_run_single_process(env, tmp_path):

@@ -6,6 +6,7 @@ and dynamo count as not installed whatever this environment has."""
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -143,8 +144,8 @@ def write(tmp_path: Path, text: str, name: str = "config.yaml") -> str:
 
 
 def settings_of(stdout: str) -> dict[str, str]:
-    block = stdout.split("\nsettings (", 1)[1].split("\n", 1)[1].split("\nhooks", 1)[0]  # settings not at defaults
-    return dict(line.strip().split(" = ", 1) for line in block.splitlines())
+    block = stdout.split("\nsettings (", 1)[1].splitlines()[1:]  # settings not at defaults, then the launcher line
+    return dict(line.strip().split(" = ", 1) for line in itertools.takewhile(lambda x: x.startswith("  "), block))
 
 
 def launcher_line(stdout: str) -> str:

@@ -89,7 +89,7 @@ class LaunchPlan:
     env: dict[str, str]
     python: str  # the workers' interpreter; "" for --no_python (command[0] is an executable)
     dry_run: bool = False  # print the exact command, start nothing, return 0
-    verbose: bool = False  # a dry run lists every setting, not only those that differ from their defaults
+    verbose: bool = False  # a dry run lists every setting (not only those off their defaults) and the hook table
 
 
 #: Launch settings with the values that ask a launcher for nothing. An ``accel_launch`` answer carries out or refuses

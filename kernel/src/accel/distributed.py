@@ -182,10 +182,21 @@ def rank_log(log_dir: str, local_rank: int) -> str | None:
     return str(found[-1]) if found else None
 
 
-def failure_line(exc: Any, settings: Settings, log_dir: str | None) -> tuple[str, int]:
-    """One line for torch's ``ChildFailedError`` (which process failed, how, where its output is) and the exit
-    code to return."""
-    failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+def failure_line(
+    exc: Any, settings: Settings, log_dir: str | None, noted: Mapping[int, float] | None = None
+) -> tuple[str, int]:
+    """One line for torch's ``ChildFailedError`` (which process failed first, how, where its output is) and the exit
+    code to return. ``noted``: when an exception ended each worker, by rank (:func:`accel.processes.failure_times`);
+    torch's own timestamps have whole seconds only. Within one second: a process ended by SIGTERM (torchrun's agent
+    stops the others that way) comes last; one with no noted time ended without a Python exception (``sys.exit``,
+    a crash, another signal) and comes before those noted; ties keep torch's order."""
+    noted = noted or {}
+
+    def order(item: tuple[int, Any]) -> tuple[int, bool, float]:
+        rank, failure = item
+        return failure.timestamp, failure.exitcode == -signal.SIGTERM, noted.get(rank, float("-inf"))
+
+    failures = sorted(exc.failures.items(), key=order)
     rank, first = failures[0]
     code = first.exitcode if first.exitcode and first.exitcode > 0 else (128 - first.exitcode if first.exitcode else 1)
     how = (
@@ -226,7 +237,7 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         plan.settings,
         plan.command,
         no_python=not plan.python,
-        with_launcher=True,
+        with_launcher=not plan.dry_run,  # the dry run shows the command as a user would type it
         python=plan.python or sys.executable,
         log_dir=log_dir,
     )
@@ -251,6 +262,10 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         # torch's agent stops the workers with the signal it is given: SIGTERM ends them quietly
         raise SignalException(f"accel launch got {signal_name(signum)}", sigval=signal.SIGTERM)
 
+    import shutil
+    import tempfile
+
+    times = os.environ[processes.FAILURE_TIMES] = tempfile.mkdtemp(prefix="accel-failures-")
     total = plan.settings["num_processes"] // plan.settings["num_machines"]
     with processes.stop_signals(stop) as request:
         try:
@@ -260,9 +275,11 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
             print(processes.stopped_line(signum, f"the {total} process(es) of this machine"), file=sys.stderr)
             return 128 + signum
         except ChildFailedError as exc:
-            line, code = failure_line(exc, plan.settings, log_dir)
+            line, code = failure_line(exc, plan.settings, log_dir, processes.failure_times(times))
             print(line, file=sys.stderr)
             return code
+        finally:
+            shutil.rmtree(times, ignore_errors=True)
     return 0
 
 

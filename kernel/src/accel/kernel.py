@@ -34,12 +34,13 @@ from accel.contract import Topology
 from accel.data import GradientState, PreparedDataLoader, skip_first_batches
 from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError, user_stacklevel
-from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve
+from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve, unread_accelerate_variables
 from accel.plugins import Plugins
 from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, _Accumulate
 from accel.process_ops import ProcessOpsMixin
+from accel.processes import note_failure_time
 from accel.project import ProjectConfiguration, check_project_config, configure_project
-from accel.tracking import TrackingMixin
+from accel.tracking import TrackingMixin, check_tracker_names
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 _ARGUMENTS = (
@@ -109,6 +110,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             gradient_accumulation_steps=gradient_accumulation_steps,
         )
         check_bool("Kernel(step_scheduler_with_optimizer=...)", step_scheduler_with_optimizer)
+        note_failure_time()  # a worker of `accel launch`: its failure summary can name the first process that failed
         env = dict(os.environ)
         check_project_config(project_config)
         if project_dir is None and project_config is not None:
@@ -168,13 +170,21 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._warned: set[str] = set()
         self._torn_down = False
         self._leaders = None  # gather_for_metrics: the first process of each data shard
+        self._passed_loaders: set[int] = set()  # ids of the DataLoaders given to prepare
+        self._loader_check_due = False  # set once the topology is known (several processes)
+        check_tracker_names(self.settings["log_with"] or [], self.plugins.records)
         self.plugins.activate(self.settings)
         hook = self.plugins.pm.hook
         hook.accel_setup(kernel=self)
         self.topology: Topology = hook.accel_topology(kernel=self)
         idle = handled.unused(declared, [KERNEL, *(c.name for c in self.plugins.components)])
-        if idle and self.is_main_process:
-            warnings.warn(idle, UserWarning, stacklevel=user_stacklevel())
+        # `accel launch` said the plugin-selection warnings already (it hands ACCEL_CONFIG to its workers)
+        said = [] if "ACCEL_CONFIG" in env else self.plugins.warnings
+        if self.is_main_process:
+            for message in [idle, *said, unread_accelerate_variables(env, declared)]:
+                if message:
+                    warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+        self._loader_check_due = self.num_processes > 1
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
@@ -300,6 +310,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         them in the same order (one object returned as itself). Other objects pass through unchanged."""
         from torch.utils.data import DataLoader
 
+        check_prepare_arguments(args)
         hook = self.plugins.pm.hook
         self._hot = HotHooks(self.plugins.pm)
         kinds: list[str] = []
@@ -321,6 +332,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             elif isinstance(obj, DataLoader):
                 kinds.append("dataloader")
                 dataloaders.append(obj)
+                self._passed_loaders.add(id(obj))
             else:
                 kinds.append("other")
         for model in models:
@@ -357,6 +369,44 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             else:
                 out.append(next(queues[kind]))
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _warn_unprepared_loaders(self) -> None:
+        """Once, at the first ``backward`` or ``gather_for_metrics`` of a run of several processes: a torch DataLoader
+        held by the calling frames (the training loop and its callers) that never went through ``prepare`` and has no
+        DistributedSampler gives every process the whole dataset. Loaders of iterable datasets are left out (they
+        may shard themselves)."""
+        self._loader_check_due = False
+        if not self.is_main_process:
+            return
+        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+        def unsharded(value: Any) -> bool:
+            samplers = (
+                getattr(value, "sampler", None),
+                getattr(getattr(value, "batch_sampler", None), "sampler", None),
+            )
+            return (
+                isinstance(value, DataLoader)
+                and id(value) not in self._passed_loaders
+                and not isinstance(value.dataset, IterableDataset)
+                and not any(isinstance(s, DistributedSampler) for s in samplers)
+            )
+
+        names: dict[str, None] = {}
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if not str(frame.f_globals.get("__name__", "")).startswith("accel."):
+                names.update((name, None) for name, value in list(frame.f_locals.items()) if unsharded(value))
+            frame = frame.f_back
+        if names:
+            listed = ", ".join(f"`{n}`" for n in names)
+            warnings.warn(
+                f"DataLoader {listed} did not go through kernel.prepare(): each of the {self.num_processes} "
+                "processes iterates its whole dataset (the same batches everywhere, an epoch "
+                f"{self.num_processes}x too long); pass it to kernel.prepare() to give each process its own shard",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
 
     def _is_prepared(self, obj: Any) -> bool:
         """Whether ``prepare`` returned ``obj`` before (Accelerate returns such objects as they are, too)."""
@@ -399,6 +449,10 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         """Backward through the active plugins (scaler, engine, ...). The loss is divided by
         ``gradient_accumulation_steps`` so accumulated gradients average over micro-batches. Keyword arguments
         (``retain_graph=True``, ``inputs=[...]``) go on to ``Tensor.backward``."""
+        if not getattr(loss, "requires_grad", False):
+            raise UsageError(no_grad_message(loss))
+        if self._loader_check_due:
+            self._warn_unprepared_loaders()
         hot = self._hot
         if hot.plain_backward:  # only the kernel's default answers: its call, made here
             loss = self.scale_for_accumulation(loss)
@@ -626,6 +680,52 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
 
 
 _ACTIVE: list[Kernel] = []
+
+
+#: What ``prepare`` takes, for its error messages.
+PREPARE_TAKES = "prepare takes models, optimizers, DataLoaders and LR schedulers"
+
+
+def check_prepare_arguments(args: Sequence[Any]) -> None:
+    """One-line UsageErrors for what ``prepare`` would otherwise pass through silently although it cannot be meant:
+    ``None`` alone (``None`` among other objects passes, as in Accelerate: an optional scheduler), a tensor, an
+    iterator or generator (it would be used up by the first epoch and never sharded), the same object twice."""
+    import collections.abc
+
+    from torch.utils.data import DataLoader
+
+    if args and all(obj is None for obj in args):
+        raise UsageError(f"kernel.prepare() got only None; {PREPARE_TAKES}")
+    seen: dict[int, int] = {}
+    for position, obj in enumerate(args, 1):
+        where = f"kernel.prepare() argument {position}"
+        if isinstance(obj, torch.Tensor):
+            raise UsageError(
+                f"{where} is a tensor; {PREPARE_TAKES}; move a tensor with tensor.to(kernel.device), or wrap data in "
+                "a Dataset and a DataLoader"
+            )
+        if isinstance(obj, collections.abc.Iterator) and not isinstance(obj, DataLoader):
+            raise UsageError(
+                f"{where} is an iterator ({type(obj).__name__}), which is used up after one pass and cannot be "
+                f"split between processes; {PREPARE_TAKES}: pass the DataLoader itself"
+            )
+        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, DataLoader)) or hasattr(obj, "get_last_lr"):
+            first = seen.setdefault(id(obj), position)
+            if first != position:
+                raise UsageError(
+                    f"{where} is the same {type(obj).__name__} object as argument {first}; pass each object once"
+                )
+
+
+def no_grad_message(loss: Any) -> str:
+    """Why ``kernel.backward(loss)`` cannot run, for a loss that is not a tensor that requires grad."""
+    if not isinstance(loss, torch.Tensor):
+        return f"kernel.backward() needs the loss tensor, got {type(loss).__name__} {loss!r:.40}"
+    return (
+        "kernel.backward(): the loss does not require grad: it was computed under torch.no_grad() or "
+        "torch.inference_mode(), from detached tensors (.item(), .detach()), or from a model with no trainable "
+        "parameters; compute it from the model's output with grad enabled"
+    )
 
 
 def active_kernel() -> Kernel | None:

@@ -509,6 +509,28 @@ def providers_of(capability: str) -> list[str]:
 # Resolution
 
 
+def unread_accelerate_variables(env: Mapping[str, str], options: Iterable[Option]) -> str:
+    """One notice naming the ``ACCELERATE_*`` variables of ``env`` that no declared option reads (with what to use
+    instead), or an empty string. ``ACCELERATE_USE_X=false`` asks for nothing and is left out."""
+    read = {var for opt in options for var in opt.env}
+    select = known_plugins()["accelerate_launch_flags"]["select"]
+    named = []
+    for var in sorted(env):
+        if not var.startswith("ACCELERATE_") or var in read:
+            continue
+        flag = var[len("ACCELERATE_") :].lower()
+        if flag.startswith("use_") and env[var].strip().lower() in ("", "0", "false", "no", "off"):
+            continue
+        plugin = select.get(flag)
+        named.append(f"{var} (use --plugin {plugin} or Kernel(plugins=[{plugin!r}]))" if plugin else var)
+    if not named:
+        return ""
+    return (
+        f"accel does not read {', '.join(named)}; its settings are `accel launch` flags, Kernel arguments or "
+        "ACCEL_* variables (`accel launch --help`)"
+    )
+
+
 def int_env(env: Mapping[str, str], var: str, default: int) -> int:
     """A whole number from environment variable ``var`` (``default`` when unset or empty), or a UsageError naming
     the variable and its value (``WORLD_SIZE=two``)."""

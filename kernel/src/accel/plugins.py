@@ -42,6 +42,7 @@ from accel.options import (
     did_you_mean,
     install_hint,
     known_capabilities,
+    known_plugins,
     providers_of,
     provides,
 )
@@ -81,6 +82,24 @@ def plugin_filter(env: Mapping[str, str], blocked: Iterable[str] = ()) -> tuple[
     return disabled, allow
 
 
+def unknown_plugin_names(env: Mapping[str, str], blocked: Iterable[str], installed: Iterable[str]) -> list[str]:
+    """One warning line for each name in ``-p no:NAME``, ``ACCEL_DISABLE_PLUGINS`` or ``ACCEL_PLUGINS`` that is neither
+    an installed plugin nor a published one (a typo there would otherwise silently keep the plugin on, or load
+    nothing). A published plugin that is not installed here is no mistake: one environment may serve machines with
+    different plugins."""
+    names = sorted(set(installed))
+    published = known_plugins()["plugins"]
+    where = [(f"-p no:{name}", name) for name in blocked]
+    where += [(f"ACCEL_DISABLE_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_DISABLE_PLUGINS"))]
+    where += [(f"ACCEL_PLUGINS={name}", name) for name in _csv(env.get("ACCEL_PLUGINS"))]
+    return [
+        f"{given} names no plugin, so it does nothing{did_you_mean(name, sorted({*names, *published}))} "
+        f"(installed: {', '.join(names) or 'none'})"
+        for given, name in dict.fromkeys(where)
+        if name not in names and name not in published
+    ]
+
+
 _MODULES: dict[str, Any] = {}  # entry-point value -> imported module (imports happen once per process)
 
 
@@ -112,6 +131,8 @@ class Plugins:
         self.pm = pm
         self.components: list[Component] = []
         self._options: Options | None = None
+        #: warnings about the plugin selection (names that match no installed plugin), for the caller to show
+        self.warnings: list[str] = []
 
     # ---- loading -------------------------------------------------------------------------------------------
 
@@ -124,6 +145,7 @@ class Plugins:
     ) -> Plugins:
         """Discover and import plugins. ``extra`` registers (name, module-or-object) pairs directly (tests)."""
         env = os.environ if env is None else env
+        blocked = list(blocked)
         disabled, allow = plugin_filter(env, blocked)
         pm = PluginManager()
         if env.get("ACCEL_TRACE_PLUGINS", "").strip().lower() not in ("", "0", "false", "no"):
@@ -174,7 +196,9 @@ class Plugins:
         for rec, module in registered:
             if rec.status == "loaded":
                 cls._check_module(pm, rec, module)
-        return cls(records, pm, builtin)
+        plugins = cls(records, pm, builtin)
+        plugins.warnings = unknown_plugin_names(env, blocked, [r.name for r in records])
+        return plugins
 
     @staticmethod
     def _register_builtin(pm: pluggy.PluginManager, name: str, module_name: str, version: str) -> PluginRecord:

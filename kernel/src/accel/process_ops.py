@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel.errors import UsageError
 from accel.nested import map_tensors
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -20,6 +21,21 @@ from accel.nested import map_tensors
 if TYPE_CHECKING:
     from accel.contract import Collectives
     from accel.data import GradientState
+
+
+def refuse_unpicklable(value: Any) -> None:
+    """A UsageError for a ``gather_for_metrics`` value that is neither tensors nor picklable, raised on every process
+    before any collective (a pickling error inside ``all_gather_object`` would leave the other processes waiting)."""
+    import pickle
+
+    try:
+        pickle.dumps(value)
+    except Exception as exc:  # PicklingError, TypeError, AttributeError: whatever pickle says, one line
+        raise UsageError(
+            f"kernel.gather_for_metrics() got {type(value).__name__} {value!r:.60}, which is neither tensors (in "
+            f"lists, tuples or dicts) nor an object that can be pickled ({exc}); pass tensors, or picklable "
+            "objects (numbers, strings, lists of them)"
+        ) from None
 
 
 class ProcessOpsMixin:
@@ -32,6 +48,10 @@ class ProcessOpsMixin:
     _trigger: torch.Tensor  # set_trigger/check_trigger's flag
     device: torch.device
     profile_handler: Any  # an accel.utils.ProfileKwargs from kwargs_handlers, or None
+    _loader_check_due: bool  # the Kernel's one look for DataLoaders that did not go through prepare
+
+    def _warn_unprepared_loaders(self) -> None:
+        raise NotImplementedError
 
     @property
     def num_processes(self) -> int:
@@ -182,11 +202,15 @@ class ProcessOpsMixin:
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather`` for evaluation: on the last batch of an epoch, drops the samples that even batching
         duplicated, so the result over an epoch has exactly ``len(dataset)`` items."""
+        if self._loader_check_due:
+            self._warn_unprepared_loaders()
         tensors_only = True
         try:
             map_tensors(lambda t: t, input_data, strict=True)
         except TypeError:
             tensors_only = False
+        if use_gather_object or not tensors_only:
+            refuse_unpicklable(input_data)
         if self.data_parallel_size != self.num_processes:  # one process's values per data shard
             keep = self._shard_leaders()
             parts = self.collectives.all_gather_object(input_data) if (use_gather_object or not tensors_only) else None

@@ -43,6 +43,43 @@ PARENT_DEATH_CODE = (
 )
 
 
+#: A folder the launcher makes for the workers to note when an exception ended them (file ``<RANK>``: the time), so
+#: the failure summary names the process that failed first: torch's timestamps have whole seconds only, and a
+#: process whose peer died fails in its next collective, within the same second.
+FAILURE_TIMES = "ACCEL_FAILURE_TIMES"
+
+
+def note_failure_time() -> None:
+    """In a worker of ``accel launch``: make an uncaught exception write the time to ``$ACCEL_FAILURE_TIMES/<RANK>``
+    before Python prints it (nothing happens elsewhere, or twice)."""
+    folder, rank = os.environ.get(FAILURE_TIMES), os.environ.get("RANK")
+    previous = sys.excepthook
+    if not folder or not rank or getattr(previous, "notes_failure_time", False):
+        return
+    import time
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            Path(folder, rank).write_text(repr(time.time()), encoding="utf-8")
+        except OSError:
+            pass  # the summary then falls back to torch's order
+        previous(kind, exc, tb)
+
+    hook.notes_failure_time = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def failure_times(folder: str | None) -> dict[int, float]:
+    """The times :func:`note_failure_time` wrote, by rank."""
+    times: dict[int, float] = {}
+    for path in Path(folder).iterdir() if folder and os.path.isdir(folder) else []:
+        try:
+            times[int(path.name)] = float(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return times
+
+
 def parent_death_supported() -> bool:
     return sys.platform.startswith("linux")
 
@@ -168,4 +205,6 @@ __all__ = [
     "elastic_signals",
     "quiet_torch_elastic",
     "PARENT_DEATH_CODE",
+    "note_failure_time",
+    "failure_times",
 ]

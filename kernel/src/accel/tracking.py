@@ -48,6 +48,23 @@ def requested(settings: Settings, name: str) -> bool:
     return name in wanted or ALL in wanted
 
 
+def check_tracker_names(log_with: Iterable[Any], installed: Iterable[str]) -> None:
+    """A ``log_with`` name that is neither an installed plugin nor a published tracker is a UsageError with the
+    closest tracker name (``tensorbaord`` -> ``tensorboard``); a published tracker that is not installed is left to
+    the capability check, which says what to install."""
+    from accel.options import did_you_mean, known_plugins
+
+    published = [n for n, info in known_plugins()["plugins"].items() if f"tracker:{n}" in info["provides"]]
+    known = set(installed) | set(published) | {ALL}
+    for name in log_with:
+        if isinstance(name, str) and name not in known:
+            trackers = ", ".join(sorted(set(published) | {ALL}))
+            raise UsageError(
+                f"log_with={name!r} names no tracker{did_you_mean(name, sorted(known))} (trackers: {trackers}; a "
+                "tracker plugin of your own is named as its entry point)"
+            )
+
+
 def as_scalar(value: Any) -> int | float | None:
     """``value`` as a Python number if it is one (bool excluded), a one-element tensor or a numpy scalar; else
     ``None``. Trackers use it to tell metrics from text and other objects."""
@@ -95,6 +112,10 @@ class TrackingMixin:
     _warned: set[str]
 
     def call_isolated(self, hook_name: str, **kwargs: Any) -> None:  # implemented by Kernel
+        raise NotImplementedError
+
+    @property
+    def is_main_process(self) -> bool:  # implemented by Kernel
         raise NotImplementedError
 
     @property
@@ -241,6 +262,7 @@ class TrackingMixin:
             )
 
     def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
+        """Warn about a tracking call once, on the main process (every process makes the same call)."""
+        if key not in self._warned and self.is_main_process:
             self._warned.add(key)
             warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())

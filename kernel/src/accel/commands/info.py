@@ -45,6 +45,8 @@ def load_plugins(argv: Sequence[str], parser: Parser) -> tuple[Plugins, argparse
         if not value.startswith("no:") or not value[3:]:
             raise UsageError(f"-p expects no:NAME to disable a plugin, got {value!r}")
     plugins = Plugins.load(blocked=[v[3:] for v in args.blocked])
+    for message in plugins.warnings:
+        print(f"accel: warning: {message}", file=sys.stderr)
     plugins.options()  # a plugin whose accel_add_options fails is shown as failed
     return plugins, args
 
@@ -78,23 +80,31 @@ def plugins_command(argv: Sequence[str]) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print("accel plugins (entry-point group 'accel')")
-    print(_plugins_table(listed, shutil.get_terminal_size().columns))
+    # in a pipe or a file: one line per plugin (no install hint cut in the middle), unless COLUMNS asks for a width
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() or os.environ.get("COLUMNS") else None
+    print(_plugins_table(listed, width))
     if not plugins.all_records:
         print("no plugins installed; the kernel trains on one process. Try: pip install accel-plugin-ddp")
     return 0
 
 
-def _plugins_table(records: Sequence[PluginRecord], width: int) -> str:
+def _plugins_table(records: Sequence[PluginRecord], width: int | None) -> str:
     """The plugins as plain-text columns ``width`` wide (the terminal's: COLUMNS, else the terminal, else 80). Name
     and version keep their width, hooks wrap between whole names, the status wraps to what is left; the distribution
     folds at its hyphens only when the status would get under 20 columns, and width the status does not need goes
-    to the hooks (fewer lines)."""
+    to the hooks (fewer lines). ``width=None``: one line per plugin, each column as wide as its longest cell, the hooks last."""
     names = ("name", "distribution", "version", "hooks", "status")
     rows = [
         (r.name, r.distribution, r.version, ", ".join(r.hooks), _status(r) + (f": {r.reason}" if r.reason else ""))
         for r in records
     ]
     widths = [max(len(names[i]), *(len(row[i]) for row in rows)) for i in range(5)]
+    if width is None:  # the long hooks cell last, so no other column waits behind its padding
+        order = (0, 1, 2, 4, 3)
+        return "\n".join(
+            "  ".join(row[i].ljust(widths[i]) for i in order).rstrip()
+            for row in [names, tuple("-" * w for w in widths), *rows]
+        )
     widths[3] = max([len(names[3])] + [len(h) + 1 for r in records for h in r.hooks])  # a whole name and its comma
     gaps = 2 * (len(names) - 1)
     wanted = min(20, widths[4])

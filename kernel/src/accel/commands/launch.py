@@ -243,10 +243,12 @@ def build_parser(options: Options, prog: str = "accel launch", plugins: Plugins 
         "--dry_run",
         dest="dry_run",
         action="store_true",
-        help="Print the resolved plan (settings that differ from their defaults, plugins per hook, "
-        "launcher command, environment) and exit.",
+        help="Print the resolved plan (active plugins, settings that differ from their defaults, launcher "
+        "command, environment) and exit.",
     )
-    parser.add_argument("--verbose", action="store_true", help="With --dry-run: list every setting.")
+    parser.add_argument(
+        "--verbose", action="store_true", help="With --dry-run: list every setting and which plugin answers each hook."
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="No notices.")
     add_option_flags(parser, options)
     if plugins is not None:
@@ -340,6 +342,8 @@ def print_plan(plugins: Plugins, plan: LaunchPlan) -> None:
         print(f"settings (value, where it came from; {hidden} more at their defaults, --verbose lists them):")
     for key, value in shown:
         print(f"  {key} = {value!r} ({plan.settings.sources.get(key, '?')})")
+    if not plan.verbose:
+        return  # the hook table is for plugin authors
     print("hooks (who answers; 'accel' and 'accel.*' are built-in plugins):")
     for hook, (firstresult, who) in plugins.answer_order().items():
         if not who:
@@ -370,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def launch(argv: list[str]) -> int:
     before = dict(os.environ)
     plugins, plan, notices = plan_launch(argv, before)
+    for message in plugins.warnings:
+        print(f"accel: warning: {message}", file=sys.stderr)
     for message in notices:
         print(f"accel: {message}", file=sys.stderr)
     if not plan.dry_run:

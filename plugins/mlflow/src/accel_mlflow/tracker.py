@@ -25,11 +25,28 @@ def _image(value: Any) -> Any:
     return np.asarray(value)
 
 
+def default_tracking_uri(project_dir: str | None) -> str:
+    """Where runs go when neither ``tracking_uri`` nor ``MLFLOW_TRACKING_URI`` says: in the Kernel's ``project_dir``
+    (else the working directory), MLflow's default database (``mlflow.db``) where its database packages are
+    installed, else a file store (``mlruns``): mlflow-skinny has no SQLAlchemy for MLflow's own default and refuses
+    the file store unless ``MLFLOW_ALLOW_FILE_STORE`` allows it, which this sets for the process."""
+    import importlib.util
+    import pathlib
+
+    base = pathlib.Path(project_dir or os.getcwd()).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("sqlalchemy") and importlib.util.find_spec("alembic"):
+        return f"sqlite:///{base / 'mlflow.db'}"
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (base / "mlruns").as_uri()
+
+
 class MLflowTracker(Tracker):
     """One MLflow run per ``init_trackers``: experiment ``project_name`` (or ``experiment_name`` /
     ``MLFLOW_EXPERIMENT_NAME``), the config as params, numbers as metrics.
 
-    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else MLflow's default),
+    ``init_kwargs["mlflow"]``: ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else ``mlflow.db`` or, with
+    mlflow-skinny, ``mlruns/`` in ``project_dir`` or the working directory),
     ``experiment_name``, ``artifact_location``, ``experiment_tags``, and any argument of ``mlflow.start_run``
     (``run_name``, ``run_id``, ``tags``, ``nested``, ``description``). ``get_tracker("mlflow", unwrap=True)`` is the
     ``mlflow.ActiveRun``."""
@@ -50,6 +67,8 @@ class MLflowTracker(Tracker):
         own = {k: kwargs.pop(k) for k in _OWN_KEYS if k in kwargs}
         if own.get("tracking_uri"):
             mlflow.set_tracking_uri(own["tracking_uri"])
+        elif not os.environ.get("MLFLOW_TRACKING_URI"):
+            mlflow.set_tracking_uri(default_tracking_uri(kernel.project_dir))
         name = own.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or project_name
         experiment = mlflow.get_experiment_by_name(name)
         if experiment is not None:
