@@ -81,7 +81,7 @@ def test_dry_run_and_trace_show_the_builtins(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     env = clean_env(tmp_path)
-    dry = run(["launch", "--dry-run", str(script)], env)
+    dry = run(["launch", "--dry-run", "--verbose", str(script)], env)  # the hook table is behind --verbose
     assert dry.returncode == 0, dry
     assert "  accel_prepare_dataloader: accel.data\n" in dry.stdout, dry.stdout
     assert "  accel_save_state: each of accel.checkpoint\n" in dry.stdout, dry.stdout
