@@ -1,0 +1,120 @@
+"""Fault injection (issue 27): hostile or broken files and silent long work in the CLI: ``accel config`` with a
+place it cannot write, a huge config file, an absurd ``--num_processes``, ``accel estimate-memory``'s defaults and
+its slow builds, and a stale DeepSpeed build lock. Each case is one line and a non-zero exit code, or a line that
+says what long work is being done. Real processes, real files; no mock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from clitools import ACCEL, run
+
+from accel import UsageError
+from accel.config_files import read_config_file
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
+    clean.update(ACCEL_HOME=str(tmp_path / "home"), COLUMNS="200")
+    return clean
+
+
+def _error_lines(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+# ---- accel config --------------------------------------------------------------------------------------------------
+
+
+def test_config_default_where_the_temporary_file_cannot_be_removed_is_one_line(env: dict[str, str]) -> None:
+    # the temporary file's name is taken by a directory: writing it fails and so does removing it (EISDIR), as on a
+    # read-only file system; before: a traceback from the clean-up inside `except OSError`
+    home = Path(env["ACCEL_HOME"])
+    home.mkdir()
+    (home / "default_config.yaml").write_text("mixed_precision: bf16\n")
+    (home / "default_config.yaml.tmp").mkdir()
+    result = run(["config", "default", "--force"], env)
+    lines = _error_lines(result.stderr)
+    assert result.returncode == 2 and len(lines) == 1, result
+    assert lines[0].startswith(f"accel: error: cannot write the config file {home / 'default_config.yaml'}: ")
+    assert "set ACCEL_HOME to a writable directory" in lines[0]
+    assert (home / "default_config.yaml").read_text() == "mixed_precision: bf16\n"  # nothing lost
+
+
+def test_config_default_on_a_read_only_file_system_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    home = Path(env["ACCEL_HOME"])
+    home.mkdir()
+    (home / "default_config.yaml").write_text("mixed_precision: bf16\n")
+    unshare = shutil.which("unshare")
+    script = f'mount --bind "{home}" "{home}" && mount -o remount,ro,bind "{home}" && exec "$@"'
+    probe = subprocess.run([unshare or "unshare", "-m", "sh", "-c", script, "sh", "true"], capture_output=True)
+    if unshare is None or probe.returncode != 0:
+        pytest.skip(f"cannot mount a read-only folder here (needs unshare -m as root): {probe.stderr[-200:]!r}")
+    cmd = [unshare, "-m", "sh", "-c", script, "sh", ACCEL, "config", "default", "--force"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    lines = _error_lines(proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "Read-only file system" in lines[0] and "set ACCEL_HOME to a writable directory" in lines[0]
+    assert (home / "default_config.yaml").read_text() == "mixed_precision: bf16\n"
+
+
+def test_a_large_config_file_loads_with_the_c_loader_and_stays_safe(tmp_path: Path) -> None:
+    assert yaml.__with_libyaml__  # PyYAML's wheels carry libyaml: the C loader is there to use
+    lines = ["distributed_type: NO", "extra:"]
+    lines += [f"  key_{i}: [value_{i}, {i}, {i * 0.5}, true, 'text {i}']" for i in range(40_000)]  # ~2 MB
+    big = tmp_path / "big.yaml"
+    big.write_text("\n".join(lines) + "\n")
+    start = time.perf_counter()
+    data = read_config_file(big)
+    took = time.perf_counter() - start
+    print(f"{big.stat().st_size / 2**20:.1f} MiB config read in {took:.2f} s")
+    assert len(data["extra"]) == 40_000 and data["extra"]["key_7"] == ["value_7", 7, 3.5, True, "text 7"]
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("x: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(UsageError, match="cannot be parsed|malformed YAML"):
+        read_config_file(evil)
+
+
+def test_an_absurd_num_processes_is_refused_in_the_dry_run(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = run(["launch", "--dry-run", "--num_processes", "100000000000000000000", "train.py"], env, cwd=tmp_path)
+    lines = _error_lines(result.stderr)
+    assert result.returncode == 2 and lines == [
+        "accel: error: `--num_processes` must be at most 262144, got '100000000000000000000'"
+    ], result
+
+
+# ---- accel estimate-memory -----------------------------------------------------------------------------------------
+
+
+def test_estimate_memory_defaults_to_this_machines_devices_and_a_slow_build_speaks(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "slow_model.py").write_text(
+        "import time\nfrom torch import nn\n\n\ndef net():\n    time.sleep(3)\n    return nn.Linear(1024, 64)\n"
+    )
+    result = run(["estimate-memory", "slow_model:net", "--dtypes", "fp32"], env, cwd=tmp_path)
+    assert result.returncode == 0, result
+    import torch
+
+    if torch.accelerator.is_available():
+        pytest.skip("the default -n is the accelerator count here; the CPU case is what this checks")
+    assert "65.60 thousand parameters" in result.stdout  # a count in words: M/G in the table are MiB/GiB
+    assert (
+        "Memory per process for 1 process(es) (-n not given: 1, this machine has no accelerator; pass -n N for "
+        "another count)" in result.stdout
+    )
+    lines = _error_lines(result.stderr)
+    assert lines[0].startswith("accel estimate-memory: building net() on the meta device (can take a while"), lines
+    assert lines[1].startswith("accel estimate-memory: building net() on the meta device: done in "), lines
+    quick = run(["estimate-memory", "slow_model:net", "-n", "2", "--dtypes", "fp32", "--json"], env, cwd=tmp_path)
+    assert quick.returncode == 0 and '"num_processes": 2' in quick.stdout, quick
