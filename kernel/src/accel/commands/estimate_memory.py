@@ -377,7 +377,9 @@ def estimate_memory_command(argv: Sequence[str]) -> int:
     if args.num_processes is None:
         hardware = plugins.detect_hardware(os.environ)
         args.num_processes = hardware.device_count if hardware.name != "cpu" else 1
-        where = f"this machine's {hardware.name} devices" if hardware.name != "cpu" else "this machine has no accelerator"
+        where = (
+            f"this machine's {hardware.name} devices" if hardware.name != "cpu" else "this machine has no accelerator"
+        )
         processes_note = f" (-n not given: {args.num_processes}, {where}; pass -n N for another count)"
     if args.num_processes < 1:
         raise UsageError(f"--num_processes must be at least 1, got {args.num_processes}")
