@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -118,3 +117,61 @@ def test_estimate_memory_defaults_to_this_machines_devices_and_a_slow_build_spea
     assert lines[1].startswith("accel estimate-memory: building net() on the meta device: done in "), lines
     quick = run(["estimate-memory", "slow_model:net", "-n", "2", "--dtypes", "fp32", "--json"], env, cwd=tmp_path)
     assert quick.returncode == 0 and '"num_processes": 2' in quick.stdout, quick
+
+
+# ---- DeepSpeed's op build --------------------------------------------------------------------------------------------
+
+SCRIPT = "from accel import Kernel\n\nkernel = Kernel()\nprint('ready', kernel.process_index, flush=True)\nkernel.end_training()\n"
+
+
+def test_a_stale_deepspeed_build_lock_is_named_with_the_fix_before_launching(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from clitools import deepspeed_env
+
+    extensions = tmp_path / "extensions"
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")  # what an interrupted build leaves; before: every later launch slept forever, silently
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = dict(deepspeed_env(tmp_path), TORCH_EXTENSIONS_DIR=str(extensions))
+    start = time.monotonic()
+    result = run(["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=120)
+    lines = _error_lines(result.stderr)
+    assert result.returncode == 2 and lines == [
+        f"accel: error: {lock} is the lock of an interrupted build of the deepspeed_shm_comm op (no build is "
+        f"running): DeepSpeed would wait for it forever; remove it (rm {lock}) and launch again"
+    ], result
+    assert time.monotonic() - start < 60 and "ready" not in result.stdout
+
+
+def test_a_build_lock_held_by_a_running_build_is_not_stale(tmp_path: Path) -> None:
+    from accel_deepspeed.ops import stale_locks
+
+    folder = tmp_path / "py311_cpu" / "cpu_adam"
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    assert stale_locks(env) == [folder / "lock"]
+    build = subprocess.Popen(["sleep", "60"], cwd=folder)  # a build's ninja works in the op's folder
+    try:
+        assert stale_locks(env) == []
+    finally:
+        build.kill()
+        build.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_first_deepspeed_run_says_it_builds_the_op_and_shows_the_build(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    from clitools import deepspeed_env
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = dict(deepspeed_env(tmp_path), TORCH_EXTENSIONS_DIR=str(tmp_path / "fresh_extensions"))
+    result = run(["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=840)
+    print(result.stderr[-3000:])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("accel: building DeepSpeed's")]
+    assert len(said) == 1 and "deepspeed_shm_comm op (first run only" in said[0], result.stderr[-3000:]
+    assert "ninja" in (result.stdout + result.stderr).lower() or "c++" in result.stdout  # the build's own output
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("ready")) == ["ready 0", "ready 1"]

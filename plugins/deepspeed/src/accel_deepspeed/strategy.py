@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from accel import ItemRecord, LaunchPlan, Settings, UsageError, hookimpl
 from accel.distributed import ProcessGroupComponent, destroy_process_group, launch_with_torchrun, world_of_one
 from accel_deepspeed import config as dsconfig
-from accel_deepspeed import launcher
+from accel_deepspeed import launcher, ops
 
 if TYPE_CHECKING:
     import torch
@@ -143,6 +143,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     def accel_launch(self, plan: LaunchPlan) -> int:
         settings = plan.settings
         launcher.check_filters(settings)
+        ops.check_build_locks(plan.env)  # a stale build lock would make every process wait forever
         env = plan.env
         handoff = self.launch_handoff(settings)
         env.update(handoff)
@@ -203,6 +204,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
                 logging.WARNING
             )  # its config dump and per-step notes; ACCEL_DEEPSPEED_VERBOSE=1 keeps them
         if not dist.is_initialized():
+            ops.announce_build(self.local_rank)  # a first run builds an op for minutes: say so, show its output
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
