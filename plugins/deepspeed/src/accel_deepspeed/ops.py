@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from accel import UsageError
+from accel.spi import UsageError
 
 #: The op DeepSpeed builds for every run on the CPU (its shared-memory collectives) and how long it takes.
 SHM_OP = "ShareMemCommBuilder"
