@@ -135,7 +135,9 @@ def test_a_stale_deepspeed_build_lock_is_named_with_the_fix_before_launching(tmp
     (tmp_path / "train.py").write_text(SCRIPT)
     env = dict(deepspeed_env(tmp_path), TORCH_EXTENSIONS_DIR=str(extensions))
     start = time.monotonic()
-    result = run(["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=120)
+    result = run(
+        ["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=120
+    )
     lines = _error_lines(result.stderr)
     assert result.returncode == 2 and lines == [
         f"accel: error: {lock} is the lock of an interrupted build of the deepspeed_shm_comm op (no build is "
@@ -168,7 +170,9 @@ def test_the_first_deepspeed_run_says_it_builds_the_op_and_shows_the_build(tmp_p
 
     (tmp_path / "train.py").write_text(SCRIPT)
     env = dict(deepspeed_env(tmp_path), TORCH_EXTENSIONS_DIR=str(tmp_path / "fresh_extensions"))
-    result = run(["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=840)
+    result = run(
+        ["launch", "-q", "--plugin", "deepspeed", "--cpu", "-n", "2", "train.py"], env, cwd=tmp_path, timeout=840
+    )
     print(result.stderr[-3000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     said = [line for line in result.stderr.splitlines() if line.startswith("accel: building DeepSpeed's")]
