@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from accel.spi import UsageError
 
 #: The op DeepSpeed builds for every run on the CPU (its shared-memory collectives) and how long it takes.
 SHM_OP = "ShareMemCommBuilder"
-BUILD_TIME = "~2-3 min on 2 cores"
+BUILD_TIME = "~2-4 min on 2 cores"
+#: How long the other processes of the machine wait for the main one to start the build (it takes the lock first).
+LOCK_WAIT_S = 60.0
 
 
 def extensions_root(env: Mapping[str, str]) -> Path:
@@ -81,10 +84,18 @@ def announce_build(local_rank: int) -> None:
     builder = get_accelerator().create_op_builder(SHM_OP)
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         return
-    if installed_ops.get(builder.name, False) or local_rank != 0:
+    if installed_ops.get(builder.name, False):
         return
     folder = Path(_get_build_directory(builder.name, verbose=False))
-    if (folder / f"{builder.name}.so").is_file():
+    built = folder / f"{builder.name}.so"
+    if built.is_file():
+        return
+    if local_rank != 0:
+        # let the main process take the build lock first (its build is the one shown); DeepSpeed's own load here
+        # then waits for it. Bounded: a main process that fails before building does not hold this one up.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while not (folder / "lock").exists() and not built.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
         return
     print(
         f"accel: building DeepSpeed's {builder.name} op (first run only, {BUILD_TIME}) in {folder}; its build "
