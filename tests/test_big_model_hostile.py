@@ -250,3 +250,22 @@ def test_a_forged_offload_index_is_refused(tmp_path: Path, field: str) -> None:
         dispatch_model(model, {"": "disk"}, offload_dir=offload)
     text = _one_line(exc, CheckpointLoadError)
     assert f"the offload index {index} is damaged at {first!r}" in text, text
+
+
+# ---- a long load speaks ---------------------------------------------------------------------------------------------
+
+
+def test_a_load_that_takes_long_says_how_far_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accel_bigmodel import loading
+
+    path = _write_good(tmp_path / "ckpt")
+    load_checkpoint_and_dispatch(_empty(), path.parent)
+    assert "accel: load" not in capsys.readouterr().err  # a quick load says nothing
+    monkeypatch.setattr(loading, "PROGRESS_AFTER_S", 0.0)  # every load counts as long
+    monkeypatch.setattr(loading, "PROGRESS_EVERY_S", 0.0)
+    load_checkpoint_and_dispatch(_empty(), path.parent)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"accel: loading {path.parent}: ") and " read (" in lines[0], lines
+    assert lines[-1].startswith(f"accel: loaded {path.parent} in "), lines

@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
@@ -61,6 +63,9 @@ from accel_bigmodel.modeling import (
 WEIGHTS = "model.safetensors"
 CHUNK_BYTES = 32 * 2**20  # reopen the memory map after reading this much (bounds the map's resident pages)
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+#: A load still running after this many seconds says so on stderr, then at most every PROGRESS_EVERY_S.
+PROGRESS_AFTER_S = 3.0
+PROGRESS_EVERY_S = 10.0
 
 
 class CheckpointLoadError(CheckpointError, ValueError):
@@ -373,12 +378,40 @@ def placement(
     return torch_device(device)
 
 
+class _Progress:
+    """Lines on stderr (the machine's main process only) for a load that takes long: how much is read so far."""
+
+    def __init__(self, what: Path, total: int) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self.start = time.monotonic()
+        self.next = self.start + PROGRESS_AFTER_S
+        self.said = False
+        self.quiet = os.environ.get("LOCAL_RANK", "0") != "0"
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if now >= self.next and not self.quiet:
+            self.said = True
+            self.next = now + PROGRESS_EVERY_S
+            print(
+                f"accel: loading {self.what}: {human(self.done)} of {human(self.total)} read "
+                f"({now - self.start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def finish(self) -> None:
+        if self.said:
+            print(f"accel: loaded {self.what} in {time.monotonic() - self.start:.0f} s", file=sys.stderr, flush=True)
+
+
 def _chunks(items: list[Slot]) -> Iterable[list[Slot]]:
     chunk: list[Slot] = []
     size = 0
     for slot in items:
         chunk.append(slot)
-        size += slot.original.numel() * slot.original.element_size()
+        size += _nbytes([slot])
         if size >= CHUNK_BYTES:
             yield chunk
             chunk, size = [], 0
@@ -415,6 +448,8 @@ def _load(
         else:
             resident.setdefault(slot.entry.file, []).append(slot)
     loaded: dict[tuple[int, str], Any] = {}  # (original tensor, device) -> loaded parameter/buffer (tied weights)
+    every = [s for group in (*resident.values(), *convert.values()) for s in group]
+    progress = _Progress(Path(every[0].entry.file).parent if every and every[0].entry else Path("."), _nbytes(every))
     for file, items in resident.items():
         for chunk in _chunks(items):
             # a chunk with a conversion or an accelerator copy is copied whole, so no CPU view keeps its map (and
@@ -438,6 +473,7 @@ def _load(
                         holder[slot.local] = loaded[key]
                         continue
                     tensor = fh.get_tensor(slot.entry.key)
+                    progress.add(tensor.numel() * tensor.element_size())
                     dtype_to = target_dtype(slot.original, dtype)
                     if tensor.dtype != dtype_to:
                         tensor = tensor.to(dtype_to)
@@ -456,10 +492,16 @@ def _load(
                         target = os.path.join(offload_folder, f"{slot.name}.safetensors")
                         dtype_to = target_dtype(slot.original, dtype)
                         save_file({slot.name: fh.get_tensor(slot.entry.key).to(dtype_to).contiguous()}, target)
+                        progress.add(_nbytes([slot]))
                         store.disk[slot.name] = DiskTensor(target, slot.name, dtype_to)
+    progress.finish()
     if offload_folder is not None and store.disk:
         store.write_index(offload_folder)
     return store
+
+
+def _nbytes(slots: Iterable[Slot]) -> int:
+    return sum(s.original.numel() * s.original.element_size() for s in slots)
 
 
 _ST_DTYPES = {
