@@ -22,6 +22,8 @@ SHM_OP = "ShareMemCommBuilder"
 BUILD_TIME = "~2-4 min on 2 cores"
 #: How long the other processes of the machine wait for the main one to start the build (it takes the lock first).
 LOCK_WAIT_S = 60.0
+#: A lock younger than this is looked at again a moment later before it is called stale.
+FRESH_S = 10.0
 
 
 def extensions_root(env: Mapping[str, str]) -> Path:
@@ -54,7 +56,19 @@ def stale_locks(env: Mapping[str, str]) -> list[Path]:
     if not root.is_dir() or not Path("/proc/self/cwd").exists():  # no /proc: liveness cannot be told; say nothing
         return []
     locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
-    return sorted(lock for lock in locks if lock.is_file() and not _working_in(lock.parent))
+    stale = [lock for lock in locks if lock.is_file() and not _working_in(lock.parent)]
+    if any(time.time() - _mtime(lock) < FRESH_S for lock in stale):
+        # a build that has just taken its lock starts ninja within a moment (and a finished one removes it)
+        time.sleep(FRESH_S / 5)
+        stale = [lock for lock in stale if lock.is_file() and not _working_in(lock.parent)]
+    return sorted(stale)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def check_build_locks(env: Mapping[str, str]) -> None:
