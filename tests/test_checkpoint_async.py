@@ -217,6 +217,10 @@ def test_background_failure_is_one_line_at_the_next_sync_point(tmp_path: Path, m
     assert len(lines) == 1, proc.stdout + proc.stderr
     assert "asynchronous save_state to" in lines[0] and "failed on process 0" in lines[0]
     assert "File too large" in lines[0] and "it was not published" in lines[0]
+    if mode == "exit":  # a save lost at exit is a failed run (a Slurm job must not look successful)
+        assert proc.returncode == 1 and "exit code 1" in lines[0], proc.returncode
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ck").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".ck.")]  # temporary directory removed
@@ -239,6 +243,20 @@ def test_background_failure_on_one_of_two_processes_is_reported_on_both(tmp_path
     assert not (tmp_path / "ck").exists()  # nothing published, no temporary directory left
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".ck.")]
     assert not (tmp_path / "ck2").exists()  # the save that reported the error did not start
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_save_lost_at_exit_fails_accel_launch(tmp_path: Path) -> None:
+    # process 0 cannot write its files (1 MB limit, 8 MB model): the save is lost at exit, the launch fails
+    proc = run_script(tmp_path, str(tmp_path), "exit", "--limit-rank", "0", "--limit", str(2**20), launch=True)
+    assert proc.returncode != 0, proc.stdout + proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("accel: asynchronous save_state")]
+    # process 0's line; process 1 may fail too (process 0 removed the temporary directory it was writing into)
+    assert any("failed on process 0" in line for line in lines), proc.stderr[-3000:]
+    assert all(f"{tmp_path / 'ck'} failed" in line and line.endswith("exit code 1") for line in lines), lines
+    assert not (tmp_path / "ck").exists()
 
 
 @pytest.mark.slow

@@ -155,7 +155,10 @@ def test_table_shows_every_installed_strategy(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result
     out = result.stdout
-    assert out.startswith(f"`{MODEL}`: 8.39M parameters (8.39M trainable), 32.02 MiB in fp32; largest layer `2`: 4.20M")
+    assert out.startswith(
+        f"`{MODEL}`: 8.39 million parameters (8.39 million trainable), 32.02 MiB in fp32; largest layer `2`: "
+        "4.20 million"
+    )
     assert (
         "Memory per process for 2 process(es) with adamw" in out
         and "mixed precision bf16; bytes per process (K, M, G, T: KiB, MiB, GiB, TiB)" in out
@@ -253,6 +256,21 @@ def test_hugging_face_config_file_and_directory(tmp_path: Path) -> None:
             "model config.json?",
         ),
         (
+            "deep.json",
+            "accel: error: MODEL 'deep.json': deep.json is nested too deeply to be a model config (Python's "
+            "recursion limit was reached reading it); give the model's own config.json",
+        ),
+        (
+            "archs.json",
+            "accel: error: MODEL 'archs.json': archs.json: \"architectures\" must be a list of class names "
+            "(e.g. [\"LlamaForCausalLM\"]), got 'GPT2LMHeadModel'",
+        ),
+        (
+            "layers.json",
+            "accel: error: MODEL 'layers.json': layers.json: \"num_hidden_layers\" must be a whole number of "
+            "layers from 0 to 4096, got 1000000.0",
+        ),
+        (
             "empty_dir",
             "accel: error: MODEL 'empty_dir': directory has no config.json (give a Hugging Face config.json "
             "file or its directory)",
@@ -281,6 +299,9 @@ def test_bad_input_is_one_line(
     )
     (tmp_path / "bad.json").write_text('{"model_type": }')
     (tmp_path / "nomodel.json").write_text('{"hidden_size": 8}')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "archs.json").write_text('{"model_type": "gpt2", "architectures": "GPT2LMHeadModel"}')
+    (tmp_path / "layers.json").write_text('{"model_type": "gpt2", "num_hidden_layers": 1e6}')
     (tmp_path / "empty_dir").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(SCRIPTS))

@@ -48,13 +48,25 @@ def find_accelerate_config(env: Mapping[str, str] | None = None) -> Path | None:
     return None
 
 
+#: The largest config file read. Accelerate's and accel's are a few KiB; YAML parsing of tens of MiB takes minutes
+#: even with libyaml, so a file this large is a mistake (a data or log file passed as the config), said at once.
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML (or JSON) config file with ``yaml.safe_load``; raise ``UsageError`` with one clear line."""
+    """Read a YAML (or JSON) config file with YAML's safe loader (libyaml's C one when PyYAML has it), at most
+    :data:`MAX_CONFIG_BYTES`; raise ``UsageError`` with one clear line."""
     import yaml
 
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"config file {str(p)!r} does not exist; fix the path")
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise UsageError(
+            f"config file {p} is {size / 2**20:.1f} MiB; an accel or Accelerate config is a few KiB (at most "
+            f"{MAX_CONFIG_BYTES // 2**20} MiB is read): is this the right file? pass another --config_file"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -66,7 +78,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"config file {p} cannot be read: {exc.strerror or exc}; fix its permissions or pass another --config_file"
         ) from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=loader)  # noqa: S506 (safe)
     except RecursionError:
         raise UsageError(
             f"{p}: nested too deeply to be a config file (Python's recursion limit was reached "

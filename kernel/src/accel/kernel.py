@@ -677,6 +677,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self.call_isolated("accel_teardown", kernel=self)
         if self in _ACTIVE:
             _ACTIVE.remove(self)
+        checkpoint = sys.modules.get("accel.checkpoint")
+        if checkpoint is not None and not _ACTIVE:
+            checkpoint.exit_if_lost()  # an asynchronous save lost at interpreter exit: exit code 1
 
 
 _ACTIVE: list[Kernel] = []

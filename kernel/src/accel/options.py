@@ -297,6 +297,7 @@ def core_options(options: Options) -> None:
         type="int",
         default=1,
         minimum=1,
+        maximum=2**18,  # 262144: far above any real job; a typo of many digits is refused in one line
         flags=("-n",),
         help="Total number of processes to run, over all machines.",
     )

@@ -32,7 +32,7 @@ Every name other code uses is importable from ``accel.checkpoint`` itself.
 
 from __future__ import annotations
 
-from accel.checkpoint.asynchronous import _SAVERS, PEER_WAIT_S, finish_pending, pending_save
+from accel.checkpoint.asynchronous import _SAVERS, PEER_WAIT_S, exit_if_lost, finish_pending, pending_save
 from accel.checkpoint.compat import check_compatible
 from accel.checkpoint.dcp import DCP_METADATA_GLOBALS, dcp_load, dcp_reader
 from accel.checkpoint.export import WEIGHTS, WEIGHTS_INDEX, load_model, parse_size, save_model, write_model
@@ -91,6 +91,7 @@ __all__ = [
     "dcp_load",
     "dcp_reader",
     "error_line",
+    "exit_if_lost",
     "finish_pending",
     "fsync_all",
     "fsync_path",

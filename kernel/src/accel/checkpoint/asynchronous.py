@@ -6,6 +6,7 @@ the processes agree on the outcome at the next sync point (:func:`finish_pending
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import sys
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 #: files written, how long it waits to see them on the shared file system.
 PEER_WAIT_S = 60.0
 _MARKER = ".accel-async-rank{}.json"  # in the temporary directory: what a process wrote (or its error)
+#: Targets of asynchronous saves that failed at interpreter exit: :func:`exit_if_lost` makes the exit code 1.
+_LOST: list[Path] = []
 
 
 class _Staging:
@@ -189,12 +192,29 @@ class _AsyncSave:
             self.thread.join()
         error = self.write_error or self.publish_error
         if error is not None:
+            _LOST.append(self.target)
             print(
                 f"accel: asynchronous save_state to {self.target} failed on process {self.rank}: {_one_line(error)}; "
-                "it was not published (the previous checkpoints are unchanged)",
+                "it was not published (the previous checkpoints are unchanged); exit code 1",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def exit_if_lost() -> None:
+    """At interpreter exit, once every Kernel is torn down: if an asynchronous save was lost there, end the process
+    with exit code 1, so a job that lost its last checkpoint does not look successful. Python gives an exit
+    handler no way to change the exit code, so this flushes the standard streams and logging and calls
+    ``os._exit(1)``; exit handlers registered before the Kernel was created do not run."""
+    if not _LOST:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    logging.shutdown()
+    os._exit(1)
 
 
 def snapshot(

@@ -13,6 +13,7 @@ No torch import here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -65,7 +66,7 @@ def write_yaml(path: Path, data: Mapping[str, Any], env: Mapping[str, str] | Non
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
-        if tmp.parent.is_dir():
+        with contextlib.suppress(OSError):  # a read-only file system refuses the clean-up too: the first error counts
             tmp.unlink(missing_ok=True)
         raise cannot_write(path, exc, env) from None
 

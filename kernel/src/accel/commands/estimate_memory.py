@@ -9,11 +9,14 @@ own rows; the kernel adds the single-process row. torch is imported only after t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +41,12 @@ if TYPE_CHECKING:
 
 #: Accelerate's and torch's dtype names for the ``--dtypes`` values.
 DTYPE_ALIASES = {"float32": "fp32", "no": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8": "fp8"}
-DEFAULT_PROCESSES = 8
+#: Config keys that give a number of layers, and the most accepted (the largest published models have ~100-200):
+#: a typo such as ``1e6`` would build a million layers on the meta device for minutes.
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers")
+MAX_LAYERS = 4096
+#: A model build that takes longer than this says so on stderr (and how long it took).
+ANNOUNCE_AFTER_S = 2.0
 UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
@@ -60,8 +68,8 @@ def parser() -> Parser:
         "--num_processes",
         "--num-processes",
         type=int,
-        default=DEFAULT_PROCESSES,
-        help=f"processes that share the training [default: {DEFAULT_PROCESSES}]",
+        default=None,
+        help="processes that share the training [default: this machine's accelerator count, 1 without one]",
     )
     p.add_argument(
         "--dtypes",
@@ -144,7 +152,7 @@ def from_import_path(model: str) -> torch.nn.Module:
     if not callable(obj):
         raise UsageError(f"MODEL {model!r}: {attr!r} is a {type(obj).__name__}, not a model class or factory")
     try:
-        with torch.device("meta"):
+        with announce(f"building {attr}() on the meta device"), torch.device("meta"):
             built = obj()
     except (Exception, SystemExit) as exc:
         raise UsageError(f"MODEL {model!r}: calling {attr}() on the meta device failed: {_where(exc)}") from None
@@ -164,9 +172,57 @@ def read_config(model: str) -> dict[str, Any]:
         data = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"MODEL {model!r}: {file} is not valid JSON: {one_line(exc)}") from None
+    except RecursionError:
+        raise UsageError(
+            f"MODEL {model!r}: {file} is nested too deeply to be a model config (Python's recursion limit was "
+            "reached reading it); give the model's own config.json"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"MODEL {model!r}: {file} cannot be read: {exc.strerror or exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise UsageError(f'MODEL {model!r}: {file} has no "model_type"; is it a Hugging Face model config.json?')
+    check_config_values(model, file, data)
     return data
+
+
+def check_config_values(model: str, file: Path, data: dict[str, Any]) -> None:
+    """Refuse, in one line, values that would make the meta-device build fail obscurely or run for minutes."""
+    archs = data.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise UsageError(
+            f'MODEL {model!r}: {file}: "architectures" must be a list of class names (e.g. ["LlamaForCausalLM"]), '
+            f"got {archs!r}"
+        )
+    for key in LAYER_KEYS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAYERS:
+            raise UsageError(
+                f'MODEL {model!r}: {file}: "{key}" must be a whole number of layers from 0 to {MAX_LAYERS}, '
+                f"got {value!r}"
+            )
+
+
+@contextlib.contextmanager
+def announce(what: str, after: float = ANNOUNCE_AFTER_S) -> Iterator[None]:
+    """Work that may take long says so: after ``after`` seconds one line on stderr, and when it ends its time."""
+    start = time.monotonic()
+    said = threading.Event()
+
+    def say() -> None:
+        said.set()
+        print(f"accel estimate-memory: {what} (can take a while for a large model) ...", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if said.is_set():
+            print(f"accel estimate-memory: {what}: done in {time.monotonic() - start:.0f} s", file=sys.stderr)
 
 
 def from_hf_config(model: str) -> torch.nn.Module:
@@ -191,7 +247,7 @@ def from_hf_config(model: str) -> torch.nn.Module:
     error: BaseException | None = None
     for cls in candidates:
         try:
-            with torch.device("meta"):
+            with announce(f"building transformers' {cls.__name__} on the meta device"), torch.device("meta"):
                 return cls.from_config(config) if cls.__name__.startswith("Auto") else cls(config)
         except ValueError as exc:  # an Auto class that does not know this config type: try the next one
             error = exc
@@ -263,13 +319,14 @@ def short_bytes(value: int) -> str:
 
 
 def _count(n: int) -> str:
-    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+    """A parameter count in words (``8.39 million``): the table's K/M/G letters are binary byte units."""
+    for unit, size in (("billion", 10**9), ("million", 10**6), ("thousand", 10**3)):
         if n >= size:
-            return f"{n / size:.2f}{unit}"
+            return f"{n / size:.2f} {unit}"
     return str(n)
 
 
-def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) -> None:
+def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow], processes_note: str = "") -> None:
     """One plain-text table per dtype: the strategy and its options left-aligned, the byte counts right-aligned,
     columns two spaces apart (so ``re.split(r"\\s{2,}", line)`` reads a row back)."""
     print(
@@ -278,8 +335,8 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
         f"{_count(model.largest_layer_numel)}"
     )
     print(
-        f"Memory per process for {query.num_processes} process(es) with {query.optimizer}: parameters + "
-        "gradients + optimizer state, activations not included."
+        f"Memory per process for {query.num_processes} process(es){processes_note} with {query.optimizer}: "
+        "parameters + gradients + optimizer state, activations not included."
     )
     columns = ("strategy", "params", "grads", "optim", "total", "CPU", "gathered")
     for dtype in query.dtypes:
@@ -316,6 +373,14 @@ def print_table(model: ModelSummary, query: MemoryQuery, rows: list[MemoryRow]) 
 def estimate_memory_command(argv: Sequence[str]) -> int:
     plugins, args = load_plugins(argv, parser())
     dtypes = dtypes_from(args.dtypes)
+    processes_note = ""
+    if args.num_processes is None:
+        hardware = plugins.detect_hardware(os.environ)
+        args.num_processes = hardware.device_count if hardware.name != "cpu" else 1
+        where = (
+            f"this machine's {hardware.name} devices" if hardware.name != "cpu" else "this machine has no accelerator"
+        )
+        processes_note = f" (-n not given: {args.num_processes}, {where}; pass -n N for another count)"
     if args.num_processes < 1:
         raise UsageError(f"--num_processes must be at least 1, got {args.num_processes}")
     summary = summarize(args.model, build(args.model))
@@ -338,7 +403,7 @@ def estimate_memory_command(argv: Sequence[str]) -> int:
             )
         )
     else:
-        print_table(summary, query, rows)
+        print_table(summary, query, rows, processes_note)
     return 0
 
 

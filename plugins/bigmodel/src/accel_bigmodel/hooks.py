@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 
@@ -51,8 +50,10 @@ class OffloadStore:
                 out[name] = self.cpu[name].to(device, non_blocking=True)
             else:
                 by_file.setdefault(self.disk[name].file, []).append(name)
+        from accel_bigmodel.loading import safetensors_file  # here: loading imports this module
+
         for file, members in by_file.items():
-            with safe_open(file, framework="pt", device="cpu") as fh:
+            with safetensors_file(file) as fh:
                 for name in members:
                     out[name] = fh.get_tensor(self.disk[name].key).to(device)
         return out

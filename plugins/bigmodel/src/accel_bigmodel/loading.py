@@ -16,11 +16,14 @@ from a converted copy written to ``offload_folder``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,9 @@ from accel_bigmodel.modeling import (
 WEIGHTS = "model.safetensors"
 CHUNK_BYTES = 32 * 2**20  # reopen the memory map after reading this much (bounds the map's resident pages)
 AUTO_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+#: A load still running after this many seconds says so on stderr, then at most every PROGRESS_EVERY_S.
+PROGRESS_AFTER_S = 3.0
+PROGRESS_EVERY_S = 10.0
 
 
 class CheckpointLoadError(CheckpointError, ValueError):
@@ -67,7 +73,50 @@ class CheckpointLoadError(CheckpointError, ValueError):
 
 
 class CheckpointMismatch(CheckpointLoadError):
-    """The checkpoint's tensor names or shapes do not match the model's."""
+    """The checkpoint's tensor names, shapes or dtype kinds do not match the model's."""
+
+
+@contextlib.contextmanager
+def safetensors_file(file: str | os.PathLike[str], device: str = "cpu") -> Iterator[Any]:
+    """``safe_open(file)``: a damaged, truncated, forged or unreadable file (safetensors' own error, an OS error)
+    raises :class:`CheckpointLoadError` naming the file and the reason, for the open and every read inside."""
+    from safetensors import SafetensorError
+
+    try:
+        with safe_open(os.fspath(file), framework="pt", device=device) as fh:
+            yield fh
+    except CheckpointError:
+        raise
+    except (SafetensorError, OSError, RuntimeError, ValueError, TypeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise CheckpointLoadError(
+            f"cannot read the safetensors file {file}: {reason}; the file is damaged, truncated or not a "
+            "safetensors file: download or save it again"
+        ) from None
+
+
+def _str_map(value: Any, what: str, where: Path) -> dict[str, str]:
+    """``value`` as ``{str: str}``, else :class:`CheckpointLoadError` naming ``what`` in ``where``."""
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise CheckpointLoadError(
+            f"{where}: {what} must map tensor names to file or tensor names ({{name: name}}), got "
+            f"{_short(value)}; the index is damaged: save or download it again"
+        )
+    return dict(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _inside(file: Path, folder: Path) -> bool:
+    """Whether ``file`` resolves inside ``folder`` (or, for Hugging Face's cache, where a snapshot's files are links
+    to ``../../blobs``, inside that repository's ``blobs`` folder)."""
+    real, roots = file.resolve(), [folder.resolve()]
+    if folder.parent.name == "snapshots":
+        roots.append((folder.parent.parent / "blobs").resolve())
+    return any(real.is_relative_to(root) for root in roots)
 
 
 @dataclass(frozen=True)
@@ -128,10 +177,13 @@ class CheckpointIndex:
         if index_path is not None:
             try:
                 index = json.loads(index_path.read_text())
-                weight_map = index["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointLoadError(f"cannot read the index {index_path}: {exc}") from None
-            aliases = dict((index.get("metadata") or {}).get("accel.aliases") or {})
+                weight_map = _str_map(index["weight_map"], '"weight_map"', index_path)
+                metadata = index.get("metadata") or {}
+                aliases = _str_map(metadata.get("accel.aliases") or {}, '"metadata"."accel.aliases"', index_path)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointLoadError(f"cannot read the index {index_path}: {_reason(exc)}") from None
             for name, shard in weight_map.items():
                 if Path(shard).name != shard:
                     raise CheckpointLoadError(f"{index_path} names a shard outside its directory: {shard!r}")
@@ -144,9 +196,20 @@ class CheckpointIndex:
                 raise CheckpointLoadError(
                     f"{index_path} lists the shard {file.name}, which is missing from {file.parent}"
                 )
-            with safe_open(os.fspath(file), framework="pt") as fh:
+            if index_path is not None and not _inside(file, index_path.parent):
+                raise CheckpointLoadError(
+                    f"the shard {file} is a link to {file.resolve()}, outside the checkpoint's folder: refused "
+                    "(shards must resolve inside their folder); copy the file there instead of linking it"
+                )
+            with safetensors_file(file) as fh:
                 if index_path is None:
-                    aliases.update(json.loads((fh.metadata() or {}).get("accel.aliases", "{}")))
+                    try:
+                        stored = json.loads((fh.metadata() or {}).get("accel.aliases", "{}"))
+                    except (ValueError, RecursionError) as exc:
+                        raise CheckpointLoadError(
+                            f"{file}: unreadable accel.aliases metadata: {_reason(exc)}"
+                        ) from None
+                    aliases.update(_str_map(stored, "the accel.aliases metadata", file))
                 for key in fh.keys():
                     if names is None or key in names:
                         piece = fh.get_slice(key)
@@ -154,6 +217,10 @@ class CheckpointIndex:
         for dropped, kept in aliases.items():
             if kept in self.entries and dropped not in self.entries:
                 self.entries[dropped] = self.entries[kept]
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
 
 
 # ---- matching the model ----------------------------------------------------------------------------------------------
@@ -236,6 +303,50 @@ def match(model: nn.Module, index: CheckpointIndex, strict: bool) -> dict[str, S
     return slots
 
 
+def _kind(dtype: torch.dtype) -> str:
+    return (
+        "bool"
+        if dtype == torch.bool
+        else "float"
+        if dtype.is_floating_point
+        else "complex"
+        if dtype.is_complex
+        else "int"
+    )
+
+
+def check_dtypes(slots: Mapping[str, Slot], index: CheckpointIndex, dtype: torch.dtype | None) -> None:
+    """Refuse a stored tensor whose kind (float, int, bool, complex) differs from the one it is loaded as: loading
+    int64 or bool values into floating-point weights (or the reverse) changes them without a word. Conversions
+    between floating-point dtypes happen as ``from_pretrained`` does them (the model's dtype, or ``dtype=``); an
+    integer or bool tensor is converted to a floating-point one only when ``dtype=`` asks for that dtype."""
+    bad: list[tuple[str, str, torch.dtype]] = []
+    for name, slot in slots.items():
+        if slot.entry is None:
+            continue
+        stored = _ST_DTYPES.get(slot.entry.dtype)
+        if stored is None:
+            raise CheckpointLoadError(
+                f"checkpoint {index.path}: {name} is stored as {slot.entry.dtype}, a dtype accel does not load "
+                f"(it loads {', '.join(_ST_DTYPES)})"
+            )
+        to = target_dtype(slot.original, dtype)
+        asked = dtype is not None and to == dtype and _kind(stored) in ("int", "bool")
+        if _kind(stored) != _kind(to) and not asked:
+            bad.append((name, slot.entry.dtype, to))
+    if bad:
+        fix = (
+            "pass dtype=torch.float32 (or the dtype you want) to convert the integer/bool values to floating point"
+            if all(_kind(to) == "float" for _, _, to in bad)
+            else "fix the checkpoint or the model's dtypes"
+        )
+        first = "; ".join(f"{n} ({st} into {str(to).replace('torch.', '')})" for n, st, to in bad[:3])
+        raise CheckpointMismatch(
+            f"checkpoint {index.path} stores {len(bad)} tensor(s) as another kind of number than the model, "
+            f"first: {first}: refused (a change of kind changes the values); {fix}"
+        )
+
+
 # ---- loading ---------------------------------------------------------------------------------------------------------
 
 
@@ -267,12 +378,40 @@ def placement(
     return torch_device(device)
 
 
+class _Progress:
+    """Lines on stderr (the machine's main process only) for a load that takes long: how much is read so far."""
+
+    def __init__(self, what: Path, total: int) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self.start = time.monotonic()
+        self.next = self.start + PROGRESS_AFTER_S
+        self.said = False
+        self.quiet = os.environ.get("LOCAL_RANK", "0") != "0"
+
+    def add(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if now >= self.next and not self.quiet:
+            self.said = True
+            self.next = now + PROGRESS_EVERY_S
+            print(
+                f"accel: loading {self.what}: {human(self.done)} of {human(self.total)} read "
+                f"({now - self.start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def finish(self) -> None:
+        if self.said:
+            print(f"accel: loaded {self.what} in {time.monotonic() - self.start:.0f} s", file=sys.stderr, flush=True)
+
+
 def _chunks(items: list[Slot]) -> Iterable[list[Slot]]:
     chunk: list[Slot] = []
     size = 0
     for slot in items:
         chunk.append(slot)
-        size += slot.original.numel() * slot.original.element_size()
+        size += _nbytes([slot])
         if size >= CHUNK_BYTES:
             yield chunk
             chunk, size = [], 0
@@ -309,6 +448,8 @@ def _load(
         else:
             resident.setdefault(slot.entry.file, []).append(slot)
     loaded: dict[tuple[int, str], Any] = {}  # (original tensor, device) -> loaded parameter/buffer (tied weights)
+    every = [s for group in (*resident.values(), *convert.values()) for s in group]
+    progress = _Progress(Path(every[0].entry.file).parent if every and every[0].entry else Path("."), _nbytes(every))
     for file, items in resident.items():
         for chunk in _chunks(items):
             # a chunk with a conversion or an accelerator copy is copied whole, so no CPU view keeps its map (and
@@ -320,7 +461,7 @@ def _load(
                 for s in chunk
                 if s.entry is not None
             )
-            with safe_open(file, framework="pt", device="cpu") as fh:
+            with safetensors_file(file) as fh:
                 for slot in chunk:
                     assert slot.entry is not None
                     where = placement(slot.name, slot.is_param, device_map, main, offload_buffers)
@@ -332,6 +473,7 @@ def _load(
                         holder[slot.local] = loaded[key]
                         continue
                     tensor = fh.get_tensor(slot.entry.key)
+                    progress.add(tensor.numel() * tensor.element_size())
                     dtype_to = target_dtype(slot.original, dtype)
                     if tensor.dtype != dtype_to:
                         tensor = tensor.to(dtype_to)
@@ -344,16 +486,22 @@ def _load(
         assert offload_folder is not None
         for file, items in convert.items():
             for chunk in _chunks(items):
-                with safe_open(file, framework="pt", device="cpu") as fh:
+                with safetensors_file(file) as fh:
                     for slot in chunk:
                         assert slot.entry is not None
                         target = os.path.join(offload_folder, f"{slot.name}.safetensors")
                         dtype_to = target_dtype(slot.original, dtype)
                         save_file({slot.name: fh.get_tensor(slot.entry.key).to(dtype_to).contiguous()}, target)
+                        progress.add(_nbytes([slot]))
                         store.disk[slot.name] = DiskTensor(target, slot.name, dtype_to)
+    progress.finish()
     if offload_folder is not None and store.disk:
         store.write_index(offload_folder)
     return store
+
+
+def _nbytes(slots: Iterable[Slot]) -> int:
+    return sum(s.original.numel() * s.original.element_size() for s in slots)
 
 
 _ST_DTYPES = {
@@ -443,10 +591,9 @@ def dispatch_model(
     check_device_map(model, dmap, None, None)
     main = execution_device(dmap) if main_device is None else torch_device(normalize_device(main_device))
     store = OffloadStore()
-    index: dict[str, Any] = {}
+    index: dict[str, DiskTensor] = {}
     if offload_dir is not None and os.path.isfile(os.path.join(offload_dir, "index.json")):
-        with open(os.path.join(offload_dir, "index.json")) as fh:
-            index = json.load(fh)
+        index = read_offload_index(os.path.join(offload_dir, "index.json"))
     for name, slot in model_slots(model).items():
         where = placement(name, slot.is_param, dmap, main, offload_buffers)
         tensor = slot.original
@@ -457,14 +604,11 @@ def dispatch_model(
                         f"{name} is on meta and not in {offload_dir}/index.json: load it with "
                         "load_checkpoint_in_model(..., offload_folder=...) first"
                     )
-                info = index[name]
-                store.disk[name] = DiskTensor(
-                    info["safetensors_file"], info["weight_name"], getattr(torch, info["dtype"])
-                )
+                store.disk[name] = index[name]
                 continue
             if offload_dir is None:
                 raise DeviceMapError(f"device_map puts {name} on disk: pass offload_dir=DIR (a folder for its weights)")
-            os.makedirs(offload_dir, exist_ok=True)
+            make_offload_folder(offload_dir, "offload_dir")
             target = os.path.join(offload_dir, f"{name}.safetensors")
             save_file({name: tensor.detach().cpu().contiguous()}, target)
             store.disk[name] = DiskTensor(target, name, tensor.dtype)
@@ -478,6 +622,29 @@ def dispatch_model(
     if offload_dir is not None and store.disk:
         store.write_index(offload_dir)
     return _dispatch(model, dmap, store, offload_buffers, main)
+
+
+def read_offload_index(path: str) -> dict[str, DiskTensor]:
+    """The ``index.json`` :func:`load_checkpoint_in_model` writes in the offload folder, checked: every entry names
+    a file, a tensor and a torch dtype (nothing else is looked up by name)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointLoadError(f"cannot read the offload index {path}: {_reason(exc)}") from None
+    out: dict[str, DiskTensor] = {}
+    for name, info in data.items() if isinstance(data, dict) else [("", data)]:
+        fields = info if isinstance(info, dict) else {}
+        file, key, dtype = fields.get("safetensors_file"), fields.get("weight_name"), fields.get("dtype")
+        found = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+        if not (isinstance(file, str) and isinstance(key, str) and isinstance(found, torch.dtype)):
+            raise CheckpointLoadError(
+                f"the offload index {path} is damaged at {name!r}: expected {{'safetensors_file': str, "
+                f"'weight_name': str, 'dtype': a torch dtype name}}, got {_short(info)}; load the checkpoint "
+                "again with load_checkpoint_in_model(..., offload_folder=...)"
+            )
+        out[name] = DiskTensor(file, key, found)
+    return out
 
 
 # ---- the entry points ------------------------------------------------------------------------------------------------
@@ -527,7 +694,19 @@ def _check_offload_folder(
             f"device_map puts {human(total)} of weights on disk (from {on_disk[0]!r} on){why}: pass "
             "offload_folder=DIR, or raise max_memory"
         )
-    os.makedirs(offload_folder, exist_ok=True)
+    make_offload_folder(offload_folder, "offload_folder")
+
+
+def make_offload_folder(folder: str | os.PathLike[str], what: str) -> None:
+    """Create the offload folder; one line when it cannot be (a file is in the way, no permission)."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise DeviceMapError(
+            f"{what}={os.fspath(folder)!r} is a file, not a folder: give a folder for offloaded weights"
+        )
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise DeviceMapError(f"{what}={os.fspath(folder)!r} cannot be created: {exc.strerror or exc}") from None
 
 
 def load_checkpoint_in_model(
@@ -547,6 +726,7 @@ def load_checkpoint_in_model(
     dtype_ = _dtype(dtype)
     index = CheckpointIndex(checkpoint)
     slots = match(model, index, strict)
+    check_dtypes(slots, index, dtype_)
     dmap, _ = _resolve_map(model, device_map, None, None, dtype_)
     _check_offload_folder(model, dmap, offload_folder, False, None, dtype_)
     store = _load(model, slots, dmap, dtype_, offload_folder, offload_buffers)
@@ -575,6 +755,7 @@ def load_checkpoint_and_dispatch(
     dtype_ = _dtype(dtype)
     index = CheckpointIndex(checkpoint)
     slots = match(model, index, strict)
+    check_dtypes(slots, index, dtype_)
     dmap, inferred = _resolve_map(model, device_map, max_memory, no_split_module_classes, dtype_)
     _check_offload_folder(model, dmap, offload_folder, inferred, max_memory, dtype_)
     store = _load(model, slots, dmap, dtype_, offload_folder, offload_buffers)

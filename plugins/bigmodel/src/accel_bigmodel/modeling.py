@@ -155,11 +155,31 @@ def normalize_device(device: Device) -> int | str:
 def torch_device(device: int | str) -> torch.device:
     """The ``torch.device`` a stored device map value runs on."""
     if isinstance(device, int):
+        check_device(device, "the device map")
         accelerator = torch.accelerator.current_accelerator()
-        if accelerator is None:
-            raise DeviceMapError(f"the device map names accelerator {device} but this machine has no accelerator")
+        assert accelerator is not None
         return torch.device(accelerator.type, device)
     return torch.device(device)
+
+
+def check_device(device: int | str, where: str) -> None:
+    """An accelerator index (or another device string) that this machine has; ``"cpu"`` and ``"disk"`` always."""
+    if device in ("cpu", DISK):
+        return
+    count = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
+    accelerator = torch.accelerator.current_accelerator()
+    have = (
+        f"this machine has {count} {accelerator.type} device(s)" if accelerator and count else "this machine has none"
+    )
+    if isinstance(device, int):
+        if not 0 <= device < count:
+            raise DeviceMapError(
+                f"{where} names accelerator {device}, but {have}: use "
+                + (f"0..{count - 1}, " if count else "")
+                + "'cpu' or 'disk'"
+            )
+        return
+    raise DeviceMapError(f"{where} names the device {device!r}, which is not an accelerator of this machine ({have})")
 
 
 def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> OrderedDict[int | str, int]:
@@ -173,8 +193,15 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> Orde
                 budgets[index] = int(free)
         budgets["cpu"] = _available_cpu_memory()
     else:
+        if not isinstance(max_memory, Mapping):
+            raise DeviceMapError(
+                f"max_memory must be a dict {{device: size}} such as {{0: '10GiB', 'cpu': '30GiB'}}, got "
+                f"{type(max_memory).__name__} {max_memory!r:.60}"
+            )
         for device, size in max_memory.items():
-            budgets[normalize_device(device)] = convert_file_size_to_int(size)
+            normalized = normalize_device(device)
+            check_device(normalized, f"max_memory ({device!r})")
+            budgets[normalized] = convert_file_size_to_int(size)
     order = (
         [d for d in budgets if isinstance(d, int)]
         + [d for d in budgets if isinstance(d, str) and d not in ("cpu", DISK)]
@@ -376,6 +403,20 @@ def check_device_map(
 ) -> None:
     """Every tensor has a device; with ``max_memory``, no device holds more than its budget (the error names the
     module at which the budget is crossed and by how much)."""
+    known = {n for n, _ in model.named_modules()} | {n for n, _ in named_tensors(model)}
+    unknown = [n for n in device_map if n not in known]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DeviceMapError(
+            f"the device map names {unknown[0]!r}{hint}, which is not a module or tensor of the model"
+            + (f" ({len(unknown) - 1} more unknown)" if len(unknown) > 1 else "")
+            + "; use the names of model.named_modules()"
+        )
+    for device in dict.fromkeys(device_map.values()):
+        check_device(device, "the device map")
     uncovered = [n for n, _ in named_tensors(model) if device_of(n, device_map) is None]
     if uncovered:
         raise DeviceMapError(

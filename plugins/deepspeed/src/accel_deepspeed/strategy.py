@@ -41,7 +41,7 @@ from accel.spi import (
     world_of_one,
 )
 from accel_deepspeed import config as dsconfig
-from accel_deepspeed import launcher
+from accel_deepspeed import launcher, ops
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +152,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
     def accel_launch(self, plan: LaunchPlan) -> int:
         settings = plan.settings
         launcher.check_filters(settings)
+        ops.check_build_locks(plan.env)  # a stale build lock would make every process wait forever
         env = plan.env
         handoff = self.launch_handoff(settings)
         env.update(handoff)
@@ -212,6 +213,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
                 logging.WARNING
             )  # its config dump and per-step notes; ACCEL_DEEPSPEED_VERBOSE=1 keeps them
         if not dist.is_initialized():
+            ops.announce_build(self.local_rank)  # a first run builds an op for minutes: say so, show its output
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
