@@ -873,7 +873,7 @@ class LauncherConformance(_LaunchSettingsChecks, _PluginChecks):
         script = tmp_path / "train.py"
         script.write_text("print('never run')\n")
         proc = run_launch(
-            ["--dry-run", *self.chosen(), str(script)],
+            ["--dry-run", "--verbose", *self.chosen(), str(script)],  # the hook table is behind --verbose
             num_processes=self.num_processes,
             registered=self.registered(),
             home=tmp_path,
