@@ -160,7 +160,7 @@ def test_fsdp_selected_over_ddp_and_launched_by_torchrun(tmp_path: Path) -> None
     """With accel-plugin-ddp installed too, both are strategies; --plugin fsdp makes fsdp the one that answers."""
     script = tmp_path / "noop.py"
     script.write_text("")
-    proc = run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "fsdp", "--dry-run", str(script)], tmp_path)
+    proc = run([ACCEL, "launch", "-q", "-n", "2", "--plugin", "fsdp", "--dry-run", "--verbose", str(script)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "active plugins: fsdp (strategy)" in out

@@ -29,6 +29,7 @@ IPEX_WHEEL = "intel-extension-for-pytorch==2.8.0"
 CACHE = REPO / ".cache" / "ipex-2.8.0-nodeps"
 PROBE = str(TESTS / "scripts" / "cli_probe.py")
 TORCH = md.version("torch")
+IPEX_PLUGIN_VERSION = md.version("accel-plugin-ipex")  # the installed plugin, whatever release
 MISMATCH = f"intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found {TORCH}: install torch==2.8.*"
 
 
@@ -188,14 +189,19 @@ def test_env_shows_the_mismatch(env):
     result = run(["env"], env)
     assert result.returncode == 0, result
     (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("- `Plugin ipex`")]
-    assert line.startswith("- `Plugin ipex`: accel-plugin-ipex 0.1.0: unavailable (" + MISMATCH), line
+    assert line.startswith(f"- `Plugin ipex`: accel-plugin-ipex {IPEX_PLUGIN_VERSION}: unavailable (" + MISMATCH), line
     assert "ERROR! Intel" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
     "args, extra_env, config, where",
     [
-        (["--plugin", "ipex"], {}, None, "plugin 'ipex' (accel-plugin-ipex 0.1.0) cannot be used here: "),
+        (
+            ["--plugin", "ipex"],
+            {},
+            None,
+            f"plugin 'ipex' (accel-plugin-ipex {IPEX_PLUGIN_VERSION}) cannot be used here: ",
+        ),
         (["--ipex"], {}, None, "--use_ipex needs plugin 'ipex'"),
         ([], {"ACCELERATE_USE_IPEX": "true"}, None, "environment variable ACCELERATE_USE_IPEX needs plugin 'ipex'"),
         ([], {}, "ipex_config:\n  ipex: true\n", "config key `ipex_config.ipex` needs plugin 'ipex'"),

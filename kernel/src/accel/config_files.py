@@ -86,6 +86,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             "reading it; accel's keys are at most two levels deep); fix the file"
         ) from None
     except yaml.MarkedYAMLError as exc:
+        if "nesting depth" in str(exc.problem):  # libyaml's own limit (the C loader)
+            raise UsageError(
+                f"{p}: nested too deeply to be a config file ({exc.problem}; accel's keys are at most two levels "
+                "deep); fix the file"
+            ) from None
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise UsageError(f"{p}: malformed YAML{where}: {exc.problem}") from None

@@ -89,8 +89,12 @@ def launcher_output(stdout: str) -> str:
     (the hook list) and the environment lines, without ``ACCEL_CONFIG``."""
     plan, _, env = stdout.partition("environment for the workers")
     lines = plan.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("hooks (")), -1) + 1
-    own = [line for line in lines[start:] if not re.match(r"  accel_\w+: ", line)]
+    # the kernel's sections ("settings (...)" and, with --verbose, "hooks (...)") end at their last indented line
+    heads = [i for i, line in enumerate(lines) if line.startswith(("settings (", "hooks ("))]
+    start = heads[-1] + 1 if heads else 0
+    while start < len(lines) and lines[start].startswith("  "):
+        start += 1
+    own = lines[start:]
     own += [line for line in env.splitlines()[1:] if not line.strip().startswith("ACCEL_CONFIG=")]
     return "\n".join(own)
 
