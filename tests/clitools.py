@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from accel.testing import isolated_env, run_tree
+
 TESTS = Path(__file__).resolve().parent
 PKGS = TESTS / "plugin_pkgs"
 BIN = Path(sys.executable).parent
@@ -60,11 +62,7 @@ def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
 def launch_env(tmp_path: Path) -> dict[str, str]:
     """The caller's environment for a test's own ``accel launch``: a private ``ACCEL_HOME`` and none of the variables
     a surrounding launcher would have set (every plugin of this venv stays visible)."""
-    env = dict(os.environ)
-    env["ACCEL_HOME"] = str(tmp_path / "home")
-    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return env
+    return isolated_env(tmp_path / "home")
 
 
 def deepspeed_env(tmp: Path) -> dict[str, str]:
@@ -104,7 +102,7 @@ def run(
         cmd = [sys.executable, *python_flags, ACCEL, *args]
     else:
         cmd = [ACCEL, *args]
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    proc = run_tree(cmd, env=env, cwd=cwd, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

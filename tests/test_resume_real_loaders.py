@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import accel
 from accel import Kernel
 from accel.errors import UsageError
+from accel.testing import run_tree
 
 SCRIPT = Path(__file__).parent / "scripts" / "resume_loaders.py"
 ACCEL = Path(sys.executable).parent / "accel"
@@ -36,9 +37,7 @@ def run(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProce
         if processes == 1
         else [str(ACCEL), "launch", "-q", "-n", str(processes), str(SCRIPT)]
     )
-    proc = subprocess.run(
-        [*cmd, *args], env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=400
-    )
+    proc = run_tree([*cmd, *args], env=launch_env(tmp_path), cwd=tmp_path, timeout=240)
     if proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd + list(args))} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

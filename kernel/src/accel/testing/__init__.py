@@ -3,6 +3,8 @@
 - :func:`make_kernel`: a :class:`accel.Kernel` in this process with only the plugins you name registered.
 - :func:`run_launch`: run ``accel launch`` (e.g. two processes) in a subprocess, isolated from the user's config.
 - :func:`isolated_env`: the environment those subprocesses get.
+- :func:`run_tree`: run a command and wait for every process it starts, with a deadline that holds (stacks shown
+  and everything stopped when it passes).
 - pytest fixtures ``accel_env``, ``accel_kernel``, ``accel_launch`` (:mod:`accel.testing.fixtures`, registered with
   pytest automatically when accel-kernel is installed).
 - Conformance suites a plugin's tests subclass, one per role (:mod:`accel.testing.conformance`):
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from accel.distributed import free_port
 from accel.launchers import environment as patched_environ
+from accel.testing.runs import RunLeftovers, RunTimeout, run_tree
 
 if TYPE_CHECKING:
     from accel.kernel import Kernel
@@ -88,18 +91,11 @@ def run_launch(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``accel launch --num_processes N ARGS`` (``ARGS``: launch flags, then the script or ``-m module``
     and its arguments) with :func:`isolated_env` (``registered``: the ``ACCEL_PLUGINS`` allow-list, e.g.
-    ``["ddp", "mine"]``) and return the finished process (text output captured).
-    With ``check``, a non-zero exit raises :class:`LaunchFailed` showing the output's tail."""
+    ``["ddp", "mine"]``) and return the finished process (text output captured). It and every process it started
+    must have ended within ``timeout`` seconds (:func:`accel.testing.runs.run_tree`: else their stacks are shown and
+    they are stopped). With ``check``, a non-zero exit raises :class:`LaunchFailed` showing the output's tail."""
     command = [sys.executable, "-m", "accel.commands.launch", "--num_processes", str(num_processes), *args]
-    proc = subprocess.run(
-        command,
-        env=isolated_env(home, registered, env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run_tree(command, env=isolated_env(home, registered, env), cwd=cwd, timeout=timeout)
     if check and proc.returncode != 0:
         tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
         raise LaunchFailed(f"`accel launch {' '.join(map(str, args))}` exited with {proc.returncode}:\n{tail}")
@@ -145,6 +141,9 @@ def imported_modules(module: str, watch: Iterable[str], attrs: Iterable[str] = (
 
 __all__ = [
     "LaunchFailed",
+    "RunLeftovers",
+    "RunTimeout",
+    "run_tree",
     "free_port",
     "imported_modules",
     "isolated_env",
