@@ -62,7 +62,7 @@ def test_mismatched_collectives_raise_one_clear_error_on_every_process(tmp_path:
             assert got[case] is not None, f"process {rank}: {case} did not raise"
             kind, message = got[case]
             assert kind == "DistributedOperationError" and "\n" not in message, (case, message)
-            assert f"(this is process {rank})" in message, message
+            assert message.startswith(f"debug mode (process {rank}): "), message
             for needle in needles:
                 assert needle in message, f"process {rank}, {case}: {needle!r} not in {message!r}"
         # the processes are still in step after the errors: the same calls work as without debug
@@ -71,7 +71,7 @@ def test_mismatched_collectives_raise_one_clear_error_on_every_process(tmp_path:
     assert ranks[0]["matched"]["gather_object"] == ranks[1]["matched"]["gather_object"] == [0, 1]
     # both processes say the same thing, apart from which one is speaking
     for case in EXPECTED:
-        assert ranks[0][case][1].replace("process 0)", "process 1)") == ranks[1][case][1]
+        assert ranks[0][case][1].replace("debug mode (process 0)", "debug mode (process 1)") == ranks[1][case][1]
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ class CheckedCollectives:
             for (m, o, d, s), ranks in groups.items()
         )
         raise DistributedOperationError(
-            f"debug mode: the processes made different collective calls (this is process {self.process_index}): "
+            f"debug mode (process {self.process_index}): the processes made different collective calls: "
             f"{said}; every process must call the same operation with tensors of the same shape and dtype"
         )
 
