@@ -43,10 +43,13 @@ def main() -> None:
         "on": CheckedCollectives(kernel.collectives, kernel.process_index),
     }
     tensor = torch.randn(1024)
-    ops: dict[str, Callable[[], Any]] = {"reduce": lambda: kernel.reduce(tensor), "gather": lambda: kernel.gather(tensor)}
+    ops: dict[str, Callable[[], Any]] = {
+        "reduce": lambda: kernel.reduce(tensor),
+        "gather": lambda: kernel.gather(tensor),
+    }
     times: dict[str, dict[str, list[float]]] = {op: {way: [] for way in ways} for op in ops}
     for op, fn in ops.items():
-        for way, collectives in ways.items():  # warm-up
+        for collectives in ways.values():  # warm-up
             kernel.collectives = collectives
             per_call_us(fn, 50)
         for _ in range(args.rounds):

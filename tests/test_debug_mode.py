@@ -100,4 +100,6 @@ def test_the_error_is_an_accel_error_exported_from_accel() -> None:
     import accel
 
     assert accel.DistributedOperationError is DistributedOperationError
-    assert issubclass(DistributedOperationError, accel.AccelError) and not issubclass(DistributedOperationError, UsageError)
+    assert issubclass(DistributedOperationError, accel.AccelError) and not issubclass(
+        DistributedOperationError, UsageError
+    )

@@ -89,5 +89,8 @@ def test_the_block_runs(tmp_path: Path, block: Block) -> None:
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{block.id} of {GUIDE.name} failed:\n{block.code}\n{proc.stdout}\n{proc.stderr}"
     if "--debug" in block.directive:  # what the debug-mode block says it prints
-        assert proc.stdout.count("DistributedOperationError") == 0 and proc.stdout.count("the processes made different collective calls") == 2
+        assert (
+            proc.stdout.count("DistributedOperationError") == 0
+            and proc.stdout.count("the processes made different collective calls") == 2
+        )
         assert proc.stdout.count("torch.Size([3, 3])") == 2

@@ -19,18 +19,20 @@ from typing import TYPE_CHECKING, Any
 from accel.errors import DistributedOperationError
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     import torch
 
     from accel.contract import Collectives
 
-_ROOT = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep  # accel/, not accel_ddp/ beside it
 
 
 def _call_site() -> tuple[str, str]:
     """The Kernel method the script called (the outermost frame inside accel) and the script's line that called
     it, as ``("gather", "train.py:12")``."""
-    frame = sys._getframe(2)
-    entry = frame
+    entry = sys._getframe(2)
+    frame: FrameType | None = entry
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_ROOT):
         entry, frame = frame, frame.f_back
     site = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else "?"
