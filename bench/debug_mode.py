@@ -1,11 +1,13 @@
 """Debug mode's cost: a collective with debug off, as before debug mode existed, and with debug on.
 
-    accel launch -n 2 bench/debug_mode.py [--calls 500] [--rounds 9]
+    accel launch -n 2 bench/debug_mode.py [--calls 50] [--rounds 61]
 
 Each process times ``kernel.reduce`` and ``kernel.gather`` (1,024 floats) three ways, interleaved round by round in
 the same processes: **before** (the Kernel's collectives set to what ``accel_collectives`` answers, the line the
 Kernel ran before debug mode), **off** (the Kernel built with ``debug`` off, as it is now) and **on** (the same Kernel
-with its collectives wrapped as ``debug: true`` wraps them). Process 0 prints the medians (µs per call) as JSON.
+with its collectives wrapped as ``debug: true`` wraps them). Process 0 prints the medians (µs per call) and the
+medians of the per-round ratios (each round times the three ways back to back, so a loaded machine slows all three
+alike) as JSON.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=61)
     args = parser.parse_args()
     kernel = Kernel()
     assert kernel.num_processes > 1 and not kernel.settings["debug"], "run it under accel launch -n 2, without --debug"
@@ -62,10 +64,14 @@ def main() -> None:
         result: dict[str, Any] = {"processes": kernel.num_processes, "calls": args.calls, "rounds": args.rounds}
         for op, by_way in times.items():
             med = {way: statistics.median(ts) for way, ts in by_way.items()}
+            paired = {
+                "off_over_before": [o / b for o, b in zip(by_way["off"], by_way["before"], strict=True)],
+                "on_over_off": [o / b for o, b in zip(by_way["on"], by_way["off"], strict=True)],
+            }
             result[op] = {
                 **{f"{way}_us": round(m, 1) for way, m in med.items()},
-                "off_over_before": round(med["off"] / med["before"], 3),
-                "on_over_off": round(med["on"] / med["off"], 2),
+                **{name: round(statistics.median(r), 3) for name, r in paired.items()},
+                "off_over_before_quartiles": [round(q, 3) for q in statistics.quantiles(paired["off_over_before"])],
             }
         print(json.dumps(result, indent=1))
     kernel.end_training()
