@@ -32,12 +32,12 @@ EXPECTED = {
 }
 
 
-def launch(tmp_path: Path, *flags: str, **env: str) -> dict[int, dict[str, Any]]:
+def launch(tmp_path: Path, *flags: str, script_args: tuple[str, ...] = (), **env: str) -> dict[int, dict[str, Any]]:
     out = tmp_path / "out"
     out.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     environ.update(ACCEL_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
-    cmd = [str(ACCEL), "launch", "-n", "2", *flags, str(WORKER), str(out)]
+    cmd = [str(ACCEL), "launch", "-n", "2", *flags, str(WORKER), str(out), *script_args]
     proc = subprocess.run(cmd, env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)}
@@ -53,9 +53,18 @@ MATCHED = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["--debug", "ACCELERATE_DEBUG_MODE"])
+@pytest.mark.parametrize("how", ["--debug", "ACCELERATE_DEBUG_MODE", "debug: true", "Kernel(debug=True)"])
 def test_mismatched_collectives_raise_one_clear_error_on_every_process(tmp_path: Path, how: str) -> None:
-    ranks = launch(tmp_path, "--debug") if how == "--debug" else launch(tmp_path, ACCELERATE_DEBUG_MODE="1")
+    if how == "--debug":
+        ranks = launch(tmp_path, "--debug")
+    elif how == "ACCELERATE_DEBUG_MODE":
+        ranks = launch(tmp_path, ACCELERATE_DEBUG_MODE="1")
+    elif how == "debug: true":
+        config = tmp_path / "config.yaml"
+        config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\ndebug: true\n")
+        ranks = launch(tmp_path, "--config_file", str(config))
+    else:
+        ranks = launch(tmp_path, script_args=("kernel-argument",))
     for rank, got in ranks.items():
         assert got["debug"] is True and got["collectives"] == "CheckedCollectives"
         for case, needles in EXPECTED.items():

@@ -1,6 +1,8 @@
 """Worker for tests/test_debug_mode.py: collectives with and without debug mode on N real processes.
 
-    accel launch -n 2 [--debug] tests/scripts/debug_mode_checks.py OUT_DIR
+    accel launch -n 2 [--debug] tests/scripts/debug_mode_checks.py OUT_DIR [kernel-argument]
+
+``kernel-argument``: the script asks for debug mode itself, ``Kernel(debug=True)``.
 
 Each case runs on every process; a case that raises records the error's class and message and the next case goes
 on (in debug mode a mismatch is found before the real collective, so the processes stay in step). Each process
@@ -20,7 +22,7 @@ import torch
 from accel import Kernel
 
 OUT = Path(sys.argv[1])
-kernel = Kernel()
+kernel = Kernel(debug=True) if sys.argv[2:] == ["kernel-argument"] else Kernel()
 rank = kernel.process_index
 
 
