@@ -1,6 +1,8 @@
 """Accelerate's constructor arguments on accel: the dataclasses scripts pass to ``Kernel(...)`` under Accelerate's
-names, their validation, and the table of every ``Accelerator`` argument and member (``accelerate_names.json``:
-same name, accel name, or refused with a message).
+names, their validation, the table of every ``Accelerator`` argument and member (``accelerate_names.json``:
+same name, accel name, or refused with a message), and the table of the public names of ``accelerate``,
+``accelerate.utils``, ``accelerate.data_loader`` and ``accelerate.state`` (``accelerate_modules.json``: accel
+name, or refused with the reason). ``python -m accel.compat`` prints both tables of the migration guide.
 
 This module does not import torch.
 """
