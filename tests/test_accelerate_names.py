@@ -163,3 +163,13 @@ def test_the_guides_module_table_is_the_mappings() -> None:
         "the module table in docs/migrating-from-accelerate.md is out of date: replace it with the second table "
         "`python -m accel.compat` prints"
     )
+
+
+def test_python_m_accel_compat_prints_both_tables() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "accel.compat"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out == markdown_table() + "\n" + modules_table()
