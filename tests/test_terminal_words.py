@@ -80,13 +80,13 @@ def test_accelerate_variables_accel_does_not_read_get_one_notice(tmp_path: Path)
         ACCELERATE_USE_DEEPSPEED="true",
         ACCELERATE_USE_FSDP="false",  # asks for nothing
         ACCELERATE_MIXED_PRECISION="no",  # read by accel
-        ACCELERATE_DEBUG_MODE="1",
+        ACCELERATE_DEBUG_MODE="1",  # read by accel (debug mode; one process: nothing to check)
     )
     assert proc.returncode == 0, proc.stderr
     notices = [line for line in proc.stderr.splitlines() if "UserWarning" in line]
     assert len(notices) == 1, proc.stderr
     assert notices[0].endswith(
-        "UserWarning: accel does not read ACCELERATE_DEBUG_MODE, ACCELERATE_USE_DEEPSPEED (use --plugin deepspeed "
+        "UserWarning: accel does not read ACCELERATE_USE_DEEPSPEED (use --plugin deepspeed "
         "or Kernel(plugins=['deepspeed'])); its settings are `accel launch` flags, Kernel arguments or ACCEL_* "
         "variables (`accel launch --help`)"
     ), notices

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accel.contract import Component, HardwareInfo, ItemRecord, LaunchPlan, Question, Topology
-from accel.errors import AccelError, CheckpointError, PluginError, UsageError
+from accel.errors import AccelError, CheckpointError, DistributedOperationError, PluginError, UsageError
 from accel.hookspecs import hookimpl, hookspec
 from accel.options import Options, Settings
 from accel.tracking import Tracker
@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "Component",
     "DataLoaderConfiguration",
+    "DistributedOperationError",
     "GradientAccumulationPlugin",
     "HardwareInfo",
     "ItemRecord",

@@ -1,6 +1,8 @@
 """Accelerate's constructor arguments on accel: the dataclasses scripts pass to ``Kernel(...)`` under Accelerate's
-names, their validation, and the table of every ``Accelerator`` argument and member (``accelerate_names.json``:
-same name, accel name, or refused with a message).
+names, their validation, the table of every ``Accelerator`` argument and member (``accelerate_names.json``:
+same name, accel name, or refused with a message), and the table of the public names of ``accelerate``,
+``accelerate.utils``, ``accelerate.data_loader`` and ``accelerate.state`` (``accelerate_modules.json``: accel
+name, or refused with the reason). ``python -m accel.compat`` prints both tables of the migration guide.
 
 This module does not import torch.
 """
@@ -277,6 +279,43 @@ class AccelerateMembersMixin:
         raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
+@functools.cache
+def accelerate_modules() -> dict[str, Any]:
+    """The public names of Accelerate's modules (accelerate_modules.json): ``{"names": {name: entry}, "patterns":
+    {fnmatch pattern: entry}}``; an entry has ``accel`` (the accel name, ``accel.X`` or ``kernel.X``) and an
+    optional ``note``, or ``refused`` (why, and what to use)."""
+    with open(Path(__file__).with_name("accelerate_modules.json"), encoding="utf-8") as fh:
+        return dict(json.load(fh))
+
+
+def module_name_entry(name: str) -> tuple[str, dict[str, str]] | None:
+    """The entry for a public name of Accelerate's modules and what it was found under (the name itself or the
+    pattern it matches), or None when the table has no entry for it."""
+    import fnmatch
+
+    table = accelerate_modules()
+    if name in table["names"]:
+        return name, table["names"][name]
+    for pattern, entry in table["patterns"].items():
+        if fnmatch.fnmatchcase(name, pattern):
+            return pattern, entry
+    return None
+
+
+def modules_table() -> str:
+    """The guide's table of the public names of ``accelerate``, ``accelerate.utils``, ``accelerate.data_loader`` and
+    ``accelerate.state``: one row per name, and one per pattern for a family of names."""
+    table = accelerate_modules()
+    lines = ["| Accelerate name | accel | notes |", "| --- | --- | --- |"]
+    for key, entry in sorted([*table["names"].items(), *table["patterns"].items()], key=lambda kv: kv[0].lower()):
+        if "accel" in entry:
+            accel, note = f"`{entry['accel']}`", entry.get("note", "")
+        else:
+            accel, note = "refused", entry["refused"]
+        lines.append(f"| `{key}` | {accel} | {note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table() -> str:
     """The name-by-name table of docs/migrating-from-accelerate.md (tests check the guide holds exactly this)."""
     names = accelerate_names()
@@ -300,5 +339,6 @@ def markdown_table() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-if __name__ == "__main__":  # python -m accel.compat: print the guide's table
-    print(markdown_table(), end="")
+if __name__ == "__main__":  # python -m accel.compat: print the guide's tables (Accelerator's, then the modules')
+    print(markdown_table())
+    print(modules_table(), end="")

@@ -27,6 +27,12 @@ class CheckpointError(UsageError):
     not compatible with this run (the message says what differs). Printed as one line like any UsageError."""
 
 
+class DistributedOperationError(AccelError):
+    """Debug mode (``debug: true``) found processes making different collective calls: another operation, or
+    tensors of another shape or dtype (accel/debug.py). Raised on every process with the same one-line message.
+    Accelerate's ``DistributedOperationException``."""
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning raised by the caller point at the first frame outside accel (the
     user's line that called the Kernel)."""

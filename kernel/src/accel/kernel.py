@@ -32,6 +32,7 @@ from accel.compat import (
 )
 from accel.contract import Topology
 from accel.data import GradientState, PreparedDataLoader, skip_first_batches
+from accel.debug import CheckedCollectives
 from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError, user_stacklevel
 from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve, unread_accelerate_variables
@@ -187,6 +188,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._loader_check_due = self.num_processes > 1
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
+        if self.settings["debug"] and self.num_processes > 1:  # accel/debug.py: each collective checked first
+            self.collectives = CheckedCollectives(self.collectives, self.process_index)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
         self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
         self._accumulating = _Accumulate(self, ())

@@ -414,7 +414,14 @@ def core_options(options: Options) -> None:
         help="Accelerate's distributed type (TPU: older Accelerate's name of XLA); selects the matching plugin.",
     )
     add("main_training_function", default="main", help="Function a spawning launcher calls (XLA).")
-    add("debug", type="bool", default=False, help="Check distributed operations (slower).")
+    add(
+        "debug",
+        type="bool",
+        default=False,
+        env=("ACCEL_DEBUG_MODE", "ACCELERATE_DEBUG_MODE"),
+        help="Debug mode: before each collective, check that every process makes the same call (same operation, "
+        "shapes and dtypes) and raise one error naming each process's call otherwise (slower).",
+    )
     add(
         "enable_cpu_affinity",
         type="bool",

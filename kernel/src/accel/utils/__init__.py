@@ -1,5 +1,5 @@
-"""Utilities Accelerate users reach for: ``set_seed``, ``tqdm``, ``find_executable_batch_size``, ``LocalSGD`` and the
-kwargs-handler dataclasses of ``Kernel(kwargs_handlers=[...])``.
+"""Utilities Accelerate users reach for: ``set_seed``, ``tqdm``, ``send_to_device``, ``find_executable_batch_size``,
+``LocalSGD`` and the kwargs-handler dataclasses of ``Kernel(kwargs_handlers=[...])``.
 
 Everything is imported on first use (``import accel.utils`` imports neither torch, numpy nor tqdm). Names a plugin
 exports (listed under ``exports`` in ``known_plugins.json``) are found here too when that plugin is installed.
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+    from accel.data import send_to_device
     from accel.project import ProjectConfiguration
     from accel.utils.handlers import (
         AORecipeKwargs,
@@ -35,6 +36,7 @@ _LAZY = {
     "should_reduce_batch_size": "accel.utils.memory",
     "release_memory": "accel.utils.memory",
     "LocalSGD": "accel.utils.local_sgd",
+    "send_to_device": "accel.data",
     # Accelerate's configuration dataclasses are importable from accelerate.utils too
     "DataLoaderConfiguration": "accel.compat",
     "GradientAccumulationPlugin": "accel.compat",
@@ -71,6 +73,7 @@ __all__ = [
     "TERecipeKwargs",
     "find_executable_batch_size",
     "release_memory",
+    "send_to_device",
     "set_seed",
     "should_reduce_batch_size",
     "tqdm",
