@@ -190,6 +190,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
         self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
         self._accumulating = _Accumulate(self, ())
+        self._join_uneven = False  # inside join_uneven_inputs with uneven batches: passes end where the data ends
         _ACTIVE.append(self)
         atexit.register(self._teardown)
 
@@ -216,6 +217,17 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     @property
     def log_with(self) -> list[str]:
         return list(self.settings["log_with"] or [])
+
+    @log_with.setter
+    def log_with(self, value: str | Sequence[str] | None) -> None:
+        """Accepted when it names the trackers this run has; trackers are plugins chosen by ``Kernel(log_with=...)``,
+        so another choice is one line saying so."""
+        names = [value] if isinstance(value, str) else list(value or [])
+        if sorted(names) != sorted(self.log_with):
+            raise UsageError(
+                f"kernel.log_with = {value!r}: trackers are chosen when the Kernel is created (they are plugins); "
+                f"pass Kernel(log_with={value!r}) instead (this run has log_with={self.log_with!r})"
+            )
 
     @property
     def project_dir(self) -> str | None:
@@ -474,6 +486,55 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         inner = self._inner.get(id(model), model)
         with self._hot.no_sync(kernel=self, model=inner):
             yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """The backward inside synchronises gradients even though the forward ran under ``no_sync`` (Accelerate's):
+        several forwards under ``no_sync``, the backward of all but the last outside any context (accumulated
+        locally), the last backward inside this context (one all-reduce of the sum)."""
+        inner = self._inner.get(id(model), model)
+        with self.plugins.pm.hook.accel_sync_in_backward(kernel=self, model=inner):
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train or evaluate on uneven inputs through torch's ``Join`` (Accelerate's): with ``even_batches=False``
+        (the argument, else the Kernel's) a process that runs out of batches stops its passes over the prepared
+        dataloaders instead of getting empty batches, and ``Join`` shadows the collectives of ``joinables`` (prepared
+        models of a strategy whose model torch can join: DDP) until every process is done, so none waits forever.
+        With even batches, or one process, it changes nothing."""
+        from torch.distributed.algorithms import Join, Joinable
+
+        if even_batches is not None:
+            check_bool("join_uneven_inputs(even_batches=...)", even_batches)
+        uneven = not (self.even_batches if even_batches is None else even_batches)
+        if self.num_processes == 1 or not uneven:
+            yield
+            return
+        inner = [self._inner.get(id(obj), obj) for obj in joinables]
+        for obj, joinable in zip(joinables, inner, strict=True):
+            if not isinstance(joinable, Joinable):
+                raise UsageError(
+                    f"join_uneven_inputs: {type(obj).__name__} is not something torch's Join can shadow (a "
+                    "torch.distributed.algorithms.Joinable such as a DistributedDataParallel model); pass the "
+                    "models prepare returned, in a run whose strategy wraps them so (ddp)"
+                )
+        loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
+        if len(loaders) < len(self._dataloaders) and self.even_batches:
+            warnings.warn(
+                "join_uneven_inputs(even_batches=False): dataloaders over an IterableDataset keep even batches "
+                "(as in Accelerate, only map-style ones are changed)",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        self._join_uneven = True
+        try:
+            with Join(inner, throw_on_early_termination=False):
+                yield
+        finally:
+            self._join_uneven = False
+            for dl in loaders:
+                dl.set_even_batches(self.even_batches)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-batch of gradient accumulation: sets ``sync_gradients`` (every

@@ -1,9 +1,19 @@
-"""``set_seed``: one seed for Python's ``random``, numpy (when installed) and torch on every device."""
+"""``set_seed``: one seed for Python's ``random``, numpy (when installed) and torch on every device;
+``synchronize_rng_states``: process 0's generator states on every process."""
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from accel.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.kernel import Kernel
 
 
 def process_index() -> int:
@@ -32,3 +42,56 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types
+#: (that device's default generator, synchronised where this process runs on such a device).
+RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
+
+
+def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
+    """Accelerate's ``synchronize_rng_states``: every process takes process 0's state of each generator named in
+    ``rng_types`` (names or Accelerate's ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"``
+    (``generator``; skipped when it is None, as Accelerate does), or a device type such as ``"cuda"`` (the
+    default generator of this process's device; skipped where the run's device is of another type). Call it on
+    every process, after ``Kernel()``; on one process it changes nothing."""
+    from accel.kernel import active_kernel
+
+    kernel = active_kernel()
+    if kernel is None:
+        _rng_kinds(rng_types)
+        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+            raise UsageError("synchronize_rng_states needs the run's processes connected: create the Kernel first")
+        return
+    synchronize_with(kernel, rng_types, generator)
+
+
+def _rng_kinds(rng_types: Iterable[Any]) -> list[str]:
+    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
+    if unknown:
+        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
+    return kinds
+
+
+def synchronize_with(kernel: Kernel, rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
+    """``synchronize_rng_states`` over ``kernel``'s processes."""
+    kinds = _rng_kinds(rng_types)
+    if kernel.num_processes == 1:
+        return
+    import torch
+
+    for kind in kinds:
+        if kind == "torch":
+            torch.set_rng_state(_from_main(kernel, torch.get_rng_state()))
+        elif kind == "generator":
+            if generator is not None:
+                generator.set_state(_from_main(kernel, generator.get_state()))
+        elif kernel.device.type == kind:
+            module = torch.get_device_module(kind)
+            module.set_rng_state(_from_main(kernel, module.get_rng_state()))
+
+
+def _from_main(kernel: Kernel, state: torch.Tensor) -> torch.Tensor:
+    """Process 0's ``state`` (a CPU byte tensor), sent over the run's device."""
+    return kernel.collectives.broadcast(state.to(kernel.device), 0).cpu()
