@@ -315,6 +315,13 @@ class AccelerateMembersMixin:
     def __getattr__(self, name: str) -> Any:
         """Accelerate's members that Kernel does not have: one line saying what to use instead."""
         message = member_message(name) if not name.startswith("_") else None
+        detached = self.__dict__.get("_detached")
+        if detached is not None and not message:
+            message = (
+                f"kernel.{name}: this Kernel was unpickled in another process than the one that created it (pid "
+                f"{detached}); it knows the run's facts (process_index, num_processes, device, is_main_process) but "
+                "runs no collectives, hooks or checkpoints; use the Kernel of the training process"
+            )
         raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -303,6 +303,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         return any(o.step_was_skipped for o in self._optimizers)
 
     def __repr__(self) -> str:
+        if "_detached" in self.__dict__:
+            return f"Kernel(detached copy, process {self.process_index}/{self.num_processes}, device={self.device})"
         comps = ", ".join(f"{c.name}:{c.role}" for c in self.plugins.components) or "none"
         own = self.__dict__  # also while Kernel() is still asking the plugins (hook tracing prints the kernel)
         where = (
@@ -314,6 +316,14 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
             f"plugins=[{comps}])"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable, as Accelerate's ``Accelerator`` is (``datasets.map`` pickles functions that use it): unpickled
+        in the same process it is this Kernel again; in another process (a DataLoader worker, a ``map`` worker) a
+        detached Kernel that answers the run's facts (process index and count, device, even batches...) and refuses
+        collectives, hooks and checkpoints in one line."""
+        facts = {name: self.__dict__[name] for name in _DETACHED_FACTS if name in self.__dict__}
+        return (_unpickle_kernel, (os.getpid(), id(self), facts))
 
     # ---- prepare ------------------------------------------------------------------------------------------
 
@@ -744,6 +754,28 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
 
 
 _ACTIVE: list[Kernel] = []
+
+#: What a pickled Kernel carries to another process: the run's facts, nothing that runs collectives or hooks.
+_DETACHED_FACTS = (
+    "topology",
+    "device",
+    "_data",
+    "even_batches",
+    "_accumulation_steps",
+    "step_scheduler_with_optimizer",
+    "project_configuration",
+)
+
+
+def _unpickle_kernel(pid: int, ident: int, facts: dict[str, Any]) -> Kernel:
+    """The Kernel a pickle names: the live one in the process that pickled it, else a detached copy of its facts."""
+    if pid == os.getpid():
+        for kernel in _ACTIVE:
+            if id(kernel) == ident:
+                return kernel
+    kernel = Kernel.__new__(Kernel)
+    kernel.__dict__.update(facts, _detached=pid)
+    return kernel
 
 
 #: What ``prepare`` takes, for its error messages.

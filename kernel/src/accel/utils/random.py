@@ -52,9 +52,9 @@ RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", 
 def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
     """Accelerate's ``synchronize_rng_states``: every process takes process 0's state of each generator named in
     ``rng_types`` (names or Accelerate's ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"``
-    (``generator``; skipped when it is None, as Accelerate does), or a device type such as ``"cuda"`` (the
-    default generator of this process's device; skipped where the run's device is of another type). Call it on
-    every process, after ``Kernel()``; on one process it changes nothing."""
+    (``generator``, which must be given), or the run's device type such as ``"cuda"`` (the default generator of
+    this process's device; another device type is refused, as Accelerate fails on it). Call it on every process,
+    after ``Kernel()``; on one process it changes nothing."""
     from accel.kernel import active_kernel
 
     kernel = active_kernel()
@@ -77,6 +77,15 @@ def _rng_kinds(rng_types: Iterable[Any]) -> list[str]:
 def synchronize_with(kernel: Kernel, rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
     """``synchronize_rng_states`` over ``kernel``'s processes."""
     kinds = _rng_kinds(rng_types)
+    if "generator" in kinds and generator is None:
+        raise UsageError('synchronize_rng_states(["generator"]) needs the generator: pass generator=...')
+    device = kernel.device.type
+    other = [kind for kind in kinds if kind not in ("torch", "generator", device)]
+    if other:
+        raise UsageError(
+            f"synchronize_rng_states: rng_types {other} name a device this run does not use (it runs on {device}); "
+            f'use "torch", "generator" or "{device}"'
+        )
     if kernel.num_processes == 1:
         return
     import torch
@@ -85,9 +94,9 @@ def synchronize_with(kernel: Kernel, rng_types: Iterable[Any], generator: torch.
         if kind == "torch":
             torch.set_rng_state(_from_main(kernel, torch.get_rng_state()))
         elif kind == "generator":
-            if generator is not None:
-                generator.set_state(_from_main(kernel, generator.get_state()))
-        elif kernel.device.type == kind:
+            assert generator is not None
+            generator.set_state(_from_main(kernel, generator.get_state()))
+        else:
             module = torch.get_device_module(kind)
             module.set_rng_state(_from_main(kernel, module.get_rng_state()))
 
