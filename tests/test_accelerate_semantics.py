@@ -50,7 +50,10 @@ ACCELERATE_SPLIT = {
         {"a": ["list", [0, 1, 2]], "b": ["Tensor", [0, 1, 2]]},
         {"a": ["list", [3, 4, 4]], "b": ["Tensor", [3, 4, 4]]},
     ),
-    "dataset_padFalse": (["Dataset", {"x": [0, 1, 2], "y": ["a", "b", "c"]}], ["Dataset", {"x": [3, 4], "y": ["d", "e"]}]),
+    "dataset_padFalse": (
+        ["Dataset", {"x": [0, 1, 2], "y": ["a", "b", "c"]}],
+        ["Dataset", {"x": [3, 4], "y": ["d", "e"]}],
+    ),
     "dataset_padTrue": (
         ["Dataset", {"x": [0, 1, 2], "y": ["a", "b", "c"]}],
         ["Dataset", {"x": [3, 4, 4], "y": ["d", "e", "e"]}],
@@ -97,9 +100,7 @@ ACCELERATE_SETTABLE = (
 
 
 def launch(args: list[str], tmp: Path, expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        args, env=clean_env(tmp / "home"), cwd=tmp, capture_output=True, text=True, timeout=TIMEOUT
-    )
+    proc = subprocess.run(args, env=clean_env(tmp / "home"), cwd=tmp, capture_output=True, text=True, timeout=TIMEOUT)
     if expect_ok:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
@@ -135,7 +136,10 @@ def test_split_between_processes_takes_every_input_accelerate_takes(checks: list
         split = checks[r]["split"]
         # Accelerate replaces the dict's values with the shares; accel leaves the input as it was
         for pad in (False, True):
-            assert split[f"dict_pad{pad}_input_after"] == {"a": ["list", [0, 1, 2, 3, 4]], "b": ["Tensor", list(range(5))]}
+            assert split[f"dict_pad{pad}_input_after"] == {
+                "a": ["list", [0, 1, 2, 3, 4]],
+                "b": ["Tensor", list(range(5))],
+            }
         assert split["refused_mismatch"].startswith("UsageError: split_between_processes: the dict's values have")
         assert split["refused_int"].startswith("UsageError: split_between_processes got int, which it does not split")
 
@@ -220,7 +224,11 @@ def test_every_attribute_accelerate_lets_a_script_assign() -> None:
     kernel.dataloader_config = DataLoaderConfiguration(split_batches=True, even_batches=True, non_blocking=True)
     assert kernel.split_batches and kernel.even_batches and kernel.non_blocking
     for name, value, line in (
-        ("dataloader_config", {"split_batches": True}, "kernel.dataloader_config expects an accel.DataLoaderConfiguration"),
+        (
+            "dataloader_config",
+            {"split_batches": True},
+            "kernel.dataloader_config expects an accel.DataLoaderConfiguration",
+        ),
         ("device_placement", False, "kernel.device_placement = False is not supported"),
         ("rng_types", ["torch", "cuda"], "kernel.rng_types = ['torch', 'cuda'] is not supported"),
         ("log_with", "jsonl", "kernel.log_with = 'jsonl': trackers are chosen when the Kernel is created"),
@@ -331,4 +339,3 @@ def test_tp_larger_than_the_key_value_heads_is_refused_in_one_line(tmp_path: Pat
     )
     assert line in proc.stdout + proc.stderr
     assert "shape" not in (proc.stdout + proc.stderr).lower().replace(line.lower(), "")
-

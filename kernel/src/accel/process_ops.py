@@ -75,6 +75,19 @@ def split_share(inputs: Any, num_processes: int, index: int, apply_padding: bool
     return part + inputs[-1:] * pad
 
 
+#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types.
+RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
+
+
+def rng_kinds(rng_types: Iterable[Any]) -> list[str]:
+    """``synchronize_rng_states``'s ``rng_types`` as names; a UsageError for one Accelerate does not have."""
+    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
+    if unknown:
+        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
+    return kinds
+
+
 class ProcessOpsMixin:
     """Process control and collectives of :class:`accel.Kernel` (every method runs on the Kernel, which sets
     these attributes and answers these properties)."""
@@ -184,11 +197,36 @@ class ProcessOpsMixin:
         yield split_share(inputs, self.num_processes, self.process_index, apply_padding)
 
     def synchronize_rng_states(self, rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
-        """Every process takes process 0's state of the generators named in ``rng_types`` (``"torch"``,
-        ``"generator"`` for ``generator``, a device type): :func:`accel.utils.synchronize_rng_states`."""
-        from accel.utils.random import synchronize_with
+        """Every process takes process 0's state of the generators named in ``rng_types`` (Accelerate's names or
+        ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"`` (``generator``, which must be given), or the
+        run's device type such as ``"cuda"`` (this process's device generator; another device type is refused, as
+        Accelerate fails on it). Call it on every process; on one process it changes nothing.
+        Also :func:`accel.utils.synchronize_rng_states`."""
+        kinds = rng_kinds(rng_types)
+        if "generator" in kinds and generator is None:
+            raise UsageError('synchronize_rng_states(["generator"]) needs the generator: pass generator=...')
+        device = self.device.type
+        other = [kind for kind in kinds if kind not in ("torch", "generator", device)]
+        if other:
+            raise UsageError(
+                f"synchronize_rng_states: rng_types {other} name a device this run does not use (it runs on "
+                f'{device}); use "torch", "generator" or "{device}"'
+            )
+        if self.num_processes == 1:
+            return
 
-        synchronize_with(self, rng_types, generator)  # type: ignore[arg-type]  # self is the Kernel
+        def from_main(state: torch.Tensor) -> torch.Tensor:  # a CPU byte tensor, sent over the run's device
+            return self.collectives.broadcast(state.to(self.device), 0).cpu()
+
+        for kind in kinds:
+            if kind == "torch":
+                torch.set_rng_state(from_main(torch.get_rng_state()))
+            elif kind == "generator":
+                assert generator is not None
+                generator.set_state(from_main(generator.get_state()))
+            else:
+                module = torch.get_device_module(kind)
+                module.set_rng_state(from_main(module.get_rng_state()))
 
     # ---- collectives on nested data -----------------------------------------------------------------------
 

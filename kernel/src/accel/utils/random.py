@@ -13,8 +13,6 @@ from accel.errors import UsageError
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
-
 
 def process_index() -> int:
     """This process's index in the run: from the active Kernel, else from the launcher's ``RANK``."""
@@ -44,63 +42,19 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.use_deterministic_algorithms(True)
 
 
-#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types
-#: (that device's default generator, synchronised where this process runs on such a device).
-RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
-
-
 def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
     """Accelerate's ``synchronize_rng_states``: every process takes process 0's state of each generator named in
     ``rng_types`` (names or Accelerate's ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"``
     (``generator``, which must be given), or the run's device type such as ``"cuda"`` (the default generator of
     this process's device; another device type is refused, as Accelerate fails on it). Call it on every process,
-    after ``Kernel()``; on one process it changes nothing."""
+    after ``Kernel()`` (:meth:`accel.Kernel.synchronize_rng_states`); on one process it changes nothing."""
     from accel.kernel import active_kernel
+    from accel.process_ops import rng_kinds
 
     kernel = active_kernel()
-    if kernel is None:
-        _rng_kinds(rng_types)
-        if int(os.environ.get("WORLD_SIZE") or 1) > 1:
-            raise UsageError("synchronize_rng_states needs the run's processes connected: create the Kernel first")
+    if kernel is not None:
+        kernel.synchronize_rng_states(rng_types, generator)
         return
-    synchronize_with(kernel, rng_types, generator)
-
-
-def _rng_kinds(rng_types: Iterable[Any]) -> list[str]:
-    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
-    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
-    if unknown:
-        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
-    return kinds
-
-
-def synchronize_with(kernel: Kernel, rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
-    """``synchronize_rng_states`` over ``kernel``'s processes."""
-    kinds = _rng_kinds(rng_types)
-    if "generator" in kinds and generator is None:
-        raise UsageError('synchronize_rng_states(["generator"]) needs the generator: pass generator=...')
-    device = kernel.device.type
-    other = [kind for kind in kinds if kind not in ("torch", "generator", device)]
-    if other:
-        raise UsageError(
-            f"synchronize_rng_states: rng_types {other} name a device this run does not use (it runs on {device}); "
-            f'use "torch", "generator" or "{device}"'
-        )
-    if kernel.num_processes == 1:
-        return
-    import torch
-
-    for kind in kinds:
-        if kind == "torch":
-            torch.set_rng_state(_from_main(kernel, torch.get_rng_state()))
-        elif kind == "generator":
-            assert generator is not None
-            generator.set_state(_from_main(kernel, generator.get_state()))
-        else:
-            module = torch.get_device_module(kind)
-            module.set_rng_state(_from_main(kernel, module.get_rng_state()))
-
-
-def _from_main(kernel: Kernel, state: torch.Tensor) -> torch.Tensor:
-    """Process 0's ``state`` (a CPU byte tensor), sent over the run's device."""
-    return kernel.collectives.broadcast(state.to(kernel.device), 0).cpu()
+    rng_kinds(rng_types)
+    if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        raise UsageError("synchronize_rng_states needs the run's processes connected: create the Kernel first")
