@@ -526,8 +526,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             if not isinstance(joinable, Joinable):
                 raise UsageError(
                     f"join_uneven_inputs: {type(obj).__name__} is not something torch's Join can shadow (a "
-                    "torch.distributed.algorithms.Joinable such as a DistributedDataParallel model); pass the "
-                    "models prepare returned, in a run whose strategy wraps them so (ddp)"
+                    "torch.distributed.algorithms.Joinable); pass the models prepare returned, in a run whose "
+                    "strategy makes them joinable (data parallel: --plugin ddp)"
                 )
         loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
         if len(loaders) < len(self._dataloaders) and self.even_batches:
