@@ -121,6 +121,11 @@ def unhonoured_launch_settings(settings: Settings, names: Sequence[str]) -> list
     return [f"{n}={settings.get(n)!r}" for n in names if settings.get(n, LAUNCH_UNSET[n][0]) not in LAUNCH_UNSET[n]]
 
 
+#: ``ItemRecord.format`` of items written with torch.distributed.checkpoint (a sharding strategy's models and
+#: optimizers, :mod:`accel.spi.sharded`): any run can read them, whatever its process count.
+DCP_FORMAT = "torch.distributed.checkpoint"
+
+
 @dataclass(frozen=True)
 class ItemRecord:
     """How one checkpoint item was written: recorded in the checkpoint's manifest and used to load it back."""

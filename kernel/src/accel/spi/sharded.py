@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from accel.contract import ItemRecord
+from accel.contract import DCP_FORMAT, ItemRecord
 from accel.distributed import ProcessGroupComponent, local_device, restart_store_args, torchrun_env
 from accel.errors import CheckpointError, UsageError
 from accel.hookspecs import hookimpl
@@ -66,8 +66,7 @@ __all__ = [
 
 #: The ``auto_wrap_policy`` values (Accelerate's names).
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-#: Formats of checkpoint items (``ItemRecord.format``).
-DCP_FORMAT = "torch.distributed.checkpoint"
+#: Formats of checkpoint items (``ItemRecord.format``; ``DCP_FORMAT`` is :data:`accel.contract.DCP_FORMAT`).
 FULL_MODEL_FORMAT = "safetensors-full"
 FULL_OPTIM_FORMAT = "torch-weights-only-full"
 #: Saved next to an optimizer's state: whether it had taken no step yet (loading then empties the state again).
@@ -858,6 +857,8 @@ def load_whole(
 ) -> None:
     """``load_sharded`` in a run that does not shard (one plain process, DDP): the checkpoint's full values into each
     process's whole model and its optimizer (the first object is the model). **Collective**."""
+    import warnings
+
     import torch
 
     model = kernel.unwrap_model(objects[model_key])
@@ -866,9 +867,11 @@ def load_whole(
         if record is None:
             raise UsageError(f"{directory} has no item {key!r} of a sharded checkpoint (a directory or file {key}.*)")
         obj = objects[key]
-        if key == model_key:
-            load_model(kernel, model, key, directory, record)
-        elif isinstance(obj, torch.optim.Optimizer):
-            load_optimizer(kernel, model, getattr(obj, "optimizer", obj), key, directory, record)
-        else:
+        if not (key == model_key or isinstance(obj, torch.optim.Optimizer)):
             raise UsageError(f"load_sharded: {key!r} is a {type(obj).__name__}, not an optimizer")
+        with warnings.catch_warnings():  # one plain process: DCP says it loads without a process group, as meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            if key == model_key:
+                load_model(kernel, model, key, directory, record)
+            else:
+                load_optimizer(kernel, model, getattr(obj, "optimizer", obj), key, directory, record)
