@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import accel
-from accel import DataLoaderConfiguration, Kernel, UsageError
+from accel import Component, DataLoaderConfiguration, Kernel, UsageError, hookimpl
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ACCEL = Path(sys.executable).with_name("accel")
@@ -263,6 +263,35 @@ def test_split_between_processes_on_one_process_refuses_nothing_accelerate_takes
     with kernel.split_between_processes((1, 2)) as part:
         assert part == (1, 2)
     kernel.end_training()
+
+
+class Strategy(Component):
+    role = "strategy"
+
+
+class Claims:
+    """A plugin whose strategy takes part in every run, asked for by the settings (requested) or not."""
+
+    def __init__(self, requested: bool) -> None:
+        self.requested = requested
+
+    @hookimpl
+    def accel_activate(self, settings: Any) -> Component:
+        strategy = Strategy()
+        strategy.requested = self.requested
+        return strategy
+
+
+def test_a_requested_component_wins_the_role_over_one_that_only_defaults_into_it() -> None:
+    """The contract behind Kernel(parallelism_config=...) under any launcher: a plugin marks the component the
+    settings ask for (Component.requested) and it wins over a strategy that takes part by default."""
+    kernel = Kernel(extra_plugins=[("default", Claims(False)), ("asked", Claims(True))])
+    assert [(c.name, c.role) for c in kernel.components] == [("asked", "strategy")]
+    kernel.end_training()
+    with pytest.raises(
+        accel.PluginError, match="plugins '(one|two)' .* and '(one|two)' .* both want to be the strategy"
+    ):
+        Kernel(extra_plugins=[("one", Claims(True)), ("two", Claims(True))])
 
 
 # ---- parallelism_config on any launcher, and its checkpoint elsewhere ---------------------------------------------
