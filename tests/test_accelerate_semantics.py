@@ -265,6 +265,17 @@ def test_split_between_processes_on_one_process_refuses_nothing_accelerate_takes
     kernel.end_training()
 
 
+def test_synchronize_rng_states_is_accelerates_free_function_too() -> None:
+    import accel.utils
+
+    assert accel.synchronize_rng_states is accel.utils.synchronize_rng_states
+    state = torch.get_rng_state()
+    accel.synchronize_rng_states(["torch"])  # no Kernel, one process: nothing to synchronise
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(UsageError, match=r"unknown rng_types \['numpy'\]"):
+        accel.synchronize_rng_states(["numpy"])
+
+
 class Strategy(Component):
     role = "strategy"
 
