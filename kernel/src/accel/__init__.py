@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
+    from accel.utils.random import synchronize_rng_states
 
 _LAZY = {
     "DataLoaderConfiguration": "accel.compat",
@@ -32,6 +33,7 @@ _LAZY = {
     "load_model": "accel.checkpoint",
     "notebook_launcher": "accel.launchers",
     "skip_first_batches": "accel.data",
+    "synchronize_rng_states": "accel.utils.random",
 }
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "load_model",
     "notebook_launcher",
     "skip_first_batches",
+    "synchronize_rng_states",
 ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,29 @@ def check_bool(label: str, value: Any) -> bool:
     return value
 
 
+def check_device_placement(label: str, value: Any) -> None:
+    """A UsageError unless ``value`` is True (``device_placement=False`` is not supported)."""
+    check_bool(label, value)
+    if not value:
+        raise UsageError(
+            f"{label.replace('...', 'False')} is not supported: models are placed by the strategy plugin; "
+            "pass prepare(dataloader, device_placement=False) for dataloaders whose batches you move"
+        )
+
+
+def check_rng_types(label: str, rng_types: Any) -> None:
+    """A UsageError unless ``rng_types`` names only ``"generator"`` (names or Accelerate's ``RNGType``)."""
+    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+    other = [kind for kind in kinds if kind != "generator"]
+    if other:
+        raise UsageError(
+            f"{label.replace('...', repr(kinds))} is not supported: accel does not synchronise the "
+            f"{', '.join(other)} random generator(s) at each epoch; prepared dataloaders share the "
+            "sampler's seed on their own (rng_types=['generator']). Seed every process with "
+            "accel.utils.set_seed(seed)"
+        )
+
+
 @dataclass(frozen=True)
 class DataSettings:
     """The dataloader settings a Kernel resolved from its arguments."""
@@ -139,12 +162,7 @@ def resolve_data_settings(
 ) -> tuple[DataSettings, int | None]:
     """Check Accelerate's dataloader and accumulation arguments of ``Kernel(...)`` and merge them. Returns the
     settings and the ``gradient_accumulation_steps`` to use (None: from the options). Raises one UsageError line."""
-    check_bool("Kernel(device_placement=...)", device_placement)
-    if not device_placement:
-        raise UsageError(
-            "Kernel(device_placement=False) is not supported: models are placed by the strategy plugin; "
-            "pass prepare(dataloader, device_placement=False) for dataloaders whose batches you move"
-        )
+    check_device_placement("Kernel(device_placement=...)", device_placement)
     if dataloader_config is None:
         config = DataLoaderConfiguration()
     elif isinstance(dataloader_config, DataLoaderConfiguration):
@@ -173,17 +191,7 @@ def resolve_data_settings(
         values[name] = value
     config = DataLoaderConfiguration(**values)  # validates the direct arguments like the dataclass's own
     if rng_types is not None:
-        kinds = [
-            str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)
-        ]
-        other = [kind for kind in kinds if kind != "generator"]
-        if other:
-            raise UsageError(
-                f"Kernel(rng_types={kinds!r}) is not supported: accel does not synchronise the "
-                f"{', '.join(other)} random generator(s) at each epoch; prepared dataloaders share the "
-                "sampler's seed on their own (rng_types=['generator']). Seed every process with "
-                "accel.utils.set_seed(seed)"
-            )
+        check_rng_types("Kernel(rng_types=...)", rng_types)
     steps = gradient_accumulation_steps
     adjust = True
     if gradient_accumulation_plugin is not None:
@@ -263,11 +271,44 @@ class AccelerateMembersMixin:
             use_stateful_dataloader=True,
         )
 
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        """As in Accelerate: dataloaders prepared from now on follow the new configuration."""
+        if not isinstance(value, DataLoaderConfiguration):
+            raise UsageError(
+                f"kernel.dataloader_config expects an accel.DataLoaderConfiguration, got {type(value).__name__}"
+            )
+        value.__post_init__()  # fields may have been changed since it was made
+        self._data = replace(
+            self._data,
+            split_batches=value.split_batches,
+            even_batches=value.even_batches,
+            data_seed=value.data_seed,
+            non_blocking=value.non_blocking,
+        )
+        self.even_batches = value.even_batches
+
+    @property
+    def device_placement(self) -> bool:
+        """Always True: models and batches are placed on the run's device (``False`` is refused)."""
+        return True
+
+    @device_placement.setter
+    def device_placement(self, value: bool) -> None:
+        check_device_placement("kernel.device_placement = ...", value)
+
+    @property
+    def rng_types(self) -> tuple[str, ...]:
+        """``("generator",)``: prepared dataloaders share the sampler's seed (other types are refused)."""
+        return ("generator",)
+
+    @rng_types.setter
+    def rng_types(self, value: Sequence[Any]) -> None:
+        check_rng_types("kernel.rng_types = ...", value)
+
     dispatch_batches = False  # every process reads its own shard
     use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
     use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
-    device_placement = True
-    rng_types = ("generator",)
 
     @property
     def logging_dir(self) -> str | None:
@@ -276,7 +317,22 @@ class AccelerateMembersMixin:
     def __getattr__(self, name: str) -> Any:
         """Accelerate's members that Kernel does not have: one line saying what to use instead."""
         message = member_message(name) if not name.startswith("_") else None
+        detached = self.__dict__.get("_detached")
+        if detached is not None and not message:
+            message = (
+                f"kernel.{name}: this Kernel was unpickled in another process than the one that created it (pid "
+                f"{detached}); it knows the run's facts (process_index, num_processes, device, is_main_process) but "
+                "runs no collectives, hooks or checkpoints; use the Kernel of the training process"
+            )
         raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning one of Accelerate's members that Kernel does not have (``kernel.scaler = ...``) raises the same
+        line as reading it, instead of adding an attribute nothing reads."""
+        message = member_message(name) if not name.startswith("_") else None
+        if message:
+            raise AttributeError(message)
+        object.__setattr__(self, name, value)
 
 
 @functools.cache

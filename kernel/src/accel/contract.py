@@ -32,11 +32,16 @@ class Component:
       A mode declared by name is its declarer's: for ``dynamo_backend=x``, plugins declaring only ``"compile"`` are
       not asked ``accel_activate`` while an installed plugin declares ``"compile:x"`` (unless selected).
     - ``name`` is filled in by the kernel with the plugin's name.
+    - ``requested``: set it (on the instance) when the settings ask for this component by themselves, as
+      ``--plugin NAME`` would: a ``Kernel(...)`` argument only this plugin reads (``parallelism_config``). Where
+      several plugins want an exclusive role, one that is requested wins over those that only default into it
+      (the ``ddp`` strategy of any run of several processes); two requested or selected ones are an error.
     """
 
     role: str = "observer"
     provides: frozenset[str] = frozenset()
     name: str = ""
+    requested: bool = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name or '?'} role={self.role}>"
@@ -114,6 +119,11 @@ def unhonoured_launch_settings(settings: Settings, names: Sequence[str]) -> list
     """``"name=value"`` for each of ``names`` (settings of :data:`LAUNCH_UNSET` a launcher does not carry out) that
     the run sets to something, in the order of ``names``: what that launcher must refuse, in one line."""
     return [f"{n}={settings.get(n)!r}" for n in names if settings.get(n, LAUNCH_UNSET[n][0]) not in LAUNCH_UNSET[n]]
+
+
+#: ``ItemRecord.format`` of items written with torch.distributed.checkpoint (a sharding strategy's models and
+#: optimizers, :mod:`accel.spi.sharded`): any run can read them, whatever its process count.
+DCP_FORMAT = "torch.distributed.checkpoint"
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ class DataKernel(KernelView, Protocol):
     gradient_state: GradientState
     even_batches: bool
     _data: DataSettings
+    _join_uneven: bool  # inside join_uneven_inputs with uneven batches
 
     @property
     def non_blocking(self) -> bool: ...
@@ -199,6 +200,16 @@ class GradientState:
     def remainder(self) -> int:
         return self.active[-1].remainder if self.active else 0
 
+    @property
+    def active_dataloader(self) -> PreparedDataLoader | None:
+        """The prepared dataloader being iterated (the innermost one when loops nest), or None (Accelerate's)."""
+        return self.active[-1] if self.active else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated (Accelerate's)."""
+        return bool(self.active)
+
 
 class PreparedDataLoader:
     """Iterates this process's shard, moves batches to the device and tells the Kernel when the epoch's last batch
@@ -225,6 +236,7 @@ class PreparedDataLoader:
         self.base = base
         self.steps = steps
         self.remainder = remainder
+        self._even_remainder = remainder  # set_even_batches(True) puts it back
         self.device_placement = device_placement
         self.shard = shard
         self.skipper = skipper
@@ -453,18 +465,30 @@ class PreparedDataLoader:
             after()
         yield from it
 
-    def _batches(self, it: Iterator[Any], skip: int) -> Iterator[Any]:
+    def set_even_batches(self, even: bool) -> bool | None:
+        """Change even batching for the next passes of a map-style dataloader (``join_uneven_inputs``); returns the
+        previous value, or None (and changes nothing) for others."""
+        if not isinstance(self.shard, BatchSamplerShard):
+            return None
+        previous, self.shard.even_batches = self.shard.even_batches, even
+        self.remainder = self._even_remainder if even else 0
+        return previous
+
+    def _batches(self, it: Iterator[Any], skip: int, joined: bool = False) -> Iterator[Any]:
         """The batches of a pass of several processes (or a skipping one): empty batches where this process has
-        run out before the others (``even_batches=False``)."""
+        run out before the others (``even_batches=False``); ``joined`` (``join_uneven_inputs``): none, the pass
+        ends where this process's data ends."""
         last = None
         count = 0
         for batch in it:
             if type(batch) is PaddingBatch:
+                if joined:
+                    return
                 batch = empty_like_batch(batch.template)
             last = batch
             count += 1
             yield batch
-        if self.steps is not None and count < self.steps - skip:
+        if self.steps is not None and count < self.steps - skip and not joined:
             if last is None:
                 states = rng_states()  # a sample read for its structure only: no draws of the run are spent on it
                 last = self.base.collate_fn([self.base.dataset[0]])
@@ -487,14 +511,15 @@ class PreparedDataLoader:
         ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
             it = self._open_base(skip, resume)
+            joined = self.kernel._join_uneven
             if skip or self.kernel.num_processes > 1:
-                it = self._batches(it, skip)
+                it = self._batches(it, skip, joined)
             if self.device_loader is not None and self.device_placement:
                 it = ahead = iter(self.device_loader(it))
             device = self.kernel.device if self.device_placement and self.device_loader is None else None
             if device is not None and device.type == "cpu" and not _accelerator_present():
                 device = None  # no other device a tensor could be on: placement would hand every batch back as it is
-            if self._length is not None:
+            if self._length is not None and not joined:  # joined: this process's pass may end early
                 yield from self._counted(it, self._length, device)
             else:
                 yield from self._read_ahead(it, device, resume)

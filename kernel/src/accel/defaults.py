@@ -129,6 +129,11 @@ def accel_no_sync(kernel: KernelView, model: torch.nn.Module) -> contextlib.Abst
 
 
 @hookimpl(trylast=True)
+def accel_sync_in_backward(kernel: KernelView, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@hookimpl(trylast=True)
 def accel_clip_grad_norm(
     kernel: KernelView, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
 ) -> torch.Tensor:

@@ -421,6 +421,16 @@ def accel_no_sync(kernel: KernelView, model: torch.nn.Module) -> AbstractContext
 
 
 @hookspec(firstresult=True)
+def accel_sync_in_backward(kernel: KernelView, model: torch.nn.Module) -> AbstractContextManager[Any] | None:
+    """The context in which the next backward synchronises gradients although the forward ran under
+    ``accel_no_sync`` (Accelerate's ``trigger_sync_in_backward``).
+
+    When: ``kernel.trigger_sync_in_backward(model)``. Who: first answer wins; DDP answers a context that prepares
+    its reducer for the backward; default: no context (a strategy that decides at backward time needs none).
+    """
+
+
+@hookspec(firstresult=True)
 def accel_clip_grad_norm(
     kernel: KernelView, parameters: list[torch.nn.Parameter], max_norm: float, norm_type: float
 ) -> torch.Tensor | None:

@@ -193,6 +193,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = hook.accel_autocast(kernel=self)
         self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
         self._accumulating = _Accumulate(self, ())
+        self._join_uneven = False  # inside join_uneven_inputs with uneven batches: passes end where the data ends
         _ACTIVE.append(self)
         atexit.register(self._teardown)
 
@@ -219,6 +220,17 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     @property
     def log_with(self) -> list[str]:
         return list(self.settings["log_with"] or [])
+
+    @log_with.setter
+    def log_with(self, value: str | Sequence[str] | None) -> None:
+        """Accepted when it names the trackers this run has; trackers are plugins chosen by ``Kernel(log_with=...)``,
+        so another choice is one line saying so."""
+        names = [value] if isinstance(value, str) else list(value or [])
+        if sorted(names) != sorted(self.log_with):
+            raise UsageError(
+                f"kernel.log_with = {value!r}: trackers are chosen when the Kernel is created (they are plugins); "
+                f"pass Kernel(log_with={value!r}) instead (this run has log_with={self.log_with!r})"
+            )
 
     @property
     def project_dir(self) -> str | None:
@@ -294,6 +306,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         return any(o.step_was_skipped for o in self._optimizers)
 
     def __repr__(self) -> str:
+        if "_detached" in self.__dict__:
+            return f"Kernel(detached copy, process {self.process_index}/{self.num_processes}, device={self.device})"
         comps = ", ".join(f"{c.name}:{c.role}" for c in self.plugins.components) or "none"
         own = self.__dict__  # also while Kernel() is still asking the plugins (hook tracing prints the kernel)
         where = (
@@ -305,6 +319,14 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             f"Kernel({where}, device={own.get('device', '?')}, mixed_precision={self.mixed_precision}, "
             f"plugins=[{comps}])"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable, as Accelerate's ``Accelerator`` is (``datasets.map`` pickles functions that use it): unpickled
+        in the same process it is this Kernel again; in another process (a DataLoader worker, a ``map`` worker) a
+        detached Kernel that answers the run's facts (process index and count, device, even batches...) and refuses
+        collectives, hooks and checkpoints in one line."""
+        facts = {name: self.__dict__[name] for name in _DETACHED_FACTS if name in self.__dict__}
+        return (_unpickle_kernel, (os.getpid(), id(self), facts))
 
     # ---- prepare ------------------------------------------------------------------------------------------
 
@@ -477,6 +499,55 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         inner = self._inner.get(id(model), model)
         with self._hot.no_sync(kernel=self, model=inner):
             yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """The backward inside synchronises gradients even though the forward ran under ``no_sync`` (Accelerate's):
+        several forwards under ``no_sync``, the backward of all but the last outside any context (accumulated
+        locally), the last backward inside this context (one all-reduce of the sum)."""
+        inner = self._inner.get(id(model), model)
+        with self.plugins.pm.hook.accel_sync_in_backward(kernel=self, model=inner):
+            yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train or evaluate on uneven inputs through torch's ``Join`` (Accelerate's): with ``even_batches=False``
+        (the argument, else the Kernel's) a process that runs out of batches stops its passes over the prepared
+        dataloaders instead of getting empty batches, and ``Join`` shadows the collectives of ``joinables`` (prepared
+        models of a strategy whose model torch can join: DDP) until every process is done, so none waits forever.
+        With even batches, or one process, it changes nothing."""
+        from torch.distributed.algorithms import Join, Joinable
+
+        if even_batches is not None:
+            check_bool("join_uneven_inputs(even_batches=...)", even_batches)
+        uneven = not (self.even_batches if even_batches is None else even_batches)
+        if self.num_processes == 1 or not uneven:
+            yield
+            return
+        inner = [self._inner.get(id(obj), obj) for obj in joinables]
+        for obj, joinable in zip(joinables, inner, strict=True):
+            if not isinstance(joinable, Joinable):
+                raise UsageError(
+                    f"join_uneven_inputs: {type(obj).__name__} is not something torch's Join can shadow (a "
+                    "torch.distributed.algorithms.Joinable); pass the models prepare returned, in a run whose "
+                    "strategy makes them joinable (data parallel: --plugin ddp)"
+                )
+        loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
+        if len(loaders) < len(self._dataloaders) and self.even_batches:
+            warnings.warn(
+                "join_uneven_inputs(even_batches=False): dataloaders over an IterableDataset keep even batches "
+                "(as in Accelerate, only map-style ones are changed)",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+        self._join_uneven = True
+        try:
+            with Join(inner, throw_on_early_termination=False):
+                yield
+        finally:
+            self._join_uneven = False
+            for dl in loaders:
+                dl.set_even_batches(self.even_batches)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-batch of gradient accumulation: sets ``sync_gradients`` (every
@@ -686,6 +757,28 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
 
 
 _ACTIVE: list[Kernel] = []
+
+#: What a pickled Kernel carries to another process: the run's facts, nothing that runs collectives or hooks.
+_DETACHED_FACTS = (
+    "topology",
+    "device",
+    "_data",
+    "even_batches",
+    "_accumulation_steps",
+    "step_scheduler_with_optimizer",
+    "project_configuration",
+)
+
+
+def _unpickle_kernel(pid: int, ident: int, facts: dict[str, Any]) -> Kernel:
+    """The Kernel a pickle names: the live one in the process that pickled it, else a detached copy of its facts."""
+    if pid == os.getpid():
+        for kernel in _ACTIVE:
+            if id(kernel) == ident:
+                return kernel
+    kernel = Kernel.__new__(Kernel)
+    kernel.__dict__.update(facts, _detached=pid)
+    return kernel
 
 
 #: What ``prepare`` takes, for its error messages.

@@ -421,7 +421,7 @@ class Plugins:
         for role in EXCLUSIVE_ROLES:
             claims = [c for c in found if c.role == role]
             if len(claims) > 1:
-                chosen = [c for c in claims if settings.is_selected(c.name)]
+                chosen = [c for c in claims if settings.is_selected(c.name) or c.requested]
                 if len(chosen) != 1:
                     who = " and ".join(f"{c.name!r} ({self._dist(c.name)})" for c in claims)
                     raise PluginError(

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +37,55 @@ def refuse_unpicklable(value: Any) -> None:
             f"lists, tuples or dicts) nor an object that can be pickled ({exc}); pass tensors, or picklable "
             "objects (numbers, strings, lists of them)"
         ) from None
+
+
+def split_share(inputs: Any, num_processes: int, index: int, apply_padding: bool = False) -> Any:
+    """Process ``index``'s share of ``inputs`` among ``num_processes`` (see ``Kernel.split_between_processes``)."""
+    if num_processes == 1:
+        return inputs
+    if isinstance(inputs, Mapping):
+        lengths = {len(v) for v in inputs.values() if hasattr(v, "__len__")}
+        if len(lengths) > 1:
+            raise UsageError(
+                f"split_between_processes: the dict's values have different lengths {sorted(lengths)}; "
+                "give values of one length (they are split alike)"
+            )
+        return type(inputs)(  # type: ignore[call-arg]  # dict, OrderedDict...
+            {k: split_share(v, num_processes, index, apply_padding) for k, v in inputs.items()}
+        )
+    datasets = sys.modules.get("datasets")  # a Dataset's module is imported by whoever made one
+    is_dataset = datasets is not None and isinstance(inputs, datasets.Dataset)
+    if not (is_dataset or isinstance(inputs, (list, tuple, torch.Tensor))):
+        raise UsageError(
+            f"split_between_processes got {type(inputs).__name__}, which it does not split (Accelerate hands it "
+            "to every process whole); pass a list, tuple, tensor, datasets.Dataset or a dict of them"
+        )
+    total = len(inputs)
+    size, extra = divmod(total, num_processes)
+    start = min(index * size + min(index, extra), total)
+    end = min(start + size + (1 if index < extra else 0), total)
+    pad = (size + (1 if extra else 0) - (end - start)) if apply_padding and total else 0
+    if is_dataset:  # rows selected, as Accelerate does (slicing a Dataset gives a dict of columns)
+        return inputs.select([*range(start, end), *[total - 1] * pad])
+    part = inputs[start:end]
+    if not pad:
+        return part
+    if isinstance(part, torch.Tensor):
+        return torch.cat([part, inputs[-1:].expand(pad, *inputs.shape[1:])])
+    return part + inputs[-1:] * pad
+
+
+#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types.
+RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
+
+
+def rng_kinds(rng_types: Iterable[Any]) -> list[str]:
+    """``synchronize_rng_states``'s ``rng_types`` as names; a UsageError for one Accelerate does not have."""
+    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
+    if unknown:
+        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
+    return kinds
 
 
 class ProcessOpsMixin:
@@ -139,27 +189,44 @@ class ProcessOpsMixin:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of a list, tuple, dict of sequences or tensor (the first
-        ``len % N`` processes get one more). ``apply_padding`` repeats the last element so all shares are equal."""
-        n, r = self.num_processes, self.process_index
-        if n == 1:
-            yield inputs
+        """Yield this process's contiguous share of ``inputs`` (the first ``len % N`` processes get one more), as
+        Accelerate's: a list, tuple, tensor (along dim 0), ``datasets.Dataset`` (rows, with ``.select()``) or a dict
+        of those (each value split alike; the input dict is not modified). A process with no share (more processes
+        than elements) gets an empty one. ``apply_padding`` repeats the input's last element so all shares have the
+        same length. Other types are refused (Accelerate hands them to every process whole)."""
+        yield split_share(inputs, self.num_processes, self.process_index, apply_padding)
+
+    def synchronize_rng_states(self, rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
+        """Every process takes process 0's state of the generators named in ``rng_types`` (Accelerate's names or
+        ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"`` (``generator``, which must be given), or the
+        run's device type such as ``"cuda"`` (this process's device generator; another device type is refused, as
+        Accelerate fails on it). Call it on every process; on one process it changes nothing.
+        Also :func:`accel.utils.synchronize_rng_states`."""
+        kinds = rng_kinds(rng_types)
+        if "generator" in kinds and generator is None:
+            raise UsageError('synchronize_rng_states(["generator"]) needs the generator: pass generator=...')
+        device = self.device.type
+        other = [kind for kind in kinds if kind not in ("torch", "generator", device)]
+        if other:
+            raise UsageError(
+                f"synchronize_rng_states: rng_types {other} name a device this run does not use (it runs on "
+                f'{device}); use "torch", "generator" or "{device}"'
+            )
+        if self.num_processes == 1:
             return
 
-        def split(seq: Any) -> Any:
-            size, extra = divmod(len(seq), n)
-            start = r * size + min(r, extra)
-            end = start + size + (1 if r < extra else 0)
-            part = seq[start:end]
-            if apply_padding and extra and r >= extra:
-                pad = seq[-1:]
-                part = torch.cat([part, pad]) if isinstance(part, torch.Tensor) else part + type(part)(pad)
-            return part
+        def from_main(state: torch.Tensor) -> torch.Tensor:  # a CPU byte tensor, sent over the run's device
+            return self.collectives.broadcast(state.to(self.device), 0).cpu()
 
-        if isinstance(inputs, Mapping):
-            yield type(inputs)({k: split(v) for k, v in inputs.items()})  # type: ignore[call-arg]  # dict, OrderedDict...
-        else:
-            yield split(inputs)
+        for kind in kinds:
+            if kind == "torch":
+                torch.set_rng_state(from_main(torch.get_rng_state()))
+            elif kind == "generator":
+                assert generator is not None
+                generator.set_state(from_main(generator.get_state()))
+            else:
+                module = torch.get_device_module(kind)
+                module.set_rng_state(from_main(module.get_rng_state()))
 
     # ---- collectives on nested data -----------------------------------------------------------------------
 

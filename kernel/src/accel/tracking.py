@@ -123,6 +123,16 @@ class TrackingMixin:
         """The active tracker components, in the order hooks ask them."""
         return [c for c in self.plugins.components if c.role == "tracker"]
 
+    @trackers.setter
+    def trackers(self, value: list[Component]) -> None:
+        """Accepted when it holds this run's trackers (``kernel.trackers = kernel.trackers``); trackers are plugins
+        chosen by ``Kernel(log_with=...)``, so another list is one line saying so."""
+        if [id(t) for t in value] != [id(t) for t in self.trackers]:
+            raise UsageError(
+                "kernel.trackers cannot be replaced: trackers are plugins chosen by Kernel(log_with=[...]); "
+                "pass the tracker names there"
+            )
+
     def init_trackers(
         self,
         project_name: str,

@@ -13,7 +13,7 @@ import torch
 
 from accel.checkpoint.files import TREE_FORMAT, _decode, _tree_doc, tree_shapes
 from accel.checkpoint.items import Item
-from accel.contract import ItemRecord
+from accel.contract import DCP_FORMAT, ItemRecord
 from accel.errors import CheckpointError
 from accel.options import KERNEL, install_hint
 
@@ -35,6 +35,11 @@ def check_compatible(
                 f"checkpoint item {key!r} of {directory} was written by plugin {rec.plugin!r}"
                 f"{' ' + rec.version if rec.version else ''} in format {rec.format!r}; "
                 f"{_plugin_advice(kernel, rec.plugin)}"
+                + (
+                    f"; or load only models and optimizers, in any run, with accel_{rec.plugin}.load_sharded"
+                    if rec.format == DCP_FORMAT
+                    else ""
+                )
             )
         if rec.plugin == KERNEL and rec.format != TREE_FORMAT:
             raise CheckpointError(f"checkpoint item {key!r} has unknown kernel format {rec.format!r}")

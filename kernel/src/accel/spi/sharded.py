@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from accel.contract import ItemRecord
+from accel.contract import DCP_FORMAT, ItemRecord
 from accel.distributed import ProcessGroupComponent, local_device, restart_store_args, torchrun_env
 from accel.errors import CheckpointError, UsageError
 from accel.hookspecs import hookimpl
@@ -66,8 +66,7 @@ __all__ = [
 
 #: The ``auto_wrap_policy`` values (Accelerate's names).
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-#: Formats of checkpoint items (``ItemRecord.format``).
-DCP_FORMAT = "torch.distributed.checkpoint"
+#: Formats of checkpoint items (``ItemRecord.format``; ``DCP_FORMAT`` is :data:`accel.contract.DCP_FORMAT`).
 FULL_MODEL_FORMAT = "safetensors-full"
 FULL_OPTIM_FORMAT = "torch-weights-only-full"
 #: Saved next to an optimizer's state: whether it had taken no step yet (loading then empties the state again).
@@ -837,14 +836,42 @@ def load_sharded(
     that saved (``load_state`` restores everything, including per-process random states and dataloader positions,
     so it needs the same number). Call it on every process after ``prepare``: **collective**. The keys are the
     checkpoint's item names (``model``, ``optimizer``, ``model_1``, ...); ``plugin`` names the plugin that must be
-    running (any sharded strategy when empty)."""
-    comp = next(
-        (c for c in kernel.components if isinstance(c, ShardedStrategy) and plugin in ("", c.name)),
-        None,
-    )
-    if comp is None:
-        raise UsageError(
-            f"load_sharded needs a Kernel running with {f'--plugin {plugin}' if plugin else 'a sharding strategy'}"
-        )
+    running (any sharded strategy when empty). A run without a sharding strategy (one plain process, DDP) loads
+    the full values into every process's whole model and optimizer."""
     objects = {model_key: model, **({optimizer_key: optimizer} if optimizer else {})}
-    comp.load_items(kernel, Path(directory), objects)
+    sharding = [c for c in kernel.components if isinstance(c, ShardedStrategy)]
+    comp = next((c for c in sharding if plugin in ("", c.name)), None)
+    if comp is not None:
+        comp.load_items(kernel, Path(directory), objects)
+        return
+    if sharding:  # another sharding strategy: its items would be asked for under its name
+        raise UsageError(
+            f"load_sharded of plugin {plugin!r} needs a Kernel running with --plugin {plugin}, or with no "
+            f"sharding strategy (this one runs {sharding[0].name!r}; use its own load_sharded)"
+        )
+    load_whole(kernel, Path(directory), objects, model_key, plugin)
+
+
+def load_whole(
+    kernel: KernelView, directory: Path, objects: Mapping[str, Any], model_key: str, plugin: str = ""
+) -> None:
+    """``load_sharded`` in a run that does not shard (one plain process, DDP): the checkpoint's full values into each
+    process's whole model and its optimizer (the first object is the model). **Collective**."""
+    import warnings
+
+    import torch
+
+    model = kernel.unwrap_model(objects[model_key])
+    for key in sorted(objects):  # the same order on every rank: each load is a collective
+        record = detect_record(directory, key, plugin)
+        if record is None:
+            raise UsageError(f"{directory} has no item {key!r} of a sharded checkpoint (a directory or file {key}.*)")
+        obj = objects[key]
+        if not (key == model_key or isinstance(obj, torch.optim.Optimizer)):
+            raise UsageError(f"load_sharded: {key!r} is a {type(obj).__name__}, not an optimizer")
+        with warnings.catch_warnings():  # one plain process: DCP says it loads without a process group, as meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            if key == model_key:
+                load_model(kernel, model, key, directory, record)
+            else:
+                load_optimizer(kernel, model, getattr(obj, "optimizer", obj), key, directory, record)

@@ -27,10 +27,11 @@ if TYPE_CHECKING:
     from accel.utils.local_sgd import LocalSGD
     from accel.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
     from accel.utils.progress import tqdm
-    from accel.utils.random import set_seed
+    from accel.utils.random import set_seed, synchronize_rng_states
 
 _LAZY = {
     "set_seed": "accel.utils.random",
+    "synchronize_rng_states": "accel.utils.random",
     "tqdm": "accel.utils.progress",
     "find_executable_batch_size": "accel.utils.memory",
     "should_reduce_batch_size": "accel.utils.memory",
@@ -76,6 +77,7 @@ __all__ = [
     "send_to_device",
     "set_seed",
     "should_reduce_batch_size",
+    "synchronize_rng_states",
     "tqdm",
 ]
 

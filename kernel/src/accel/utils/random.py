@@ -1,9 +1,17 @@
-"""``set_seed``: one seed for Python's ``random``, numpy (when installed) and torch on every device."""
+"""``set_seed``: one seed for Python's ``random``, numpy (when installed) and torch on every device;
+``synchronize_rng_states``: process 0's generator states on every process."""
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from accel.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def process_index() -> int:
@@ -32,3 +40,21 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator | None = None) -> None:
+    """Accelerate's ``synchronize_rng_states``: every process takes process 0's state of each generator named in
+    ``rng_types`` (names or Accelerate's ``RNGType``): ``"torch"`` (the CPU generator), ``"generator"``
+    (``generator``, which must be given), or the run's device type such as ``"cuda"`` (the default generator of
+    this process's device; another device type is refused, as Accelerate fails on it). Call it on every process,
+    after ``Kernel()`` (:meth:`accel.Kernel.synchronize_rng_states`); on one process it changes nothing."""
+    from accel.kernel import active_kernel
+    from accel.process_ops import rng_kinds
+
+    kernel = active_kernel()
+    if kernel is not None:
+        kernel.synchronize_rng_states(rng_types, generator)
+        return
+    rng_kinds(rng_types)
+    if int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        raise UsageError("synchronize_rng_states needs the run's processes connected: create the Kernel first")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -164,3 +164,25 @@ class DDPStrategy(ProcessGroupComponent):
         from torch.nn.parallel import DistributedDataParallel
 
         return model.no_sync() if isinstance(model, DistributedDataParallel) else None
+
+    @hookimpl
+    def accel_sync_in_backward(
+        self, kernel: KernelView, model: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[Any] | None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        return _synced_backward(model) if isinstance(model, DistributedDataParallel) else None
+
+
+@contextlib.contextmanager
+def _synced_backward(model: torch.nn.parallel.DistributedDataParallel) -> Iterator[None]:
+    """DDP decides in the forward whether the backward all-reduces; a forward under ``no_sync`` decided not to. Set
+    the flags back and prepare the reducer, so the backward inside all-reduces (Accelerate's
+    ``trigger_sync_in_backward``); the flags are restored after."""
+    backward, forward = model.require_backward_grad_sync, model.require_forward_param_sync
+    model.require_backward_grad_sync = model.require_forward_param_sync = True
+    model.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync, model.require_forward_param_sync = backward, forward

@@ -334,7 +334,10 @@ def accel_activate(settings: Settings) -> object | None:
         )
     from accel_parallel.strategy import ParallelStrategy
 
-    return ParallelStrategy(settings, plan)
+    strategy = ParallelStrategy(settings, plan)
+    # Kernel(parallelism_config=...) asks for this strategy as --plugin parallel would, on any launcher
+    strategy.requested = settings.sources.get("parallelism_config", "default") != "default"
+    return strategy
 
 
 #: Load only a model (and its optimizer) from a checkpoint that ``save_state`` wrote with ``--plugin parallel``, on

@@ -86,6 +86,7 @@ class ParallelStrategy(ShardedStrategy):
         process), with the ``parallelism_config_fsdp_*`` options."""
         model.to(self.device)
         if self.plan.size("tp") > 1:
+            check_heads(model, self.plan.size("tp"))
             apply_tensor_parallel(model, self.mesh["tp"], tp_plan(model, self.settings["parallelism_config_tp_plan"]))
         mesh = self.fsdp_mesh()
         if mesh is not None:
@@ -113,6 +114,21 @@ def tp_plan(model: nn.Module, given: Mapping[str, str] | None) -> dict[str, str]
             "(module-name patterns to styles)"
         )
     return dict(plan)
+
+
+def check_heads(model: nn.Module, tp: int) -> None:
+    """A model whose config counts attention heads (Hugging Face's ``num_attention_heads`` and
+    ``num_key_value_heads``) needs a tp size that divides both: each tensor-parallel process takes whole heads.
+    Refused here in one line, before attention fails on a shape."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for count, what in ((heads, "attention heads (num_attention_heads)"), (kv_heads, "key/value heads")):
+        if isinstance(count, int) and not isinstance(count, bool) and count % tp:
+            raise UsageError(
+                f"parallelism_config tp_size={tp} does not divide the {count} {what} of {type(model).__name__}: "
+                f"each tensor-parallel process takes whole heads; use a tp_size that divides {count}"
+            )
 
 
 def _style(name: str, style: str) -> Any:
