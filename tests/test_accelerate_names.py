@@ -105,8 +105,6 @@ def test_the_guides_table_is_the_mappings() -> None:
 
 MODULES = accelerate_modules()
 MODULE_BEGIN, MODULE_END = "<!-- accelerate-modules: begin -->", "<!-- accelerate-modules: end -->"
-#: accel names the `semantics` branch adds (issue 26); resolved once it is merged, skipped until then.
-PENDING = {"accel.synchronize_rng_states"}
 
 
 def test_every_public_name_of_the_four_modules_has_an_entry() -> None:
@@ -148,8 +146,6 @@ def test_each_mapped_module_name_exists_in_accel(kernel: Kernel, key: str) -> No
         operator.attrgetter(accel.removeprefix("kernel."))(kernel)
         return
     module, _, attr = accel.rpartition(".")
-    if accel in PENDING and not hasattr(importlib.import_module(module), attr):
-        pytest.skip(f"{accel} comes with the semantics branch")
     if module.startswith("accel_") and importlib.util.find_spec(module.split(".")[0]) is None:
         pytest.skip(f"{module} is a plugin this venv does not have")
     assert getattr(importlib.import_module(module), attr) is not None
