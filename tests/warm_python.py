@@ -1,12 +1,16 @@
 """A warm Python for tests that start the same script many times (the kill -9 trials): one server process imports
 torch and accel once, then forks a fresh child for each run of a script, so a run costs a fork instead of a Python
-start-up and torch's import (2-3 s on the 2-core machine, 10+ s when it is loaded).
+start-up and torch's import, with what torch imports on an optimizer's construction (torch._dynamo): 2-3 s on
+the 2-core machine, 10-15 s when it is loaded.
 
 The child is a real process of its own (its own pid, killable with SIGKILL at any moment, its own files): it runs the
 script as ``python SCRIPT ARGS`` would (``runpy`` as ``__main__``, ``sys.argv``, the environment and working
 directory asked for), with stdout and stderr on FIFOs the test reads. :meth:`WarmPython.popen` returns an object
 with the part of ``subprocess.Popen``'s interface the tests use (``pid``, ``stdout``, ``stderr``, ``poll``,
 ``wait``, ``communicate``, ``send_signal``, ``returncode``). One child runs at a time.
+
+Not for tests whose subject is a fresh interpreter (exact resume of random states: every child starts from the
+server's Python random and hash seeds) or whose environment matters at torch's import time (the server's counts).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from typing import IO, Any
 SERVER = r"""
 import json, os, runpy, sys
 import torch, accel  # the point: imported once, before the forks
+# and what torch imports on first use: an optimizer's construction imports torch._dynamo (6 of a loaded machine's
+# 8 s from a fresh process to ckpt_crash.py's first save); no tensor op runs here (no thread pool before the fork)
+torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
