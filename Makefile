@@ -26,8 +26,10 @@ demo: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
+# The main suite, with its 25 slowest tests (--durations=25); tests/suite_budget.py prints the total and the 10
+# slowest modules and fails the run when it took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off).
 test: setup
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=25
 
 # What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
 # mypy on the kernel, the plugins and tools/, then the import rules (lint-imports: plugins import only accel.spi, the

@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from clitools import launch_env
+from warm_python import WarmPython
 
 from accel.checkpoint import MANIFEST, numbered_checkpoints, read_manifest
 
@@ -133,10 +135,17 @@ def _load_crash_module() -> Any:
     return module
 
 
+@pytest.fixture
+def warm(tmp_path: Path) -> Iterator[WarmPython]:
+    """Fresh processes forked from one Python that imported torch once: a fork instead of a start-up per trial."""
+    with WarmPython(tmp_path / "warm", launch_env(tmp_path)) as server:
+        yield server
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 20 process start-ups; about 90 s on an idle 2-core machine
+@pytest.mark.timeout(900)  # 20 runs of ckpt_crash.py
 def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: WarmPython
 ) -> None:
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
     crash = _load_crash_module()
@@ -145,13 +154,7 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(
     mid_save = 0
     last_loaded = 0
     for trial in range(20):
-        proc = subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "ckpt_crash.py"), str(project)],
-            env=launch_env(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = warm.popen([str(SCRIPTS / "ckpt_crash.py"), str(project)], env=launch_env(tmp_path), cwd=tmp_path)
         assert proc.stdout is not None
         first = proc.stdout.readline()
         while first.startswith(("pid ", "resumed ")):  # ckpt_crash.py's start-up lines

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from warm_python import WarmChild, WarmPython
 
 from accel.checkpoint import numbered_checkpoints, read_manifest
 
@@ -38,35 +39,44 @@ ACCEL = Path(sys.executable).parent / "accel"
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
+def run_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
+    for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCEL_ASYNC_SAVE"):
+        env.pop(name, None)
+    return env
+
+
 class Run:
     """One start of ckpt_crash.py (1 process, or ``accel launch -n 2 --plugin ddp``), its output read as it comes."""
 
-    def __init__(self, tmp_path: Path, project: Path, nprocs: int, asynchronous: bool, check: bool = False):
-        env = dict(os.environ, ACCEL_HOME=str(tmp_path / "home"))
-        for name in (
-            "ACCEL_CONFIG",
-            "WORLD_SIZE",
-            "RANK",
-            "LOCAL_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "ACCEL_ASYNC_SAVE",
-        ):
-            env.pop(name, None)
+    def __init__(
+        self,
+        tmp_path: Path,
+        project: Path,
+        nprocs: int,
+        asynchronous: bool,
+        check: bool = False,
+        warm: WarmPython | None = None,
+    ):
+        env = run_env(tmp_path)
         cmd = [sys.executable, str(SCRIPT), str(project)]
         if nprocs > 1:
             cmd = [str(ACCEL), "launch", "-q", "-n", str(nprocs), "--plugin", "ddp", *cmd[1:]]
         cmd += ["--async"] * asynchronous + ["--check"] * check
         self.nprocs = nprocs
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        self.proc: subprocess.Popen[str] | WarmChild
+        if warm is not None:  # one process: forked from the warm Python (a session of its own too)
+            self.proc = warm.popen(cmd[1:], env=env, cwd=tmp_path)
+        else:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         self.lines: list[str] = []
         self.err: list[str] = []
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
@@ -151,12 +161,30 @@ def visible(project: Path) -> tuple[list[str], list[str]]:
 def kill_trials(tmp_path: Path, nprocs: int, asynchronous: bool, victims: list[str], seed: int) -> None:
     rng = random.Random(seed)
     project = tmp_path / "proj"
+    # one process: each run is forked from a Python that imported torch once (tests/warm_python.py); two: accel launch
+    warm = WarmPython(tmp_path / "warm", run_env(tmp_path)) if nprocs == 1 else None
+    try:
+        _trials(tmp_path, project, nprocs, asynchronous, victims, rng, warm)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _trials(
+    tmp_path: Path,
+    project: Path,
+    nprocs: int,
+    asynchronous: bool,
+    victims: list[str],
+    rng: random.Random,
+    warm: WarmPython | None,
+) -> None:
     mode = "asynchronous" if asynchronous else "synchronous"
     confirmed = 0  # the newest step whose checkpoint is known to be published
     inside = 0
     hangs = []
     for trial, victim in enumerate(victims):
-        run = Run(tmp_path, project, nprocs, asynchronous)
+        run = Run(tmp_path, project, nprocs, asynchronous, warm=warm)
         run.wait_for(lambda run=run: len(run.values("resumed")) >= nprocs and len(run.pids()) >= nprocs)
         resumed = min(run.values("resumed"))
         assert resumed >= confirmed, f"trial {trial}: resumed from step {resumed}, but step {confirmed} was published"
@@ -179,7 +207,7 @@ def kill_trials(tmp_path: Path, nprocs: int, asynchronous: bool, victims: list[s
             f"end: {saved}); run ended with {rc}{' after HANGING 90 s' if hung else ''}; visible: {complete} "
             f"(all complete), hidden leftovers: {hidden or 'none'}"
         )
-    final = Run(tmp_path, project, nprocs, asynchronous, check=True)
+    final = Run(tmp_path, project, nprocs, asynchronous, check=True, warm=warm)
     rc = final.proc.wait(timeout=300)
     time.sleep(0.5)
     assert rc == 0, "\n".join(final.lines[-20:] + final.err[-40:])

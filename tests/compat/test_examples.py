@@ -122,8 +122,15 @@ SCHEDULER_RULE = "Accelerate's scheduler-stepping rule by default (compat-core)"
 DATALOADER_CONFIGURATION = "accel.DataLoaderConfiguration (compat-core)"
 
 
-def test_nlp_example(tmp_path: Path) -> None:
-    result = run("nlp_example", tmp_path)
+@pytest.fixture(scope="module")
+def nlp_fp32(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """nlp_example in full precision, run once for its own test and the mixed-precision tests that compare with it
+    (the run is deterministic and the tests only read it)."""
+    return run("nlp_example", tmp_path_factory.mktemp("nlp_fp32"))
+
+
+def test_nlp_example(nlp_fp32: Run) -> None:
+    result = nlp_fp32
     text_epochs(result)
     assert_learns(result.losses, 3)
     assert result.epochs()[-1]["accuracy"] > 0.8
@@ -132,11 +139,11 @@ def test_nlp_example(tmp_path: Path) -> None:
 
 @slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_nlp_example_mixed_precision(tmp_path: Path, precision: str) -> None:
+def test_nlp_example_mixed_precision(tmp_path: Path, precision: str, nlp_fp32: Run) -> None:
     result = run(f"nlp_example_{precision}", tmp_path)
     text_epochs(result)
     assert_learns(result.losses, 3)
-    fp32 = run("nlp_example", tmp_path)
+    fp32 = nlp_fp32
     assert result.losses != fp32.losses  # it did run in reduced precision
     assert result.losses[:4] == pytest.approx(fp32.losses[:4], abs=5e-2)
     if precision == "bf16":  # no loss scaling: every step is taken
@@ -223,11 +230,18 @@ def resume_case(step: str, full: Run) -> Case:
     )
 
 
-def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def checkpointing_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The uninterrupted run of checkpointing.py, run once for both resume tests (each resumes into its own folder
+    and only reads this run's checkpoints)."""
+    return run("checkpointing", tmp_path_factory.mktemp("checkpointing_full"))
+
+
+def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path, checkpointing_full: Run) -> None:
     """Accelerate's documented mid-epoch resume (load_state, then skip_first_batches(train_dataloader, 3)) continues
     exactly where the uninterrupted run was: the same losses bit for bit, the same learning rates, the same metrics
     and byte-identical checkpoints afterwards. 224 rows, 16 a batch: 7 batches per process and epoch."""
-    full = run("checkpointing", tmp_path)
+    full = checkpointing_full
     text_epochs(full)
     assert len(full.losses) == 21
     resumed = run("resumed", tmp_path, resume_case("step_3", full))
@@ -240,10 +254,10 @@ def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path) -> None:
 
 
 @slow
-def test_checkpointing_resumes_in_second_epoch(tmp_path: Path) -> None:
+def test_checkpointing_resumes_in_second_epoch(tmp_path: Path, checkpointing_full: Run) -> None:
     """step_9 is the third batch of the second epoch: the example computes starting_epoch=1, resume_step=2 and
     skips 2 batches of the second epoch."""
-    full = run("checkpointing", tmp_path)
+    full = checkpointing_full
     resumed = run("resumed", tmp_path, resume_case("step_9", full))
     assert resumed.losses == full.losses[9:]
     assert resumed.lrs == full.lrs[9:]

@@ -1,0 +1,72 @@
+"""The suite's time budget (tests/suite_budget.py, issue 29): real pytest sessions (pytester, in-process) of
+two small test modules, one of them slow; the budget is given through the environment as CI would."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    for name in ("ACCEL_SUITE_BUDGET", "ACCEL_SUITE_BUDGET_MARGIN"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest("from suite_budget import pytest_configure\n")
+    pytester.makepyfile(
+        test_slow="import time\n\ndef test_a():\n    time.sleep(0.3)\n\ndef test_b():\n    time.sleep(0.1)\n",
+        test_quick="def test_c():\n    pass\n",
+    )
+    return pytester
+
+
+def test_reports_total_and_slowest_modules_and_passes_within_budget(suite: pytest.Pytester) -> None:
+    result = suite.runpytest()
+    assert result.ret == 0
+    result.stdout.re_match_lines([r"=+ suite time =+", r"total \d+\.\d s wall, 2 modules \(budget 3000 s \+ 20%"])
+    lines = result.stdout.lines
+    first = next(i for i, line in enumerate(lines) if "slowest modules:" in line)
+    assert "2 tests  test_slow.py" in lines[first + 1] and "1 tests  test_quick.py" in lines[first + 2]
+    assert float(lines[first + 1].split()[0]) >= 0.4
+    assert not any("budget exceeded" in line for line in lines)
+
+
+def test_over_budget_fails_the_session_naming_the_slowest_module(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "0.2")
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET_MARGIN", "0.1")
+    result = suite.runpytest()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*3 passed*"])  # every test passed: the budget alone failed the session
+    (line,) = [line for line in result.stdout.lines if "budget exceeded" in line]
+    assert " s > 0.22 s (ACCEL_SUITE_BUDGET=0.2, margin 10%); slowest modules: test_slow.py (" in line
+    assert line.index("test_slow.py") < line.index("test_quick.py")
+
+
+def test_within_the_margin_passes(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "0.2")
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET_MARGIN", "1000")
+    assert suite.runpytest().ret == 0
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_budget_off(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", value)
+    result = suite.runpytest()
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*2 modules (no budget); slowest modules:*"])
+
+
+def test_one_module_is_not_checked(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "0.05")
+    assert suite.runpytest("test_slow.py").ret == 0
+
+
+def test_a_bad_value_is_one_line(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "15min")
+    result = suite.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: ACCEL_SUITE_BUDGET='15min' is not a number; give e.g. ACCEL_SUITE_BUDGET=900 (0 or off: none)"]
+    )
