@@ -338,9 +338,11 @@ def clip_grad_norm(
     *,
     error_if_nonfinite: bool = False,
     foreach: bool | None = None,
+    group: Any = None,
 ) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for sharded models: clip by the global norm over all processes and return
-    that norm (before clipping). **Collective** over the meshes of the gradients.
+    that norm (before clipping). **Collective** over the meshes of the gradients, and over ``group`` when given: a
+    process group whose processes hold *different* parameters (pipeline stages), whose norms are combined too.
 
     Gradients are grouped by mesh and placements (FSDP shards; tensor-parallel layers live on a larger mesh than
     the rest; plain tensors are replicated and count once). Each group's norm is computed with ``foreach`` kernels
@@ -357,17 +359,23 @@ def clip_grad_norm(
         if grad is not None:
             key = (id(grad.device_mesh), tuple(grad.placements)) if isinstance(grad, DTensor) else None
             groups.setdefault(key, []).append(p)
-    if not groups:
+    if not groups and group is None:
         return torch.tensor(0.0)
     norms = []
     for params in groups.values():
         norm = get_total_norm([g for p in params if (g := p.grad) is not None], norm_type, foreach=foreach)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if len(norms) == 1:
+    if len(norms) == 1 and group is None:
         total = norms[0]
     else:
-        parts = torch.stack([n.to(norms[0].device, torch.float32) for n in norms])
-        total = parts.max() if norm_type == float("inf") else parts.pow(norm_type).sum().pow(1.0 / norm_type)
+        parts = torch.stack([n.to(norms[0].device, torch.float32) for n in norms]) if norms else torch.zeros(1)
+        inf = norm_type == float("inf")
+        total = parts.max() if inf else parts.pow(norm_type).sum()
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(total, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=group)
+        total = total if inf else total.pow(1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "

@@ -28,6 +28,7 @@ DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 FSDP_PREFIX = "parallelism_config_fsdp_"
 #: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
 FIELDS = (
+    "pp_size",
     "dp_replicate_size",
     "dp_shard_size",
     "tp_size",
@@ -39,7 +40,12 @@ FIELDS = (
     "cp_handler",
     "sp_handler",
     "device_mesh",
+    "pp_schedule",
+    "pp_microbatches",
+    "pp_split_points",
 )
+#: ``parallelism_config_pp_schedule`` values (torch.distributed.pipelining schedules, see ``accel_parallel.pipeline``).
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zerobubble")
 #: Tensor-parallel styles a plan may name (Hugging Face's names for the same ``torch.distributed.tensor.parallel``
 #: styles are accepted: ``colwise_rep``, ``rowwise_rep``, ``sequence_parallel``).
 TP_STYLES = (
@@ -101,6 +107,40 @@ def accel_add_options(options: Options) -> None:
         "cp",
         "Mesh dimension cp: processes that split each sequence (context parallel, CUDA only); they read the "
         "same batch.",
+    )
+    size(
+        "pp",
+        "Mesh dimension pp (outermost): processes that each run a contiguous part of the model's layers "
+        "(pipeline parallel, torch.distributed.pipelining); they read the same batch.",
+    )
+    options.add(
+        "parallelism_config_pp_schedule",
+        default="1f1b",
+        choices=PP_SCHEDULES,
+        config_key="parallelism_config.parallelism_config_pp_schedule",
+        env=("PARALLELISM_CONFIG_PP_SCHEDULE",),
+        help="Pipeline schedule: gpipe, 1f1b, interleaved1f1b (two stages per process) or zerobubble "
+        "(torch's ScheduleZBVZeroBubble, two stages per process).",
+    )
+    options.add(
+        "parallelism_config_pp_microbatches",
+        type="int",
+        default=0,
+        minimum=0,
+        flags=("--pp_microbatches",),
+        config_key="parallelism_config.parallelism_config_pp_microbatches",
+        env=("PARALLELISM_CONFIG_PP_MICROBATCHES",),
+        help="Microbatches each batch is split into by the pipeline schedule (0: the number of stages; the batch "
+        "must divide by it). Megatron-LM's num_micro_batches.",
+    )
+    options.add(
+        "parallelism_config_pp_split_points",
+        type="list",
+        default=[],
+        config_key="parallelism_config.parallelism_config_pp_split_points",
+        env=("PARALLELISM_CONFIG_PP_SPLIT_POINTS",),
+        help="Comma-separated names of the layers that start stages 1, 2, ... (e.g. model.layers.2); "
+        "default: the layers split evenly by count.",
     )
     options.add(
         "parallelism_config_cp_backend",
@@ -177,19 +217,32 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[Memor
 
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
-    """The mesh sizes, in :data:`DIMS` order, and what each rank's coordinates are. No torch needed."""
+    """The mesh sizes, in :data:`DIMS` order, and what each rank's coordinates are. ``pp`` (pipeline stages) is the
+    outermost dimension when > 1 (torchtitan's order). No torch needed."""
 
     sizes: tuple[int, int, int, int]  # dp_replicate, dp_shard, cp, tp
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_split_points: tuple[str, ...] = ()
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The mesh dimension names, outermost first (``pp`` only when > 1)."""
+        return (("pp",) if self.pp > 1 else ()) + DIMS
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ((self.pp,) if self.pp > 1 else ()) + self.sizes
 
     @property
     def world(self) -> int:
         out = 1
-        for s in self.sizes:
+        for s in self.shape:
             out *= s
         return out
 
     def size(self, dim: str) -> int:
-        return self.sizes[DIMS.index(dim)]
+        return self.pp if dim == "pp" else self.sizes[DIMS.index(dim)]
 
     @property
     def dp_size(self) -> int:
@@ -198,10 +251,10 @@ class MeshPlan:
     def coords(self, rank: int) -> dict[str, int]:
         """The coordinate of ``rank`` along each dimension (row-major, as ``init_device_mesh`` lays ranks out)."""
         out: dict[str, int] = {}
-        for dim, s in reversed(list(zip(DIMS, self.sizes, strict=True))):
+        for dim, s in reversed(list(zip(self.dims, self.shape, strict=True))):
             out[dim] = rank % s
             rank //= s
-        return {d: out[d] for d in DIMS}
+        return {d: out[d] for d in self.dims}
 
     def dp_index(self, rank: int) -> int:
         """Which data shard ``rank`` reads: its position on the data-parallel dims (dp_replicate x dp_shard)."""
@@ -217,17 +270,20 @@ class MeshPlan:
         return list(found.values())
 
     def describe(self) -> list[str]:
-        """Lines for ``accel launch --dry-run``: every dimension with its size and groups, and the data shards."""
+        """Lines for ``accel launch --dry-run``: every dimension with its size and groups, the pipeline stages and
+        the data shards."""
         lines = [
             "mesh: "
-            + " x ".join(f"{d}={s}" for d, s in zip(DIMS, self.sizes, strict=True))
+            + " x ".join(f"{d}={s}" for d, s in zip(self.dims, self.shape, strict=True))
             + f" ({self.world} processes)"
         ]
-        for dim in DIMS:
+        for dim in self.dims:
             if self.size(dim) > 1:
                 lines.append(
                     f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim))
                 )
+        if self.pp > 1:
+            lines += self.describe_stages()
         shards: dict[int, list[int]] = {}
         for rank in range(self.world):
             shards.setdefault(self.dp_index(rank), []).append(rank)
@@ -235,6 +291,25 @@ class MeshPlan:
             f"  data shards ({self.dp_size}): "
             + " ".join(f"{i}:[" + ",".join(map(str, r)) + "]" for i, r in sorted(shards.items()))
         )
+        return lines
+
+    def describe_stages(self) -> list[str]:
+        """One line per pipeline stage: its layers (split points, or an even split by count made at prepare) and
+        the ranks that run it."""
+        from accel_parallel.pipeline import stage_ids, stages_per_rank
+
+        n = self.pp * stages_per_rank(self.pp_schedule)
+        points = list(self.pp_split_points)
+        lines = [f"  pipeline: {n} stages, schedule {self.pp_schedule}"]
+        for stage in range(n):
+            ranks = [r for r in range(self.world) if stage in stage_ids(self.coords(r)["pp"], self.pp, self.pp_schedule)]
+            if points:
+                start = "the first layer" if stage == 0 else points[stage - 1]
+                end = f"before {points[stage]}" if stage < len(points) else "to the last layer"
+                layers = f"layers from {start} {end}"
+            else:
+                layers = f"layers part {stage + 1}/{n} by count"
+            lines.append(f"    stage {stage}: {layers}; ranks [" + ",".join(map(str, ranks)) + "]")
         return lines
 
 
@@ -263,13 +338,22 @@ def mesh_plan(settings: Settings) -> MeshPlan:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"parallelism_config {dim}_size must be a whole number >= 1, got {value!r}")
         sizes.append(value)
-    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]))
+    pp = _field(given, "pp_size")
+    pp = settings["parallelism_config_pp_size"] if pp is None else pp
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise UsageError(f"parallelism_config pp_size must be a whole number >= 1, got {pp!r}")
+    schedule = _field(given, "pp_schedule") or settings["parallelism_config_pp_schedule"]
+    if schedule not in PP_SCHEDULES:
+        raise UsageError(f"parallelism_config pp_schedule {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+    points = _field(given, "pp_split_points") or settings["parallelism_config_pp_split_points"] or ()
+    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points))
 
 
 def check_plan(plan: MeshPlan, world: int, where: str) -> None:
     if plan.world != world:
         raise UsageError(
-            f"{where}: parallelism_config sizes dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
+            f"{where}: parallelism_config sizes {'pp=' + str(plan.pp) + ' x ' if plan.pp > 1 else ''}"
+            f"dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
             f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
             f"process(es); make the product equal the number of processes (--num_processes {plan.world})"
         )
@@ -289,7 +373,7 @@ def cp_refusal(settings: Settings, cuda: bool) -> str | None:
 
 
 def _given(settings: Settings) -> bool:
-    keys = [f"parallelism_config_{d}_size" for d in DIMS] + ["parallelism_config"]
+    keys = [f"parallelism_config_{d}_size" for d in ("pp", *DIMS)] + ["parallelism_config"]
     return any(settings.sources.get(k, "default") != "default" for k in keys)
 
 
@@ -305,7 +389,9 @@ def accel_activate(settings: Settings) -> object | None:
                 "N-D parallelism needs --plugin parallel (or --use_parallelism_config), which applies "
                 "FSDP2 itself on the data-parallel dims"
             )
-        elif given and any(settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in DIMS):
+        elif given and any(
+            settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in ("pp", *DIMS)
+        ):
             raise UsageError(
                 "parallelism_config sizes given, but plugin 'parallel' is not selected; add "
                 "--plugin parallel (or --use_parallelism_config, or Kernel(plugins=['parallel']))"
