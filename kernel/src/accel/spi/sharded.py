@@ -400,11 +400,11 @@ def _skip_gradient_sync(model: Any) -> Iterator[None]:
 # ---- checkpoint items -------------------------------------------------------------------------------------------
 
 
-def _state_options(full: bool, broadcast: bool = False) -> Any:
+def _state_options(full: bool, broadcast: bool = False, flatten: bool = False) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     if not full:
-        return StateDictOptions()
+        return StateDictOptions(flatten_optimizer_state_dict=flatten)
     if broadcast:
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -512,10 +512,14 @@ def save_optimizer(
     directory: Path,
     full: bool,
     plugin: str,
+    *,
+    flatten: bool = False,
 ) -> ItemRecord:
     """Write the state of ``optimizer`` (which steps ``model``) as item ``key``: a DCP directory, or with ``full``
     ``key.pt`` (plain tensors and numbers) on the main process. Whether it had taken a step is kept (:data:`FRESH`),
-    so saving before the first step changes nothing. **Collective**."""
+    so saving before the first step changes nothing. ``flatten``: the DCP directory keeps the parameter groups per
+    parameter name (``param_groups.<name>.lr``), needed when processes hold different parameters (pipeline
+    stages); :func:`load_optimizer` reads either layout. **Collective**."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from accel.checkpoint import agree
@@ -523,7 +527,8 @@ def save_optimizer(
     # torch fills an empty optimizer state with a zero-learning-rate step to learn its layout; undo that, so that
     # saving before the first step changes nothing, and store the fact (loading empties the state again).
     fresh = not optimizer.state
-    state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=_state_options(full)))
+    options = _state_options(full, flatten=flatten)
+    state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
     if fresh:
         optimizer.state.clear()
     state[FRESH] = fresh
@@ -557,13 +562,14 @@ def load_optimizer(
     from accel.checkpoint import agree, dcp_load, dcp_reader, load_weights_only
 
     if record.format == DCP_FORMAT:
-        state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))
-        marked = FRESH in dcp_reader(directory / key).read_metadata().state_dict_metadata
-        if marked:
+        saved = dcp_reader(directory / key).read_metadata().state_dict_metadata
+        options = _state_options(False, flatten=any(k.startswith("param_groups.") for k in saved))
+        state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
+        if FRESH in saved:
             state[FRESH] = False
         dcp_load(state, directory / key)
         fresh = bool(state.pop(FRESH, False))
-        set_optimizer_state_dict(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, state, options=options)
     elif record.format == FULL_OPTIM_FORMAT:
         path = directory / record.files[0]
         groups = [len(g["params"]) for g in optimizer.param_groups]
@@ -654,6 +660,11 @@ class ShardedStrategy(ProcessGroupComponent):
 
     def full_state_dict(self) -> bool:
         """Whether ``save_state`` writes full state dicts on the main process instead of DCP directories."""
+        return False
+
+    def flatten_optimizer_state(self) -> bool:
+        """Whether optimizer DCP directories keep parameter groups per parameter name (``save_optimizer``'s
+        ``flatten``): needed when processes hold different parameters (pipeline stages)."""
         return False
 
     # ---- process start-up -------------------------------------------------------------------------------------
@@ -785,7 +796,9 @@ class ShardedStrategy(ProcessGroupComponent):
                 records[key] = save_model(kernel, model, key, Path(directory), full, self.name)
                 continue
             optimizer, model = cast("tuple[Any, Any]", self.optimizer_model(key, mine[key]))
-            records[key] = save_optimizer(kernel, model, optimizer, key, Path(directory), full, self.name)
+            records[key] = save_optimizer(
+                kernel, model, optimizer, key, Path(directory), full, self.name, flatten=self.flatten_optimizer_state()
+            )
         return records
 
     @hookimpl

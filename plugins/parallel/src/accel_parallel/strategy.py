@@ -144,6 +144,9 @@ class ParallelStrategy(ShardedStrategy):
                 group["params"] = [p for p in group["params"] if not self._dropped(p)]
         return [self.pipelines.get(id(m), m) for m in models], optimizers, schedulers
 
+    def flatten_optimizer_state(self) -> bool:
+        return self.plan.pp > 1  # each stage saves the parameter groups of its own parameters
+
     def _dropped(self, param: Any) -> bool:
         ref = self.dropped.get(id(param))
         return ref is not None and ref() is param
