@@ -193,7 +193,10 @@ def _module_class() -> type:
                     x = layer(x)
                 return x
             base = self.lay.base
-            with _swapped(base, "layers", self.layers):
+            # the base model runs this stage's layers, and its final norm only on the last stage (a process may
+            # also hold the last stage, whose norm is then in the base model)
+            swaps = {"layers": self.layers, **({} if self.last else {n: nn.Identity() for n in self.lay.after})}
+            with _swapped(base, swaps):
                 if self.first:
                     ids = kwargs.get("input_ids", args[0] if args else None)
                     out = base(input_ids=ids, use_cache=False)
@@ -209,13 +212,13 @@ def _module_class() -> type:
 
 
 @contextlib.contextmanager
-def _swapped(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = obj._modules[name]
-    obj._modules[name] = value
+def _swapped(obj: Any, modules: dict[str, Any]) -> Iterator[None]:
+    old = {n: obj._modules[n] for n in modules}
+    obj._modules.update(modules)
     try:
         yield
     finally:
-        obj._modules[name] = old
+        obj._modules.update(old)
 
 
 def prune(model: nn.Module, lay: Layout, keep: set[int], first: bool, last: bool) -> None:
