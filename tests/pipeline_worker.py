@@ -114,7 +114,10 @@ def main() -> None:
         "world": kernel.num_processes,
         "dp": kernel.data_parallel_size,
         "plugins": [c.name for c in kernel.components],
-        "local_numel": {k: sum(p.numel() for p in m.parameters()) for k, (m, _, _) in prepared.items()},
+        "local_numel": {
+            k: sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in m.parameters())
+            for k, (m, _, _) in prepared.items()
+        },
     }
     losses: dict[str, list[float]] = {k: [] for k in prepared}
     norms: dict[str, list[float]] = {k: [] for k in prepared}

@@ -76,6 +76,30 @@ def _tp_plan(value: Any) -> str | None:
     return f"names unknown tensor-parallel style(s) {', '.join(bad)} (known: {', '.join(TP_STYLES)})" if bad else None
 
 
+#: Accelerate's ``megatron_lm_config`` keys (and ``--megatron_lm_*`` flags) whose meaning carries over to torch-native
+#: parallelism, with the option each sets (see :func:`megatron_settings`).
+MEGATRON = {
+    "megatron_lm_tp_degree": "parallelism_config_tp_size",
+    "megatron_lm_pp_degree": "parallelism_config_pp_size",
+    "megatron_lm_num_micro_batches": "parallelism_config_pp_microbatches",
+    "megatron_lm_recompute_activations": "parallelism_config_fsdp_activation_checkpointing",
+    "megatron_lm_gradient_clipping": "",
+    "megatron_lm_use_distributed_optimizer": "",
+    "megatron_lm_sequence_parallelism": "",
+}
+
+
+def _megatron_sp(value: Any) -> str | None:
+    return (
+        None
+        if not value
+        else (
+            "is Megatron-LM's sequence parallelism (norms and dropout sharded along the sequence inside "
+            "tensor-parallel regions), which accel-plugin-parallel does not provide yet; set it to false"
+        )
+    )
+
+
 @hookimpl
 def accel_add_options(options: Options) -> None:
     def size(dim: str, what: str) -> None:
@@ -191,6 +215,46 @@ def accel_add_options(options: Options) -> None:
         options.add(name, config_key=f"parallelism_config.{name}", env=(name.upper(),), **kw)
 
     sharded.declare_shard_options(fsdp, FSDP_PREFIX)
+
+    def megatron(name: str, **kw: Any) -> None:
+        options.add(name, config_key=f"megatron_lm_config.{name}", env=(name.upper(),), **kw)
+
+    megatron("megatron_lm_tp_degree", type="int", default=1, minimum=1, help="Megatron-LM's tp_degree: sets tp.")
+    megatron("megatron_lm_pp_degree", type="int", default=1, minimum=1, help="Megatron-LM's pp_degree: sets pp.")
+    megatron(
+        "megatron_lm_num_micro_batches",
+        type="int",
+        default=0,
+        minimum=0,
+        help="Megatron-LM's num_micro_batches: sets parallelism_config_pp_microbatches.",
+    )
+    megatron(
+        "megatron_lm_recompute_activations",
+        type="bool",
+        default=False,
+        help="Megatron-LM's recompute_activations: activation checkpointing of each layer (needs dp > 1: FSDP's).",
+    )
+    megatron(
+        "megatron_lm_gradient_clipping",
+        type="float",
+        default=0.0,
+        minimum=0.0,
+        help="Megatron-LM's gradient_clipping: clip by the global norm before each optimizer step (0: off).",
+    )
+    megatron(
+        "megatron_lm_use_distributed_optimizer",
+        type="bool",
+        default=False,
+        help="Megatron-LM's distributed optimizer: the data-parallel processes shard optimizer state (FSDP2 on "
+        "dp_shard, which the remaining processes always form here); accepted.",
+    )
+    megatron(
+        "megatron_lm_sequence_parallelism",
+        type="bool",
+        default=False,
+        check=_megatron_sp,
+        help="Megatron-LM's sequence parallelism; only false is accepted.",
+    )
     options.add(
         "parallelism_config",
         type="mapping",
@@ -302,7 +366,9 @@ class MeshPlan:
         points = list(self.pp_split_points)
         lines = [f"  pipeline: {n} stages, schedule {self.pp_schedule}"]
         for stage in range(n):
-            ranks = [r for r in range(self.world) if stage in stage_ids(self.coords(r)["pp"], self.pp, self.pp_schedule)]
+            ranks = [
+                r for r in range(self.world) if stage in stage_ids(self.coords(r)["pp"], self.pp, self.pp_schedule)
+            ]
             if points:
                 start = "the first layer" if stage == 0 else points[stage - 1]
                 end = f"before {points[stage]}" if stage < len(points) else "to the last layer"
@@ -311,6 +377,50 @@ class MeshPlan:
                 layers = f"layers part {stage + 1}/{n} by count"
             lines.append(f"    stage {stage}: {layers}; ranks [" + ",".join(map(str, ranks)) + "]")
         return lines
+
+
+def megatron_given(settings: Settings) -> list[str]:
+    """The ``megatron_lm_*`` options set (flags, file, environment)."""
+    return [k for k in MEGATRON if settings.sources.get(k, "default") != "default"]
+
+
+def megatron_settings(settings: Settings) -> dict[str, Any]:
+    """The ``parallelism_config_*`` values a ``megatron_lm_config`` sets: tp and pp from its degrees, the
+    remaining processes as dp_shard (Megatron's data parallel; FSDP2 shards it), microbatches, activation
+    recomputation. Empty without megatron_lm settings."""
+    if not megatron_given(settings):
+        return {}
+    tp, pp = int(settings["megatron_lm_tp_degree"]), int(settings["megatron_lm_pp_degree"])
+    world = int(settings.world_size)
+    if world % (tp * pp):
+        raise UsageError(
+            f"megatron_lm_config tp_degree={tp} x pp_degree={pp} does not divide the {world} process(es); "
+            f"use a multiple of {tp * pp} processes (--num_processes)"
+        )
+    out: dict[str, Any] = {
+        "parallelism_config_tp_size": tp,
+        "parallelism_config_pp_size": pp,
+        "parallelism_config_dp_shard_size": world // (tp * pp),
+    }
+    if settings["megatron_lm_num_micro_batches"]:
+        out["parallelism_config_pp_microbatches"] = int(settings["megatron_lm_num_micro_batches"])
+    if settings["megatron_lm_recompute_activations"]:
+        out["parallelism_config_fsdp_activation_checkpointing"] = True
+    return out
+
+
+def megatron_notice(settings: Settings) -> str:
+    """The one line saying what a ``megatron_lm_config`` became, or an empty string."""
+    mega = megatron_settings(settings)
+    if not mega:
+        return ""
+    shown = ", ".join(f"{k.removeprefix('parallelism_config_')}={v}" for k, v in mega.items())
+    clip = settings["megatron_lm_gradient_clipping"]
+    return (
+        "megatron_lm_config runs on torch-native parallelism (accel-plugin-parallel, not the Megatron-LM library): "
+        + shown
+        + (f", gradient clipping at {clip}" if clip else "")
+    )
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -330,16 +440,17 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     sp = _field(given, "sp_size")
     if sp not in (None, 1):
         raise UsageError(f"parallelism_config sp_size={sp}: {_sp_size_one(sp)}")
+    mega = megatron_settings(settings)
     sizes = []
     for dim in DIMS:
         value = _field(given, f"{dim}_size")
         if value is None:
-            value = settings[f"parallelism_config_{dim}_size"]
+            value = mega.get(f"parallelism_config_{dim}_size", settings[f"parallelism_config_{dim}_size"])
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"parallelism_config {dim}_size must be a whole number >= 1, got {value!r}")
         sizes.append(value)
     pp = _field(given, "pp_size")
-    pp = settings["parallelism_config_pp_size"] if pp is None else pp
+    pp = mega.get("parallelism_config_pp_size", settings["parallelism_config_pp_size"]) if pp is None else pp
     if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
         raise UsageError(f"parallelism_config pp_size must be a whole number >= 1, got {pp!r}")
     schedule = _field(given, "pp_schedule") or settings["parallelism_config_pp_schedule"]
@@ -380,8 +491,17 @@ def _given(settings: Settings) -> bool:
 @hookimpl
 def accel_activate(settings: Settings) -> object | None:
     given = _given(settings)
+    mega = megatron_given(settings)
     if not settings.is_selected(NAME):
-        if settings.sources.get("parallelism_config", "default") != "default":
+        if mega and settings.selected:
+            raise UsageError(
+                f"megatron_lm_config ({', '.join(mega)}) is set, but {', '.join(settings.selected)} is selected; "
+                "accel runs Megatron-LM settings on accel-plugin-parallel: use distributed_type: MEGATRON_LM "
+                "(or --use_megatron_lm, or --plugin parallel)"
+            )
+        if mega:
+            pass  # a megatron_lm_config asks for it: take part
+        elif settings.sources.get("parallelism_config", "default") != "default":
             pass  # Kernel(parallelism_config=...) is Accelerate's way to ask for it: take part
         elif given and settings.selected:
             raise UsageError(
@@ -399,6 +519,13 @@ def accel_activate(settings: Settings) -> object | None:
         else:
             return None
     plan = mesh_plan(settings)
+    mapped = megatron_settings(settings)
+    if mapped:  # what megatron_lm_config sets, as if given as parallelism_config_* options
+        settings = dataclasses.replace(
+            settings,
+            values={**settings.values, **mapped},
+            sources={**settings.sources, **{k: "megatron_lm_config" for k in mapped}},
+        )
     where = "accel launch" if settings.phase == "launch" else "Kernel()"
     check_plan(plan, settings.world_size, where)
     if plan.size("cp") > 1:

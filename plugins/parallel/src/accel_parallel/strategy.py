@@ -30,6 +30,13 @@ class ParallelStrategy(ShardedStrategy):
 
     @hookimpl
     def accel_launch(self, plan: LaunchPlan) -> int:
+        import sys
+
+        from accel_parallel import megatron_notice
+
+        notice = megatron_notice(self.settings)
+        if notice:
+            print(f"accel: note: {notice}", file=sys.stderr)
         if plan.dry_run:
             print("\n".join(self.plan.describe()))
         return launch_with_torchrun(plan, "parallel")
@@ -160,6 +167,15 @@ class ParallelStrategy(ShardedStrategy):
     def accel_clip_grad_norm(self, kernel: KernelView, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
         group = self.mesh["pp"].get_group() if self.plan.pp > 1 else None
         return clip_grad_norm(parameters, max_norm, norm_type, group=group)
+
+    @hookimpl
+    def accel_optimizer_step(self, kernel: KernelView, optimizer: Any) -> bool | None:
+        # megatron_lm_config's gradient_clipping: clip by the global norm before the step (which others apply)
+        clip = float(self.settings.get("megatron_lm_gradient_clipping") or 0.0)
+        if clip:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.accel_clip_grad_norm(kernel, params, clip, 2.0)
+        return None
 
     @hookimpl
     def accel_model_state_dict(self, kernel: KernelView, model: Any) -> dict[str, Any] | None:
