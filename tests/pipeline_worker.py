@@ -140,6 +140,13 @@ def main() -> None:
                 if kernel.is_main_process:
                     save_file(state, str(out / f"{key}_at_save.safetensors"))
     res["losses"], res["norms"] = losses, norms
+    res["eval_losses"] = {}  # evaluation: forward only (the pipeline's eval), on the first batch of the data
+    for key, (model, _, _) in prepared.items():
+        inputs, targets = next(iter(prepared[key][2]))
+        model.eval()
+        with torch.no_grad():
+            res["eval_losses"][key] = float(kernel.reduce(model(inputs, labels=targets).loss, "mean"))
+        model.train()
     out.mkdir(parents=True, exist_ok=True)
     for key, (model, _, _) in prepared.items():
         state = full_state(kernel, model)

@@ -44,6 +44,7 @@ def assert_matches(got: Result, ref: Result, models: tuple[str, ...] = MODELS) -
     for key in models:
         assert res["losses"][key] == pytest.approx(ref_res["losses"][key], rel=LOSS_TOL), key
         assert res["norms"][key] == pytest.approx(ref_res["norms"][key], rel=LOSS_TOL), key
+        assert res["eval_losses"][key] == pytest.approx(ref_res["eval_losses"][key], rel=LOSS_TOL), key
         assert params[key].keys() == ref_params[key].keys()
         for name, value in ref_params[key].items():
             torch.testing.assert_close(params[key][name], value, rtol=0, atol=PARAM_TOL, msg=f"{key}.{name}")

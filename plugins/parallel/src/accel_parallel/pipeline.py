@@ -270,19 +270,27 @@ class Pipeline:
         schedule's own ``scale_grads`` would also divide the gradients accumulated by earlier steps)."""
         return self.scale(self.loss_fn(out, labels)) / self.microbatches
 
-    def step(self, args: tuple[Any, ...], kwargs: dict[str, Any], labels: Any, device: Any) -> torch.Tensor:
-        """One schedule step (forward and backward of every microbatch); the batch loss, on every pp process."""
+    def step(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], labels: Any, device: Any, train: bool = True
+    ) -> torch.Tensor:
+        """One schedule step (forward and backward of every microbatch; forward only without ``train``); the batch
+        loss, on every pp process."""
         import torch
         import torch.distributed as dist
 
         losses: list[torch.Tensor] = []
-        self.schedule.step(*args, target=labels, losses=losses, return_outputs=False, **kwargs)
+        if train:
+            self.schedule.step(*args, target=labels, losses=losses, return_outputs=False, **kwargs)
+        else:
+            self.schedule.eval(*args, target=labels, losses=losses, **kwargs)
         if losses:  # the loss function's values, summed over microbatches, without the accumulation scaling
             one = torch.ones((), device=device)
             mean = torch.stack([x.detach() for x in losses]).sum() * (one / self.scale(one))
         else:
             mean = torch.zeros((), device=device)
         dist.broadcast(mean, group=self.group, group_src=self.last_rank)
+        if not train:
+            return mean
         loss = mean.detach().requires_grad_(True)
         loss.accel_pipeline_done = True  # type: ignore[attr-defined]  # kernel.backward has nothing left to do
         return loss
@@ -293,7 +301,11 @@ def wrapper_class() -> type:
 
     class PipelineModel(nn.Module):
         """The model ``prepare`` returns with pp > 1: ``model(*inputs, labels=targets)`` runs one pipeline step
-        (forward and backward of every microbatch) and returns an output whose ``.loss`` is the batch loss."""
+        (forward and backward of every microbatch; forward only under ``torch.no_grad()`` or in eval mode) and
+        returns an output whose ``.loss`` is the batch loss."""
+
+        pipeline: Pipeline
+        device: Any
 
         def __init__(self, module: nn.Module, pipeline: Pipeline, device: Any):
             super().__init__()
@@ -304,13 +316,14 @@ def wrapper_class() -> type:
         def forward(self, *args: Any, labels: Any = None, **kwargs: Any) -> PipelineOutput:
             import torch
 
-            if labels is None or not torch.is_grad_enabled() or not self.training:
+            if labels is None:
                 raise UsageError(
-                    "with parallelism_config_pp_size > 1 the prepared model runs the pipeline's training step: "
-                    "call it as model(*inputs, labels=targets) in training mode with gradients on; its .loss is "
-                    "the loss (evaluation through the pipeline is not supported yet)"
+                    "with parallelism_config_pp_size > 1 the prepared model runs the pipeline and returns the loss: "
+                    "call it as model(*inputs, labels=targets) and read .loss (outputs other than the loss are not "
+                    "returned)"
                 )
-            return PipelineOutput(self.pipeline.step(args, kwargs, labels, self.device))
+            train = torch.is_grad_enabled() and self.training  # else forward only (evaluation)
+            return PipelineOutput(self.pipeline.step(args, kwargs, labels, self.device, train))
 
     return PipelineModel
 

@@ -182,6 +182,7 @@ class ParallelStrategy(ShardedStrategy):
         """The full state dict on the main process; with pp > 1 each stage's part is gathered over the pipeline."""
         if self.plan.pp == 1:
             return super().accel_model_state_dict(kernel, model)  # type: ignore[no-any-return]
+        import torch
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -189,7 +190,7 @@ class ParallelStrategy(ShardedStrategy):
         if module is None:
             return None
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))  # collective
-        state = {k: v.detach().cpu() for k, v in state.items()}
+        state = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         parts: list[Any] = [None] * self.plan.pp
         dist.all_gather_object(parts, state, group=self.mesh["pp"].get_group())
         if not kernel.is_main_process:
