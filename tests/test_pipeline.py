@@ -238,3 +238,18 @@ def test_an_accelerate_megatron_yaml_trains_on_four_processes(reference: Result,
     res = result(tmp_path / "out")
     assert (res[0]["world"], res[0]["plugins"]) == (4, ["parallel"])
     assert_matches(res, reference)  # the script clips at 1.0 too: the second clipping changes nothing
+
+
+def test_estimate_memory_rows_for_pp_count_the_busiest_stage() -> None:
+    from accel.memory import MemoryQuery, ModelSummary, ParameterInfo
+    from accel_parallel.memory import rows
+
+    params = [ParameterInfo("embed.weight", (100, 10), True, "Embedding")]
+    params += [ParameterInfo(f"model.layers.{i}.fc.weight", (10, 10), True, "Linear") for i in range(5)]
+    params += [ParameterInfo("head.weight", (100, 10), True, "Linear")]
+    model = ModelSummary("m", tuple(params), "embed", 1000)
+    got = {r.options: r for r in rows(model, MemoryQuery(4, ("fp32",)))}
+    # pp=2: layers 0-2 (the first stage takes the extra layer) and, as an upper bound, embedding and head
+    assert got["pp=2, dp_shard=2, tp=1"].parameters == 4 * (1000 + 3 * 100 + 1000) // 2
+    assert got["pp=4, dp_shard=1, tp=1"].parameters == 4 * (1000 + 2 * 100 + 1000)
+    assert got["pp=4, dp_shard=1, tp=1"].optimizer == 2 * got["pp=4, dp_shard=1, tp=1"].parameters
