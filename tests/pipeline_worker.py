@@ -3,7 +3,7 @@ config) with pipeline parallelism under whatever mesh ``accel launch --plugin pa
 the kernel only). The loop is the same either way: ``loss = model(inputs, labels=targets).loss``,
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
 
-Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2] [--save-at K] [--resume CKPT] [--load CKPT]
+Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
 
 Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
 <model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--resume", default="")
     ap.add_argument("--load", default="")
+    ap.add_argument("--no-eval", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
     names = args.models.split(",")
@@ -141,7 +142,7 @@ def main() -> None:
                     save_file(state, str(out / f"{key}_at_save.safetensors"))
     res["losses"], res["norms"] = losses, norms
     res["eval_losses"] = {}  # evaluation: forward only (the pipeline's eval), on the first batch of the data
-    for key, (model, _, _) in prepared.items():
+    for key, (model, _, _) in prepared.items() if not args.no_eval else ():
         inputs, targets = next(iter(prepared[key][2]))
         model.eval()
         with torch.no_grad():

@@ -264,6 +264,7 @@ class Pipeline:
         self.schedule, self.loss_fn, self.scale = schedule, loss_fn, scale
         self.group, self.last_rank, self.stages = group, last_rank, stages
         self.microbatches = 1
+        self.name = ""  # the parallelism_config_pp_schedule value
 
     def loss(self, out: Any, labels: Any) -> Any:
         """The loss of one microbatch, scaled for the microbatches and for the kernel's gradient accumulation (the
@@ -281,6 +282,12 @@ class Pipeline:
         losses: list[torch.Tensor] = []
         if train:
             self.schedule.step(*args, target=labels, losses=losses, return_outputs=False, **kwargs)
+        elif self.name == "zerobubble":
+            raise UsageError(
+                "evaluation through the pipeline (a call under torch.no_grad() or in eval mode) is not supported "
+                "with parallelism_config_pp_schedule zerobubble: torch 2.13's ScheduleZBVZeroBubble.eval fails "
+                "(\"can't steal_bwd_input if this stage doesn't have backward\"); use 1f1b, gpipe or interleaved1f1b"
+            )
         else:
             self.schedule.eval(*args, target=labels, losses=losses, **kwargs)
         if losses:  # the loss function's values, summed over microbatches, without the accumulation scaling
@@ -361,7 +368,7 @@ def build(
     stages = [pipelining.PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(modules, mine, strict=True)]
     last_rank = next(r for r in range(pp) if n_stages - 1 in stage_ids(r, pp, schedule))
     pipeline = Pipeline(None, loss_fn, scale, group, last_rank, stages)
-    pipeline.microbatches = microbatches
+    pipeline.microbatches, pipeline.name = microbatches, schedule
     sched_cls = getattr(pipelining, SCHEDULES[schedule])
     first_arg = stages if schedule in MULTI_STAGE else stages[0]
     pipeline.schedule = sched_cls(first_arg, microbatches, loss_fn=pipeline.loss, scale_grads=False)
