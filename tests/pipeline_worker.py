@@ -19,16 +19,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from parallel_worker import GLOBAL_BATCH, SEQ, STEPS, VOCAB, full_state  # the same batches and gathered state
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
 
-STEPS = 6
-GLOBAL_BATCH = 8
-SEQ = 8
-VOCAB = 64
 KEYS = {"mlp": ("model", "optimizer"), "qwen2": ("model_1", "optimizer_1")}  # the checkpoint's item names
 
 
@@ -79,10 +76,6 @@ def data() -> dict[str, TensorDataset]:
     y = torch.randint(0, 4, (GLOBAL_BATCH * STEPS,), generator=g)
     ids = torch.randint(0, VOCAB, (GLOBAL_BATCH * STEPS, SEQ), generator=g)
     return {"mlp": TensorDataset(x, y), "qwen2": TensorDataset(ids, ids)}
-
-
-def full_state(kernel: Kernel, model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().float().contiguous() for k, v in kernel.get_state_dict(model).items()}
 
 
 def main() -> None:
