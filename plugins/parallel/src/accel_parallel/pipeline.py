@@ -279,6 +279,13 @@ class Pipeline:
         import torch
         import torch.distributed as dist
 
+        rows = labels.shape[0] if hasattr(labels, "shape") and labels.dim() else 0
+        if rows % self.microbatches or rows < self.microbatches:
+            raise UsageError(
+                f"a batch of {rows} sample(s) cannot be split into {self.microbatches} pipeline microbatches; make "
+                "the batch each process reads a multiple of parallelism_config_pp_microbatches (--pp_microbatches, "
+                "default: the number of stages)"
+            )
         losses: list[torch.Tensor] = []
         if train:
             self.schedule.step(*args, target=labels, losses=losses, return_outputs=False, **kwargs)
