@@ -72,6 +72,8 @@ FULL_MODEL_FORMAT = "safetensors-full"
 FULL_OPTIM_FORMAT = "torch-weights-only-full"
 #: Saved next to an optimizer's state: whether it had taken no step yet (loading then empties the state again).
 FRESH = "accel_fsdp_fresh"
+#: Saved next to an optimizer's DCP state written with ``flatten`` (parameter groups per parameter name).
+_FLAT = "accel_optimizer_flat"
 #: How long a collective may wait before the process group gives up.
 TIMEOUT_S = 1800.0
 
@@ -532,6 +534,8 @@ def save_optimizer(
     if fresh:
         optimizer.state.clear()
     state[FRESH] = fresh
+    if flatten and not full:
+        state[_FLAT] = True
     if not full:
         dcp_save(state, directory / key)
         return ItemRecord(plugin=plugin, format=DCP_FORMAT, files=(key,))
@@ -563,11 +567,13 @@ def load_optimizer(
 
     if record.format == DCP_FORMAT:
         saved = dcp_reader(directory / key).read_metadata().state_dict_metadata
-        options = _state_options(False, flatten=any(k.startswith("param_groups.") for k in saved))
+        options = _state_options(False, flatten=_FLAT in saved)
         state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
-        if FRESH in saved:
-            state[FRESH] = False
+        for marker in (FRESH, _FLAT):
+            if marker in saved:
+                state[marker] = False
         dcp_load(state, directory / key)
+        state.pop(_FLAT, None)
         fresh = bool(state.pop(FRESH, False))
         set_optimizer_state_dict(model, optimizer, state, options=options)
     elif record.format == FULL_OPTIM_FORMAT:
