@@ -1,6 +1,7 @@
 """Accelerate's arguments and objects on accel: each one works with Accelerate's meaning or is refused in one line
 (Kernel arguments, DataLoaderConfiguration, split_batches sharding, gradient_accumulation_steps set between steps,
-prepared optimizers and schedulers passing every other attribute to the wrapped object, Megatron-LM refused)."""
+prepared optimizers and schedulers passing every other attribute to the wrapped object, Megatron-LM configs mapped
+or refused)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,6 @@ from accel.testing import make_kernel, run_accel
         ({"dynamo_plugin": object()}, r"dynamo_backend="),
         ({"parallelism_config": object()}, r"needs accel-plugin-parallel"),
         ({"torch_tp_plugin": object()}, r"parallelism_config=ParallelismConfig\(tp_size=N\)"),
-        ({"distributed_type": "MEGATRON_LM"}, r"MEGATRON_LM: Megatron-LM is not supported by accel"),
     ],
 )
 def test_accelerate_arguments_accel_refuses_say_what_to_use_in_one_line(kwargs: dict[str, Any], message: str) -> None:
@@ -256,25 +256,19 @@ def test_prepared_scheduler_reads_and_writes_go_to_the_wrapped_scheduler() -> No
 # ---- Megatron-LM -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        (
-            "distributed_type: MEGATRON_LM\nnum_processes: 2\n",
-            "`distributed_type` MEGATRON_LM: Megatron-LM is not supported by accel",
-        ),
-        (
-            "distributed_type: MULTI_CPU\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n",
-            "`megatron_lm_config`: Megatron-LM is not supported by accel",
-        ),
-    ],
-)
-def test_megatron_configs_are_refused_in_one_line(tmp_path: Path, text: str, message: str) -> None:
+def test_a_megatron_section_with_another_strategy_is_refused_in_one_line(tmp_path: Path) -> None:
+    """megatron_lm_config runs on accel-plugin-parallel (tests/test_pipeline.py); with MULTI_CPU (ddp) it is refused."""
     config = tmp_path / "megatron.yaml"
-    config.write_text(text)
-    proc = run_accel(["config", "show", "--config_file", str(config)], home=tmp_path / "home")
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    config.write_text(
+        "distributed_type: MULTI_CPU\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"
+    )
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    proc = run_accel(
+        ["launch", "--dry-run", "--config_file", str(config), str(tmp_path / "train.py")], home=tmp_path / "home"
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("accel: error")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "megatron_lm_config (megatron_lm_tp_degree) is set, but ddp is selected" in lines[0]
 
 
 def test_an_empty_megatron_section_is_not_a_request(tmp_path: Path) -> None:

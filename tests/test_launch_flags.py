@@ -34,7 +34,16 @@ SETS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
 }
 #: Switches that change how the script is started, not a setting.
-NO_SETTING = {"quiet", "module", "no_python", "use_deepspeed", "use_fsdp", "use_parallelism_config", "tpu"}
+NO_SETTING = {
+    "quiet",
+    "module",
+    "no_python",
+    "use_deepspeed",
+    "use_fsdp",
+    "use_parallelism_config",
+    "use_megatron_lm",
+    "tpu",
+}
 
 
 @dataclass(frozen=True)

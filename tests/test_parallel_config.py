@@ -141,7 +141,7 @@ def test_kernel_parallelism_config_product_must_match_the_world(
 def test_kernel_parallelism_config_unknown_field_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(UsageError, match="unknown field"):
-        Kernel(parallelism_config={"pp_size": 2})
+        Kernel(parallelism_config={"ep_size": 2})  # expert parallel: not a field
 
 
 def doc_blocks(kind: str) -> list[str]:

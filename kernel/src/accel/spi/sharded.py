@@ -71,6 +71,8 @@ FULL_MODEL_FORMAT = "safetensors-full"
 FULL_OPTIM_FORMAT = "torch-weights-only-full"
 #: Saved next to an optimizer's state: whether it had taken no step yet (loading then empties the state again).
 FRESH = "accel_fsdp_fresh"
+#: Saved next to an optimizer's DCP state written with ``flatten`` (parameter groups per parameter name).
+_FLAT = "accel_optimizer_flat"
 #: How long a collective may wait before the process group gives up.
 TIMEOUT_S = 1800.0
 
@@ -337,9 +339,11 @@ def clip_grad_norm(
     *,
     error_if_nonfinite: bool = False,
     foreach: bool | None = None,
+    group: Any = None,
 ) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for sharded models: clip by the global norm over all processes and return
-    that norm (before clipping). **Collective** over the meshes of the gradients.
+    that norm (before clipping). **Collective** over the meshes of the gradients, and over ``group`` when given: a
+    process group whose processes hold *different* parameters (pipeline stages), whose norms are combined too.
 
     Gradients are grouped by mesh and placements (FSDP shards; tensor-parallel layers live on a larger mesh than
     the rest; plain tensors are replicated and count once). Each group's norm is computed with ``foreach`` kernels
@@ -356,17 +360,23 @@ def clip_grad_norm(
         if grad is not None:
             key = (id(grad.device_mesh), tuple(grad.placements)) if isinstance(grad, DTensor) else None
             groups.setdefault(key, []).append(p)
-    if not groups:
+    if not groups and group is None:
         return torch.tensor(0.0)
     norms = []
     for params in groups.values():
         norm = get_total_norm([g for p in params if (g := p.grad) is not None], norm_type, foreach=foreach)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    if len(norms) == 1:
+    if len(norms) == 1 and group is None:
         total = norms[0]
     else:
-        parts = torch.stack([n.to(norms[0].device, torch.float32) for n in norms])
-        total = parts.max() if norm_type == float("inf") else parts.pow(norm_type).sum().pow(1.0 / norm_type)
+        parts = torch.stack([n.to(norms[0].device, torch.float32) for n in norms]) if norms else torch.zeros(1)
+        inf = norm_type == float("inf")
+        total = parts.max() if inf else parts.pow(norm_type).sum()
+        if group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(total, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=group)
+        total = total if inf else total.pow(1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
@@ -391,11 +401,11 @@ def _skip_gradient_sync(model: Any) -> Iterator[None]:
 # ---- checkpoint items -------------------------------------------------------------------------------------------
 
 
-def _state_options(full: bool, broadcast: bool = False) -> Any:
+def _state_options(full: bool, broadcast: bool = False, flatten: bool = False) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     if not full:
-        return StateDictOptions()
+        return StateDictOptions(flatten_optimizer_state_dict=flatten)
     if broadcast:
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -503,10 +513,14 @@ def save_optimizer(
     directory: Path,
     full: bool,
     plugin: str,
+    *,
+    flatten: bool = False,
 ) -> ItemRecord:
     """Write the state of ``optimizer`` (which steps ``model``) as item ``key``: a DCP directory, or with ``full``
     ``key.pt`` (plain tensors and numbers) on the main process. Whether it had taken a step is kept (:data:`FRESH`),
-    so saving before the first step changes nothing. **Collective**."""
+    so saving before the first step changes nothing. ``flatten``: the DCP directory keeps the parameter groups per
+    parameter name (``param_groups.<name>.lr``), needed when processes hold different parameters (pipeline
+    stages); :func:`load_optimizer` reads either layout. **Collective**."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from accel.checkpoint import agree
@@ -514,10 +528,13 @@ def save_optimizer(
     # torch fills an empty optimizer state with a zero-learning-rate step to learn its layout; undo that, so that
     # saving before the first step changes nothing, and store the fact (loading empties the state again).
     fresh = not optimizer.state
-    state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=_state_options(full)))
+    options = _state_options(full, flatten=flatten)
+    state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
     if fresh:
         optimizer.state.clear()
     state[FRESH] = fresh
+    if flatten and not full:
+        state[_FLAT] = True
     if not full:
         dcp_save(state, directory / key)
         return ItemRecord(plugin=plugin, format=DCP_FORMAT, files=(key,))
@@ -548,13 +565,16 @@ def load_optimizer(
     from accel.checkpoint import agree, dcp_load, dcp_reader, load_weights_only
 
     if record.format == DCP_FORMAT:
-        state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))
-        marked = FRESH in dcp_reader(directory / key).read_metadata().state_dict_metadata
-        if marked:
-            state[FRESH] = False
+        saved = dcp_reader(directory / key).read_metadata().state_dict_metadata
+        options = _state_options(False, flatten=_FLAT in saved)
+        state: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer, options=options))
+        for marker in (FRESH, _FLAT):
+            if marker in saved:
+                state[marker] = False
         dcp_load(state, directory / key)
+        state.pop(_FLAT, None)
         fresh = bool(state.pop(FRESH, False))
-        set_optimizer_state_dict(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, state, options=options)
     elif record.format == FULL_OPTIM_FORMAT:
         path = directory / record.files[0]
         groups = [len(g["params"]) for g in optimizer.param_groups]
@@ -645,6 +665,11 @@ class ShardedStrategy(ProcessGroupComponent):
 
     def full_state_dict(self) -> bool:
         """Whether ``save_state`` writes full state dicts on the main process instead of DCP directories."""
+        return False
+
+    def flatten_optimizer_state(self) -> bool:
+        """Whether optimizer DCP directories keep parameter groups per parameter name (``save_optimizer``'s
+        ``flatten``): needed when processes hold different parameters (pipeline stages)."""
         return False
 
     # ---- process start-up -------------------------------------------------------------------------------------
@@ -776,7 +801,9 @@ class ShardedStrategy(ProcessGroupComponent):
                 records[key] = save_model(kernel, model, key, Path(directory), full, self.name)
                 continue
             optimizer, model = cast("tuple[Any, Any]", self.optimizer_model(key, mine[key]))
-            records[key] = save_optimizer(kernel, model, optimizer, key, Path(directory), full, self.name)
+            records[key] = save_optimizer(
+                kernel, model, optimizer, key, Path(directory), full, self.name, flatten=self.flatten_optimizer_state()
+            )
         return records
 
     @hookimpl

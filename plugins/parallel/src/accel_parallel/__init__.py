@@ -28,6 +28,7 @@ DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 FSDP_PREFIX = "parallelism_config_fsdp_"
 #: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
 FIELDS = (
+    "pp_size",
     "dp_replicate_size",
     "dp_shard_size",
     "tp_size",
@@ -39,7 +40,12 @@ FIELDS = (
     "cp_handler",
     "sp_handler",
     "device_mesh",
+    "pp_schedule",
+    "pp_microbatches",
+    "pp_split_points",
 )
+#: ``parallelism_config_pp_schedule`` values (torch.distributed.pipelining schedules, see ``accel_parallel.pipeline``).
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zerobubble")
 #: Tensor-parallel styles a plan may name (Hugging Face's names for the same ``torch.distributed.tensor.parallel``
 #: styles are accepted: ``colwise_rep``, ``rowwise_rep``, ``sequence_parallel``).
 TP_STYLES = (
@@ -68,6 +74,30 @@ def _sp_size_one(value: Any) -> str | None:
 def _tp_plan(value: Any) -> str | None:
     bad = sorted(str(s) for s in value.values() if str(s) not in TP_STYLES)
     return f"names unknown tensor-parallel style(s) {', '.join(bad)} (known: {', '.join(TP_STYLES)})" if bad else None
+
+
+#: Accelerate's ``megatron_lm_config`` keys (and ``--megatron_lm_*`` flags) whose meaning carries over to torch-native
+#: parallelism, with the option each sets (see :func:`megatron_settings`).
+MEGATRON = {
+    "megatron_lm_tp_degree": "parallelism_config_tp_size",
+    "megatron_lm_pp_degree": "parallelism_config_pp_size",
+    "megatron_lm_num_micro_batches": "parallelism_config_pp_microbatches",
+    "megatron_lm_recompute_activations": "parallelism_config_fsdp_activation_checkpointing",
+    "megatron_lm_gradient_clipping": "",
+    "megatron_lm_use_distributed_optimizer": "",
+    "megatron_lm_sequence_parallelism": "",
+}
+
+
+def _megatron_sp(value: Any) -> str | None:
+    return (
+        None
+        if not value
+        else (
+            "is Megatron-LM's sequence parallelism (norms and dropout sharded along the sequence inside "
+            "tensor-parallel regions), which accel-plugin-parallel does not provide yet; set it to false"
+        )
+    )
 
 
 @hookimpl
@@ -101,6 +131,40 @@ def accel_add_options(options: Options) -> None:
         "cp",
         "Mesh dimension cp: processes that split each sequence (context parallel, CUDA only); they read the "
         "same batch.",
+    )
+    size(
+        "pp",
+        "Mesh dimension pp (outermost): processes that each run a contiguous part of the model's layers "
+        "(pipeline parallel, torch.distributed.pipelining); they read the same batch.",
+    )
+    options.add(
+        "parallelism_config_pp_schedule",
+        default="1f1b",
+        choices=PP_SCHEDULES,
+        config_key="parallelism_config.parallelism_config_pp_schedule",
+        env=("PARALLELISM_CONFIG_PP_SCHEDULE",),
+        help="Pipeline schedule: gpipe, 1f1b, interleaved1f1b (two stages per process) or zerobubble "
+        "(torch's ScheduleZBVZeroBubble, two stages per process).",
+    )
+    options.add(
+        "parallelism_config_pp_microbatches",
+        type="int",
+        default=0,
+        minimum=0,
+        flags=("--pp_microbatches",),
+        config_key="parallelism_config.parallelism_config_pp_microbatches",
+        env=("PARALLELISM_CONFIG_PP_MICROBATCHES",),
+        help="Microbatches each batch is split into by the pipeline schedule (0: the number of stages; the batch "
+        "must divide by it). Megatron-LM's num_micro_batches.",
+    )
+    options.add(
+        "parallelism_config_pp_split_points",
+        type="list",
+        default=[],
+        config_key="parallelism_config.parallelism_config_pp_split_points",
+        env=("PARALLELISM_CONFIG_PP_SPLIT_POINTS",),
+        help="Comma-separated names of the layers that start stages 1, 2, ... (e.g. model.layers.2); "
+        "default: the layers split evenly by count.",
     )
     options.add(
         "parallelism_config_cp_backend",
@@ -151,6 +215,46 @@ def accel_add_options(options: Options) -> None:
         options.add(name, config_key=f"parallelism_config.{name}", env=(name.upper(),), **kw)
 
     sharded.declare_shard_options(fsdp, FSDP_PREFIX)
+
+    def megatron(name: str, **kw: Any) -> None:
+        options.add(name, config_key=f"megatron_lm_config.{name}", env=(name.upper(),), **kw)
+
+    megatron("megatron_lm_tp_degree", type="int", default=1, minimum=1, help="Megatron-LM's tp_degree: sets tp.")
+    megatron("megatron_lm_pp_degree", type="int", default=1, minimum=1, help="Megatron-LM's pp_degree: sets pp.")
+    megatron(
+        "megatron_lm_num_micro_batches",
+        type="int",
+        default=0,
+        minimum=0,
+        help="Megatron-LM's num_micro_batches: sets parallelism_config_pp_microbatches.",
+    )
+    megatron(
+        "megatron_lm_recompute_activations",
+        type="bool",
+        default=False,
+        help="Megatron-LM's recompute_activations: activation checkpointing of each layer (needs dp > 1: FSDP's).",
+    )
+    megatron(
+        "megatron_lm_gradient_clipping",
+        type="float",
+        default=0.0,
+        minimum=0.0,
+        help="Megatron-LM's gradient_clipping: clip by the global norm before each optimizer step (0: off).",
+    )
+    megatron(
+        "megatron_lm_use_distributed_optimizer",
+        type="bool",
+        default=False,
+        help="Megatron-LM's distributed optimizer: the data-parallel processes shard optimizer state (FSDP2 on "
+        "dp_shard, which the remaining processes always form here); accepted.",
+    )
+    megatron(
+        "megatron_lm_sequence_parallelism",
+        type="bool",
+        default=False,
+        check=_megatron_sp,
+        help="Megatron-LM's sequence parallelism; only false is accepted.",
+    )
     options.add(
         "parallelism_config",
         type="mapping",
@@ -177,19 +281,32 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> list[Memor
 
 @dataclasses.dataclass(frozen=True)
 class MeshPlan:
-    """The mesh sizes, in :data:`DIMS` order, and what each rank's coordinates are. No torch needed."""
+    """The mesh sizes, in :data:`DIMS` order, and what each rank's coordinates are. ``pp`` (pipeline stages) is the
+    outermost dimension when > 1 (torchtitan's order). No torch needed."""
 
     sizes: tuple[int, int, int, int]  # dp_replicate, dp_shard, cp, tp
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_split_points: tuple[str, ...] = ()
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The mesh dimension names, outermost first (``pp`` only when > 1)."""
+        return (("pp",) if self.pp > 1 else ()) + DIMS
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ((self.pp,) if self.pp > 1 else ()) + self.sizes
 
     @property
     def world(self) -> int:
         out = 1
-        for s in self.sizes:
+        for s in self.shape:
             out *= s
         return out
 
     def size(self, dim: str) -> int:
-        return self.sizes[DIMS.index(dim)]
+        return self.pp if dim == "pp" else self.sizes[DIMS.index(dim)]
 
     @property
     def dp_size(self) -> int:
@@ -198,10 +315,10 @@ class MeshPlan:
     def coords(self, rank: int) -> dict[str, int]:
         """The coordinate of ``rank`` along each dimension (row-major, as ``init_device_mesh`` lays ranks out)."""
         out: dict[str, int] = {}
-        for dim, s in reversed(list(zip(DIMS, self.sizes, strict=True))):
+        for dim, s in reversed(list(zip(self.dims, self.shape, strict=True))):
             out[dim] = rank % s
             rank //= s
-        return {d: out[d] for d in DIMS}
+        return {d: out[d] for d in self.dims}
 
     def dp_index(self, rank: int) -> int:
         """Which data shard ``rank`` reads: its position on the data-parallel dims (dp_replicate x dp_shard)."""
@@ -217,17 +334,20 @@ class MeshPlan:
         return list(found.values())
 
     def describe(self) -> list[str]:
-        """Lines for ``accel launch --dry-run``: every dimension with its size and groups, and the data shards."""
+        """Lines for ``accel launch --dry-run``: every dimension with its size and groups, the pipeline stages and
+        the data shards."""
         lines = [
             "mesh: "
-            + " x ".join(f"{d}={s}" for d, s in zip(DIMS, self.sizes, strict=True))
+            + " x ".join(f"{d}={s}" for d, s in zip(self.dims, self.shape, strict=True))
             + f" ({self.world} processes)"
         ]
-        for dim in DIMS:
+        for dim in self.dims:
             if self.size(dim) > 1:
                 lines.append(
                     f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim))
                 )
+        if self.pp > 1:
+            lines += self.describe_stages()
         shards: dict[int, list[int]] = {}
         for rank in range(self.world):
             shards.setdefault(self.dp_index(rank), []).append(rank)
@@ -236,6 +356,71 @@ class MeshPlan:
             + " ".join(f"{i}:[" + ",".join(map(str, r)) + "]" for i, r in sorted(shards.items()))
         )
         return lines
+
+    def describe_stages(self) -> list[str]:
+        """One line per pipeline stage: its layers (split points, or an even split by count made at prepare) and
+        the ranks that run it."""
+        from accel_parallel.pipeline import stage_ids, stages_per_rank
+
+        n = self.pp * stages_per_rank(self.pp_schedule)
+        points = list(self.pp_split_points)
+        lines = [f"  pipeline: {n} stages, schedule {self.pp_schedule}"]
+        for stage in range(n):
+            ranks = [
+                r for r in range(self.world) if stage in stage_ids(self.coords(r)["pp"], self.pp, self.pp_schedule)
+            ]
+            if points:
+                start = "the first layer" if stage == 0 else points[stage - 1]
+                end = f"before {points[stage]}" if stage < len(points) else "to the last layer"
+                layers = f"layers from {start} {end}"
+            else:
+                layers = f"layers part {stage + 1}/{n} by count"
+            lines.append(f"    stage {stage}: {layers}; ranks [" + ",".join(map(str, ranks)) + "]")
+        return lines
+
+
+def megatron_given(settings: Settings) -> list[str]:
+    """The ``megatron_lm_*`` options set (flags, file, environment)."""
+    return [k for k in MEGATRON if settings.sources.get(k, "default") != "default"]
+
+
+def megatron_settings(settings: Settings) -> dict[str, Any]:
+    """The ``parallelism_config_*`` values a ``megatron_lm_config`` sets: tp and pp from its degrees, the
+    remaining processes as dp_shard (Megatron's data parallel; FSDP2 shards it), microbatches, activation
+    recomputation. Empty without megatron_lm settings."""
+    if not megatron_given(settings):
+        return {}
+    tp, pp = int(settings["megatron_lm_tp_degree"]), int(settings["megatron_lm_pp_degree"])
+    world = int(settings.world_size)
+    if world % (tp * pp):
+        raise UsageError(
+            f"megatron_lm_config tp_degree={tp} x pp_degree={pp} does not divide the {world} process(es); "
+            f"use a multiple of {tp * pp} processes (--num_processes)"
+        )
+    out: dict[str, Any] = {
+        "parallelism_config_tp_size": tp,
+        "parallelism_config_pp_size": pp,
+        "parallelism_config_dp_shard_size": world // (tp * pp),
+    }
+    if settings["megatron_lm_num_micro_batches"]:
+        out["parallelism_config_pp_microbatches"] = int(settings["megatron_lm_num_micro_batches"])
+    if settings["megatron_lm_recompute_activations"]:
+        out["parallelism_config_fsdp_activation_checkpointing"] = True
+    return out
+
+
+def megatron_notice(settings: Settings) -> str:
+    """The one line saying what a ``megatron_lm_config`` became, or an empty string."""
+    mega = megatron_settings(settings)
+    if not mega:
+        return ""
+    shown = ", ".join(f"{k.removeprefix('parallelism_config_')}={v}" for k, v in mega.items())
+    clip = settings["megatron_lm_gradient_clipping"]
+    return (
+        "megatron_lm_config runs on torch-native parallelism (accel-plugin-parallel, not the Megatron-LM library): "
+        + shown
+        + (f", gradient clipping at {clip}" if clip else "")
+    )
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -255,21 +440,31 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     sp = _field(given, "sp_size")
     if sp not in (None, 1):
         raise UsageError(f"parallelism_config sp_size={sp}: {_sp_size_one(sp)}")
+    mega = megatron_settings(settings)
     sizes = []
     for dim in DIMS:
         value = _field(given, f"{dim}_size")
         if value is None:
-            value = settings[f"parallelism_config_{dim}_size"]
+            value = mega.get(f"parallelism_config_{dim}_size", settings[f"parallelism_config_{dim}_size"])
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"parallelism_config {dim}_size must be a whole number >= 1, got {value!r}")
         sizes.append(value)
-    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]))
+    pp = _field(given, "pp_size")
+    pp = mega.get("parallelism_config_pp_size", settings["parallelism_config_pp_size"]) if pp is None else pp
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise UsageError(f"parallelism_config pp_size must be a whole number >= 1, got {pp!r}")
+    schedule = _field(given, "pp_schedule") or settings["parallelism_config_pp_schedule"]
+    if schedule not in PP_SCHEDULES:
+        raise UsageError(f"parallelism_config pp_schedule {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+    points = _field(given, "pp_split_points") or settings["parallelism_config_pp_split_points"] or ()
+    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points))
 
 
 def check_plan(plan: MeshPlan, world: int, where: str) -> None:
     if plan.world != world:
         raise UsageError(
-            f"{where}: parallelism_config sizes dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
+            f"{where}: parallelism_config sizes {'pp=' + str(plan.pp) + ' x ' if plan.pp > 1 else ''}"
+            f"dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
             f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
             f"process(es); make the product equal the number of processes (--num_processes {plan.world})"
         )
@@ -289,15 +484,24 @@ def cp_refusal(settings: Settings, cuda: bool) -> str | None:
 
 
 def _given(settings: Settings) -> bool:
-    keys = [f"parallelism_config_{d}_size" for d in DIMS] + ["parallelism_config"]
+    keys = [f"parallelism_config_{d}_size" for d in ("pp", *DIMS)] + ["parallelism_config"]
     return any(settings.sources.get(k, "default") != "default" for k in keys)
 
 
 @hookimpl
 def accel_activate(settings: Settings) -> object | None:
     given = _given(settings)
+    mega = megatron_given(settings)
     if not settings.is_selected(NAME):
-        if settings.sources.get("parallelism_config", "default") != "default":
+        if mega and settings.selected:
+            raise UsageError(
+                f"megatron_lm_config ({', '.join(mega)}) is set, but {', '.join(settings.selected)} is selected; "
+                "accel runs Megatron-LM settings on accel-plugin-parallel: use distributed_type: MEGATRON_LM "
+                "(or --use_megatron_lm, or --plugin parallel)"
+            )
+        if mega:
+            pass  # a megatron_lm_config asks for it: take part
+        elif settings.sources.get("parallelism_config", "default") != "default":
             pass  # Kernel(parallelism_config=...) is Accelerate's way to ask for it: take part
         elif given and settings.selected:
             raise UsageError(
@@ -305,7 +509,9 @@ def accel_activate(settings: Settings) -> object | None:
                 "N-D parallelism needs --plugin parallel (or --use_parallelism_config), which applies "
                 "FSDP2 itself on the data-parallel dims"
             )
-        elif given and any(settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in DIMS):
+        elif given and any(
+            settings.sources.get(f"parallelism_config_{d}_size") in ("flag", "argument") for d in ("pp", *DIMS)
+        ):
             raise UsageError(
                 "parallelism_config sizes given, but plugin 'parallel' is not selected; add "
                 "--plugin parallel (or --use_parallelism_config, or Kernel(plugins=['parallel']))"
@@ -313,6 +519,13 @@ def accel_activate(settings: Settings) -> object | None:
         else:
             return None
     plan = mesh_plan(settings)
+    mapped = megatron_settings(settings)
+    if mapped:  # what megatron_lm_config sets, as if given as parallelism_config_* options
+        settings = dataclasses.replace(
+            settings,
+            values={**settings.values, **mapped},
+            sources={**settings.sources, **{k: "megatron_lm_config" for k in mapped}},
+        )
     where = "accel launch" if settings.phase == "launch" else "Kernel()"
     check_plan(plan, settings.world_size, where)
     if plan.size("cp") > 1:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from accel.spi import KernelView, LaunchPlan, Settings, Topology, UsageError, hookimpl, launch_with_torchrun
-from accel.spi.sharded import ShardConfig, ShardedStrategy, shard_model
-from accel_parallel import DIMS, FSDP_PREFIX, MeshPlan, cp_refusal
+from accel.spi.sharded import ShardConfig, ShardedStrategy, clip_grad_norm, shard_model
+from accel_parallel import FSDP_PREFIX, MeshPlan, cp_refusal
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,11 +23,20 @@ class ParallelStrategy(ShardedStrategy):
     def __init__(self, settings: Settings, plan: MeshPlan):
         super().__init__(settings)
         self.plan = plan
+        self.pipelines: dict[int, nn.Module] = {}  # id(user's model) -> its PipelineModel (pp > 1)
+        self.dropped: dict[int, Any] = {}  # id(original parameter) -> weakref, for parameters of other stages
 
     # ---- launching ----------------------------------------------------------------------------------------
 
     @hookimpl
     def accel_launch(self, plan: LaunchPlan) -> int:
+        import sys
+
+        from accel_parallel import megatron_notice
+
+        notice = megatron_notice(self.settings)
+        if notice:
+            print(f"accel: note: {notice}", file=sys.stderr)
         if plan.dry_run:
             print("\n".join(self.plan.describe()))
         return launch_with_torchrun(plan, "parallel")
@@ -41,7 +50,7 @@ class ParallelStrategy(ShardedStrategy):
         self.start_process_group()
         if self.plan.size("cp") > 1 and self.device.type != "cuda":
             raise UsageError(cp_refusal(self.settings, cuda=False) or "context parallel needs CUDA")
-        self.mesh = init_device_mesh(self.device.type, self.plan.sizes, mesh_dim_names=DIMS)
+        self.mesh = init_device_mesh(self.device.type, self.plan.shape, mesh_dim_names=self.plan.dims)
         if self.plan.size("cp") > 1:  # FSDP shards over dp_shard and cp together (Accelerate's dp_shard_cp)
             self.mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
 
@@ -83,14 +92,111 @@ class ParallelStrategy(ShardedStrategy):
 
     def shard(self, kernel: KernelView, model: nn.Module) -> None:
         """Tensor parallel on ``tp`` (when > 1), then FSDP2 on the data-parallel dims (when they hold more than one
-        process), with the ``parallelism_config_fsdp_*`` options."""
+        process), with the ``parallelism_config_fsdp_*`` options; with pp > 1 the model is first pruned to this
+        process's pipeline stages (``accel_parallel.pipeline``), each stage being its own FSDP root."""
         model.to(self.device)
+        if self.plan.pp > 1:
+            self.pipeline(kernel, model)
+            return
         if self.plan.size("tp") > 1:
             check_heads(model, self.plan.size("tp"))
             apply_tensor_parallel(model, self.mesh["tp"], tp_plan(model, self.settings["parallelism_config_tp_plan"]))
         mesh = self.fsdp_mesh()
         if mesh is not None:
             shard_model(model, ShardConfig.from_settings(self.settings, FSDP_PREFIX), mesh, self.device)
+
+    def pipeline(self, kernel: KernelView, model: nn.Module) -> None:
+        import weakref
+
+        from accel_parallel import pipeline
+
+        plan = None
+        if self.plan.size("tp") > 1:
+            plan = tp_plan(model, self.settings["parallelism_config_tp_plan"])
+        before = dict(model.named_parameters(remove_duplicate=False))
+
+        def parallelize(pruned: nn.Module, stages: list[nn.Module]) -> None:
+            if plan is not None:
+                apply_tensor_parallel(pruned, self.mesh["tp"], plan, strict=False)
+            mesh = self.fsdp_mesh()
+            if mesh is not None:
+                layer_classes = tuple(getattr(pruned, "_no_split_modules", None) or ())
+                given = tuple(self.settings[f"{FSDP_PREFIX}transformer_layer_cls_to_wrap"] or ())
+                config = ShardConfig.from_settings(self.settings, FSDP_PREFIX, layer_classes=given or layer_classes)
+                for stage in stages:
+                    shard_model(stage, config, mesh, self.device)
+
+        n_stages = self.plan.pp * pipeline.stages_per_rank(self.plan.pp_schedule)
+        self.pipelines[id(model)] = pipeline.build(
+            model,
+            pp_mesh=self.mesh["pp"],
+            schedule=self.plan.pp_schedule,
+            microbatches=int(self.settings["parallelism_config_pp_microbatches"]) or n_stages,
+            split_points=self.plan.pp_split_points,
+            device=self.device,
+            scale=kernel.scale_for_accumulation,
+            parallelize=parallelize,
+        )
+        kept = dict(model.named_parameters(remove_duplicate=False))
+        for name, param in before.items():
+            if name not in kept:
+                self.dropped[id(param)] = weakref.ref(param)
+
+    @hookimpl
+    def accel_prepare_training(
+        self, kernel: KernelView, models: list[Any], optimizers: list[Any], schedulers: list[Any]
+    ) -> tuple[list[Any], list[Any], list[Any]]:
+        models, optimizers, schedulers = super().accel_prepare_training(kernel, models, optimizers, schedulers)
+        for optimizer in optimizers:  # parameters of other pipeline stages are not this process's to step
+            for group in optimizer.param_groups:
+                group["params"] = [p for p in group["params"] if not self._dropped(p)]
+        return [self.pipelines.get(id(m), m) for m in models], optimizers, schedulers
+
+    def flatten_optimizer_state(self) -> bool:
+        return self.plan.pp > 1  # each stage saves the parameter groups of its own parameters
+
+    def _dropped(self, param: Any) -> bool:
+        ref = self.dropped.get(id(param))
+        return ref is not None and ref() is param
+
+    @hookimpl
+    def accel_backward(self, kernel: KernelView, loss: Any, backward_kwargs: dict[str, Any]) -> bool | None:
+        # the pipeline schedule ran forward and backward when the prepared model was called
+        return True if getattr(loss, "accel_pipeline_done", False) else None
+
+    @hookimpl
+    def accel_clip_grad_norm(self, kernel: KernelView, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
+        group = self.mesh["pp"].get_group() if self.plan.pp > 1 else None
+        return clip_grad_norm(parameters, max_norm, norm_type, group=group)
+
+    @hookimpl
+    def accel_optimizer_step(self, kernel: KernelView, optimizer: Any) -> bool | None:
+        # megatron_lm_config's gradient_clipping: clip by the global norm before the step (which others apply)
+        clip = float(self.settings.get("megatron_lm_gradient_clipping") or 0.0)
+        if clip:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.accel_clip_grad_norm(kernel, params, clip, 2.0)
+        return None
+
+    @hookimpl
+    def accel_model_state_dict(self, kernel: KernelView, model: Any) -> dict[str, Any] | None:
+        """The full state dict on the main process; with pp > 1 each stage's part is gathered over the pipeline."""
+        if self.plan.pp == 1:
+            return super().accel_model_state_dict(kernel, model)  # type: ignore[no-any-return]
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        module = self.model_of(kernel, model)
+        if module is None:
+            return None
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))  # collective
+        state = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        parts: list[Any] = [None] * self.plan.pp
+        dist.all_gather_object(parts, state, group=self.mesh["pp"].get_group())
+        if not kernel.is_main_process:
+            return {}
+        return {k: v for part in parts for k, v in part.items()}
 
 
 # ---- tensor parallel ----------------------------------------------------------------------------------------
@@ -153,9 +259,10 @@ def _style(name: str, style: str) -> Any:
     return styles[style]()
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str]) -> None:
+def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str], strict: bool = True) -> None:
     """``parallelize_module`` with ``plan``; every pattern must name at least one module (a typo is an error, not a
-    layer silently left whole), and each sharded dimension must divide by the tp size."""
+    layer silently left whole; ``strict=False``: patterns naming modules of other pipeline stages are left out),
+    and each sharded dimension must divide by the tp size."""
     import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -164,6 +271,8 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str]) 
     size = mesh.size()
     for pattern, style in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits and not strict:
+            continue
         if not hits:
             raise UsageError(
                 f"tensor-parallel plan entry {pattern!r} matches no module of {type(model).__name__} "
@@ -181,5 +290,8 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str]) 
                     f"tensor-parallel {style} on {hit}: its weight dimension {dim} "
                     f"({weight.shape[dim]}) does not divide by tp size {size}"
                 )
-        resolved[pattern] = _style(pattern, str(style))
+        if strict:
+            resolved[pattern] = _style(pattern, str(style))
+        else:  # the modules this stage has, by name (a `*` would also reach the placeholders of other stages)
+            resolved.update({hit: _style(pattern, str(style)) for hit in hits})
     parallelize_module(model, mesh, resolved)

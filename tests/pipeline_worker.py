@@ -1,0 +1,169 @@
+"""Worker for tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential) and a tiny Qwen2 (built from a
+config) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
+the kernel only). The loop is the same either way: ``loss = model(inputs, labels=targets).loss``,
+``kernel.backward(loss)``, clipping, ``optimizer.step()``.
+
+Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
+
+Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
+<model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and
+optimizers into them with ``accel_parallel.load_sharded`` and writes OUT/<model>_loaded.safetensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from parallel_worker import GLOBAL_BATCH, SEQ, STEPS, VOCAB, full_state  # the same batches and gathered state
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel import Kernel
+
+KEYS = {"mlp": ("model", "optimizer"), "qwen2": ("model_1", "optimizer_1")}  # the checkpoint's item names
+
+
+def block(n_in: int, n_out: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(n_in, n_out), nn.ReLU())
+
+
+class MLP(nn.Module):
+    """Five layers in ``layers``; HF-style: ``forward(x, labels=...)`` returns an output with ``.loss``."""
+
+    _tp_plan = {"layers.0.0": "colwise", "layers.1.0": "rowwise", "layers.2.0": "colwise", "layers.3.0": "rowwise"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(block(16, 32), block(32, 16), block(16, 32), block(32, 16), nn.Linear(16, 4))
+
+    def loss_function(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out, labels)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        out = self.layers(x)
+        return SimpleNamespace(logits=out, loss=None if labels is None else self.loss_function(out, labels))
+
+
+def qwen2() -> nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return Qwen2ForCausalLM(config)
+
+
+BUILD = {"mlp": MLP, "qwen2": qwen2}
+
+
+def data() -> dict[str, TensorDataset]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(GLOBAL_BATCH * STEPS, 16, generator=g)
+    y = torch.randint(0, 4, (GLOBAL_BATCH * STEPS,), generator=g)
+    ids = torch.randint(0, VOCAB, (GLOBAL_BATCH * STEPS, SEQ), generator=g)
+    return {"mlp": TensorDataset(x, y), "qwen2": TensorDataset(ids, ids)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--ref", action="store_true")
+    ap.add_argument("--models", default="mlp,qwen2")
+    ap.add_argument("--save-at", type=int, default=0)
+    ap.add_argument("--resume", default="")
+    ap.add_argument("--load", default="")
+    ap.add_argument("--no-eval", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    names = args.models.split(",")
+    kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step
+    torch.manual_seed(0)
+    models = {k: BUILD[k]() for k in KEYS}  # both built, so that the random initial weights do not depend on --models
+    models = {k: models[k] for k in names}
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
+    per_process = GLOBAL_BATCH // kernel.data_parallel_size
+    datasets = data()
+    prepared = {
+        k: kernel.prepare(models[k], optimizers[k], DataLoader(datasets[k], batch_size=per_process)) for k in models
+    }
+    start = 0
+    if args.resume:
+        kernel.load_state(args.resume)
+        start = args.save_at
+    res: dict[str, Any] = {
+        "world": kernel.num_processes,
+        "dp": kernel.data_parallel_size,
+        "plugins": [c.name for c in kernel.components],
+        "local_numel": {
+            k: sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in m.parameters())
+            for k, (m, _, _) in prepared.items()
+        },
+    }
+    losses: dict[str, list[float]] = {k: [] for k in prepared}
+    norms: dict[str, list[float]] = {k: [] for k in prepared}
+    iters = {k: iter(dl) for k, (_, _, dl) in prepared.items()}
+    for step in range(start, STEPS):
+        with kernel.accumulate(*(m for m, _, _ in prepared.values())):
+            for key, (model, optimizer, _) in prepared.items():
+                inputs, targets = next(iters[key])
+                loss = model(inputs, labels=targets).loss
+                kernel.backward(loss)
+                if kernel.sync_gradients:
+                    norms[key].append(float(kernel.clip_grad_norm_(model.parameters(), 1.0)))
+                optimizer.step()
+                optimizer.zero_grad()
+                losses[key].append(float(kernel.reduce(loss.detach(), "mean")))
+        if args.save_at and step + 1 == args.save_at and not args.resume:
+            kernel.save_state(str(out / "ckpt"))
+            for key, (model, _, _) in prepared.items():
+                state = full_state(kernel, model)
+                if kernel.is_main_process:
+                    save_file(state, str(out / f"{key}_at_save.safetensors"))
+    res["losses"], res["norms"] = losses, norms
+    res["eval_losses"] = {}  # evaluation: forward only (the pipeline's eval), on the first batch of the data
+    for key, (model, _, _) in prepared.items() if not args.no_eval else ():
+        inputs, targets = next(iter(prepared[key][2]))
+        model.eval()
+        with torch.no_grad():
+            res["eval_losses"][key] = float(kernel.reduce(model(inputs, labels=targets).loss, "mean"))
+        model.train()
+    out.mkdir(parents=True, exist_ok=True)
+    for key, (model, _, _) in prepared.items():
+        state = full_state(kernel, model)
+        if kernel.is_main_process:
+            save_file(state, str(out / f"{key}.safetensors"))
+    if args.load:  # fresh models (other initial weights), prepared on this run's mesh, loaded from any mesh
+        from accel_parallel import load_sharded
+
+        torch.manual_seed(123)
+        for key in names:
+            model = BUILD[key]()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            model, optimizer = kernel.prepare(model, optimizer)
+            load_sharded(
+                kernel, args.load, model=model, optimizer=optimizer, model_key=KEYS[key][0], optimizer_key=KEYS[key][1]
+            )
+            state = full_state(kernel, model)
+            if kernel.is_main_process:
+                save_file(state, str(out / f"{key}_loaded.safetensors"))
+    if kernel.is_main_process:
+        (out / "result.json").write_text(json.dumps(res))
+    kernel.end_training()
+
+
+if __name__ == "__main__":
+    main()
