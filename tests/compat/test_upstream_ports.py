@@ -239,7 +239,7 @@ def scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
     return found
 
 
-def images(logdir: Path, tag: str) -> list[int]:
+def image_steps(logdir: Path, tag: str) -> list[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     steps: list[int] = []
@@ -281,7 +281,7 @@ def test_train_unconditional(tmp_path: Path) -> None:
     logdir = ddpm / "logs"
     losses = scalars(logdir, "loss")
     assert len(losses) == 8 and all(math.isfinite(v) for _, v in losses), losses
-    assert images(logdir, "test_samples") == [0, 1]  # tracker.add_images(...) through get_tracker("tensorboard")
+    assert image_steps(logdir, "test_samples") == [0, 1]  # tracker.add_images(...) through get_tracker("tensorboard")
 
 
 SAVE_ON_MAIN_ONLY = (
