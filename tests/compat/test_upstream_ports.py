@@ -13,11 +13,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from harness import HERE, Case, Run, run_accel
+from harness import HERE, Case, Run, accelerate_python, run_accel, run_accelerate
 from renames import missing_from_guide, rename
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
@@ -227,28 +228,17 @@ def run_unconditional(out: Path, *extra: str, timeout: float = 600) -> Run:
     return result
 
 
-def scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
+def events(logdir: Path, kind: str, tag: str) -> list[Any]:
+    """The tensorboard events of ``kind`` (``"scalars"``, ``"images"``) named ``tag`` under ``logdir``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    found: list[tuple[int, float]] = []
-    for events in sorted(logdir.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent))
+    found: list[Any] = []
+    for folder in sorted({f.parent for f in logdir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(folder))
         acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            found += [(e.step, e.value) for e in acc.Scalars(tag)]
+        if tag in acc.Tags()[kind]:
+            found += acc.Scalars(tag) if kind == "scalars" else acc.Images(tag)
     return found
-
-
-def image_steps(logdir: Path, tag: str) -> list[int]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps: list[int] = []
-    for events in sorted(logdir.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent))
-        acc.Reload()
-        if tag in acc.Tags()["images"]:
-            steps += [e.step for e in acc.Images(tag)]
-    return steps
 
 
 @pytest.mark.slow
@@ -279,9 +269,12 @@ def test_train_unconditional(tmp_path: Path) -> None:
     assert lrs == pytest.approx(expected, rel=1e-6, abs=1e-12)
     # the tensorboard tracker got a loss per micro-step (both epochs) and the sampled images of each epoch
     logdir = ddpm / "logs"
-    losses = scalars(logdir, "loss")
-    assert len(losses) == 8 and all(math.isfinite(v) for _, v in losses), losses
-    assert image_steps(logdir, "test_samples") == [0, 1]  # tracker.add_images(...) through get_tracker("tensorboard")
+    losses = [e.value for e in events(logdir, "scalars", "loss")]
+    assert len(losses) == 8 and all(math.isfinite(v) for v in losses), losses
+    assert [e.step for e in events(logdir, "images", "test_samples")] == [
+        0,
+        1,
+    ]  # tracker.add_images(...) through get_tracker("tensorboard")
 
 
 SAVE_ON_MAIN_ONLY = (
@@ -312,3 +305,25 @@ def test_train_unconditional_checkpointing(tmp_path: Path) -> None:
     resumed = run_unconditional(resume, *every_2, "--resume_from_checkpoint", "latest")
     assert "Resuming from checkpoint checkpoint-6" in resumed.stdout + resumed.stderr, resumed
     assert resumed.lrs == pytest.approx(full_lrs[6:], rel=1e-6), (resumed.lrs, full_lrs)
+
+
+@pytest.mark.slow
+def test_train_unconditional_same_as_accelerate(tmp_path: Path) -> None:
+    """The upstream script under Accelerate 1.15 (its own venv, torchrun, Accelerate's launch variables) has the
+    learning rates of the port under accel at every optimizer step of process 0; with a checkpoint every 2 steps
+    (``save_state`` on the main process only) it finishes under Accelerate, which is what
+    test_train_unconditional_checkpointing asks of accel."""
+    python = accelerate_python()
+    if python is None:
+        pytest.skip("no Python with Accelerate 1.15 (make compat-vs-accelerate, or .venv-acc)")
+    ours = run_unconditional(tmp_path / "accel")
+    out = tmp_path / "accelerate"
+    make_images(out / "images", IMAGES)
+    make_unet_config(out / "unet")
+    every_2 = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "2"]
+    upstream = str(PORTS["train_unconditional"].upstream.relative_to(HERE))
+    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *every_2], env=torchvision_env(), timeout=600)
+    theirs = run_accelerate(case, out, python)
+    assert theirs.returncode == 0, str(theirs)
+    assert sorted(p.name for p in (out / "ddpm").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"], theirs
+    assert ours.lrs == pytest.approx(theirs.lrs, rel=1e-6, abs=1e-12), (ours.lrs, theirs.lrs)
