@@ -241,10 +241,11 @@ def run_accelerate(case: Case, out: Path, python: str, num_processes: int = 2) -
 
 def accelerate_python() -> str | None:
     """A Python with Accelerate 1.15 (for the comparison), or None: ``ACCEL_COMPAT_ACCELERATE_PYTHON``, else the
-    venv ``make compat-vs-accelerate`` builds (``.venv-compat-accelerate``)."""
+    venv ``make compat-vs-accelerate`` builds (``.venv-compat-accelerate``), else ``.venv-acc``."""
     candidates = [
         os.environ.get("ACCEL_COMPAT_ACCELERATE_PYTHON", ""),
         str(ROOT / ".venv-compat-accelerate" / "bin" / "python"),
+        str(ROOT / ".venv-acc" / "bin" / "python"),  # the smaller one of the issue-26 briefs (torch, then accelerate)
     ]
     for candidate in candidates:
         if candidate and Path(candidate).exists():

@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
+    from accel.utils import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        ProfileKwargs,
+        find_executable_batch_size,
+    )
     from accel.utils.random import synchronize_rng_states
 
 _LAZY = {
@@ -35,15 +43,29 @@ _LAZY = {
     "skip_first_batches": "accel.data",
     "synchronize_rng_states": "accel.utils.random",
 }
+#: names Accelerate also exports from its top-level package (``from accelerate import InitProcessGroupKwargs``):
+#: the same objects as in ``accel.utils``, so ``from accelerate import X`` becomes ``from accel import X``
+_FROM_UTILS = (
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "ProfileKwargs",
+    "find_executable_batch_size",
+)
 
 __all__ = [
     "AccelError",
+    "AutocastKwargs",
     "CheckpointError",
     "Component",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationError",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "HardwareInfo",
+    "InitProcessGroupKwargs",
     "ItemRecord",
     "Kernel",
     "LaunchPlan",
@@ -51,6 +73,7 @@ __all__ = [
     "PluginError",
     "PreparedOptimizer",
     "PreparedScheduler",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "Question",
     "Settings",
@@ -58,6 +81,7 @@ __all__ = [
     "Tracker",
     "UsageError",
     "debug_launcher",
+    "find_executable_batch_size",
     "hookimpl",
     "hookspec",
     "load_model",
@@ -76,6 +100,10 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _FROM_UTILS:
+        import accel.utils
+
+        return getattr(accel.utils, name)
     from accel.deprecations import attribute
 
     return attribute(__name__, name)  # a deprecated name (with a warning naming its replacement), or AttributeError

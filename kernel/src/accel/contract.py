@@ -222,6 +222,11 @@ class KernelView(Protocol):
         """Where checkpoints and logs go (``None``: not set)."""
 
     @property
+    def logging_dir(self) -> str | None:
+        """Where trackers write their logs: ``ProjectConfiguration(logging_dir=...)``, else ``project_dir``
+        (``None``: neither is set)."""
+
+    @property
     def num_processes(self) -> int:
         """Processes of the run, over all machines."""
 

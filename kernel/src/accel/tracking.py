@@ -35,11 +35,21 @@ class Tracker(Component):
       once ``accel_init_trackers`` started it, else ``None``; ``kernel.get_tracker(name, unwrap=True)`` returns it.
     - ``main_process_only``: the Kernel calls the tracking hooks of this component on the main process only
       (default). Set it to ``False`` to be called on every process.
+    - a public attribute the component does not have is the run object's, once there is one:
+      ``kernel.get_tracker("tensorboard").add_images(...)`` works as with Accelerate before 0.17, whose
+      ``get_tracker`` returned the writer itself (diffusers' training scripts call it so when the installed
+      ``accelerate`` is older than 0.17, or absent, as under accel).
     """
 
     role = "tracker"
     main_process_only: bool = True
     run: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        run = self.__dict__.get("run")
+        if name.startswith("_") or run is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(run, name)
 
 
 def requested(settings: Settings, name: str) -> bool:

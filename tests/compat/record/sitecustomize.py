@@ -58,3 +58,33 @@ if _DIR:
     # Imported here (every process of a recorded run pays torch's import once): hooks exist before the example runs.
     _install()
     atexit.register(_write)
+
+# With COMPAT_TORCHVISION_STANDIN=<dir> (set by test_upstream_ports.py where torchvision does not import), a script's
+# `import torchvision` gets the pure-torch stand-in in <dir>/torchvision; probes (importlib.util.find_spec, used by
+# transformers and diffusers to decide what is installed) still find no torchvision, so libraries do not use it:
+# their cached answers are computed here, before the stand-in exists and before the script's import puts it in
+# sys.modules (where find_spec would see it).
+_STANDIN = os.environ.get("COMPAT_TORCHVISION_STANDIN")
+
+if _STANDIN:
+    import importlib.machinery
+    import sys
+
+    import diffusers.utils.import_utils  # noqa: F401  (caches _torchvision_available = False)
+    import transformers.utils.import_utils
+
+    transformers.utils.import_utils.is_torchvision_available()  # lru_cache: False
+
+    class _TorchvisionStandin:
+        @staticmethod
+        def find_spec(name, path=None, target=None):  # noqa: ANN001, ANN205
+            if name != "torchvision" and not name.startswith("torchvision."):
+                return None
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code.co_filename.endswith(os.path.join("importlib", "util.py")):
+                    return None
+                frame = frame.f_back
+            return importlib.machinery.PathFinder.find_spec(name, [_STANDIN] if name == "torchvision" else path)
+
+    sys.meta_path.insert(0, _TorchvisionStandin)

@@ -25,8 +25,8 @@ def _image(value: Any) -> Any:
 class TensorBoardTracker(Tracker):
     """Writes ``<logging_dir>/<project_name>/events.out.tfevents.*`` with ``torch.utils.tensorboard``.
 
-    ``logging_dir``: ``init_kwargs["tensorboard"]["logging_dir"]``, else the Kernel's ``project_dir``, else
-    ``./runs``. Other ``init_kwargs["tensorboard"]`` entries go to ``SummaryWriter`` (``flush_secs``, ...).
+    ``logging_dir``: ``init_kwargs["tensorboard"]["logging_dir"]``, else the Kernel's ``logging_dir``
+    (``ProjectConfiguration(logging_dir=...)``, else ``project_dir``, as Accelerate), else ``./runs``. Other ``init_kwargs["tensorboard"]`` entries go to ``SummaryWriter`` (``flush_secs``, ...).
     The config is written as TensorBoard hparams in the same directory."""
 
     provides = frozenset({"tracker:tensorboard"})
@@ -43,7 +43,7 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         kwargs = dict(init_kwargs.get("tensorboard", {}))
-        base = kwargs.pop("logging_dir", None) or kernel.project_dir or "runs"
+        base = kwargs.pop("logging_dir", None) or kernel.logging_dir or "runs"
         self.logging_dir = os.path.join(os.fspath(base), project_name)
         self.run = SummaryWriter(self.logging_dir, **kwargs)
         if config:
