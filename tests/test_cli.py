@@ -169,6 +169,7 @@ def test_defaults_are_listed_in_one_notice(env):
 # ---- --dry-run -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_dry_run_prints_the_plan_and_starts_nothing(env, tmp_path):
     """Before: 43 lines, 30 of them hook names, and the worker prelude `python -S -c 'import ctypes...prctl'` in
     the command. Now: the plan, the command as a user would type it, the environment; hooks with --verbose."""
@@ -211,6 +212,7 @@ def test_dry_run_single_process(env, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.smoke
 @pytest.mark.slow
 def test_real_launch_runs_the_script_with_its_arguments_and_exit_code(env, tmp_path):
     marker = tmp_path / "started.txt"
