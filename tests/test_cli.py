@@ -212,7 +212,6 @@ def test_dry_run_single_process(env, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.smoke
 @pytest.mark.slow
 def test_real_launch_runs_the_script_with_its_arguments_and_exit_code(env, tmp_path):
     marker = tmp_path / "started.txt"

@@ -64,7 +64,6 @@ def manifest_items(ckpt: Path) -> dict[str, tuple[str, str]]:
     return {k: (v["plugin"], v["format"]) for k, v in items.items()}
 
 
-@pytest.mark.smoke
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-@pytest.mark.smoke
 class TestJsonlConformance(TrackerConformance):
     """Runs every test of accel's tracker conformance suite against this plugin."""
 
