@@ -51,7 +51,7 @@ def initialized_accelerator(torch_module: Any = None) -> str | None:
     try:
         device = current(check_available=False)
     except TypeError:  # torch < 2.7: no check_available, and current() raises when no accelerator is available
-        if not accelerator.is_available():
+        if accelerator is None or not accelerator.is_available():
             return None
         device = current()
     if device is None:
