@@ -49,8 +49,9 @@ test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow"
 
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
-# their own venvs.
-test-all: setup-slurm test test-xla test-ipex
+# their own venvs, then the smoke tests on the newest torch the distributions accept (the floor's run does not pass
+# yet: docs/design.md, "The torch versions we claim, tested").
+test-all: setup-slurm test test-xla test-ipex test-torch-newest
 
 # Debian's Slurm and munge, for tests/test_slurm.py (which starts a one-node cluster of its own on 127.0.0.1).
 # Needs root (CI and the dev VMs are); elsewhere it says so and the Slurm tests are skipped (under CI=true they fail).
@@ -61,7 +62,7 @@ setup-slurm:
 	else echo "setup-slurm: not root, so Slurm is not installed (apt-get install $(SLURM_PACKAGES)); tests/test_slurm.py will skip"; fi
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) build dist .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) $(TORCH_MATRIX:%=.venv-torch-%) build dist .pytest_cache
 
 # accel-plugin-xla, tested for real in its own venv: torch-xla 2.9.0 only loads with torch 2.9.0 (PyPI has only its
 # CUDA build, ~7 GB with the nvidia libraries; about 1.5 min to install). `make test-xla` reuses the venv when it
@@ -135,3 +136,36 @@ $(COMPAT_ACC_VENV)/.installed: Makefile
 
 compat-vs-accelerate: setup $(COMPAT_ACC_VENV)/.installed
 	$(BIN)/python tests/compat/compare_accelerate.py --accelerate-python $(COMPAT_ACC_VENV)/bin/python $(EXAMPLES)
+
+# The torch versions the distributions declare (`torch>=2.6,<3` in every pyproject), tested: the tests marked `smoke`
+# (pytest -m smoke: the loop, amp, DDP and FSDP2 on 2 processes, checkpoints, dynamo, the launcher, trackers, big-model
+# loading) run in .venv-torch-floor on the declared floor and in .venv-torch-newest on the newest torch installable
+# here. Each venv gets torch alone in its first pip command (never let pip pick torch), then the dev requirements with
+# the same torch pinned, then the kernel and the plugins; it is reused while it holds that torch and rebuilt otherwise.
+# Both are CUDA builds (PyPI has no CPU build of these versions; ~5 GB each with the nvidia libraries) run on the CPU.
+# The XLA and IPEX plugins' own tests are left out: they run on the torch they need in their own venvs above.
+TORCH_MATRIX := floor newest
+TORCH_floor ?= 2.6.0
+TORCH_newest ?= 2.14.1
+# Pins for the floor's venv: torchao pairs with one torch release (the newest refuses an old torch, and transformers
+# imports it when present); torchao==0.11.0 loads with torch 2.7.0, torchao==0.12.0 with 2.8.0.
+PINS_floor ?=
+SMOKE_PATHS := $(filter-out plugins/xla/% plugins/ipex/%,$(wildcard tests kernel/tests plugins/*/tests))
+TORCH_IS = import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "$(1)")
+
+.PHONY: test-torch-matrix $(TORCH_MATRIX:%=test-torch-%)
+test-torch-matrix: $(TORCH_MATRIX:%=test-torch-%)
+
+.venv-torch-%/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-dev.txt Makefile
+	test -x .venv-torch-$*/bin/python || $(PY) -m venv .venv-torch-$*
+	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
+	.venv-torch-$*/bin/python -m pip install -q torch==$(TORCH_$*)   # first: never let pip pick torch
+	.venv-torch-$*/bin/python -m pip install -q torch==$(TORCH_$*) $(PINS_$*) -r requirements-dev.txt
+	.venv-torch-$*/bin/python -m pip install -q --no-build-isolation torch==$(TORCH_$*) -e kernel $(PLUGINS:%=-e %)
+	.venv-torch-$*/bin/python -c '$(call TORCH_IS,$(TORCH_$*))'
+	touch $@
+
+$(TORCH_MATRIX:%=test-torch-%): test-torch-%:
+	@.venv-torch-$*/bin/python -c '$(call TORCH_IS,$(TORCH_$*))' 2>/dev/null || rm -f .venv-torch-$*/.installed
+	$(MAKE) --no-print-directory .venv-torch-$*/.installed
+	.venv-torch-$*/bin/python -m pytest -m smoke -p no:cacheprovider $(SMOKE_PATHS)

@@ -85,6 +85,7 @@ def dtype_seen(model: nn.Module, layer: nn.Module, x: torch.Tensor) -> tuple[tor
 # ---- fp16 --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_fp16_on_cpu_autocasts_and_scales() -> None:
     torch.manual_seed(0)
     kernel = Kernel(mixed_precision="fp16")
@@ -120,6 +121,7 @@ def fp16_run(**kernel_args: Any) -> tuple[Kernel, nn.Module, Any, Any, Net]:
     return kernel, model, opt, sched, net
 
 
+@pytest.mark.smoke
 def test_fp16_overflow_skips_step_keeps_parameters_lowers_scale_and_holds_scheduler() -> None:
     kernel, model, opt, sched, net = fp16_run()
     scaler = amp_of(kernel).scaler
@@ -275,6 +277,7 @@ def test_grad_scaler_state_round_trip_through_state_items() -> None:
     assert target.state_dict() == saved
 
 
+@pytest.mark.smoke
 def test_grad_scaler_saved_and_restored_by_save_state(tmp_path: Path) -> None:
     kernel, model, opt, sched, net = fp16_run()
     kernel.backward(model(torch.randn(4, 16)).mean())
@@ -317,6 +320,7 @@ def test_saved_weights_are_fp32_after_mixed_precision_training(tmp_path: Path) -
 # ---- bf16 --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_bf16_autocast_without_scaler_and_fp32_weights() -> None:
     torch.manual_seed(0)
     kernel = Kernel(mixed_precision="bf16")
@@ -337,6 +341,7 @@ def test_bf16_autocast_without_scaler_and_fp32_weights() -> None:
     assert all(v.dtype == torch.float32 for v in kernel.get_state_dict(model).values())
 
 
+@pytest.mark.smoke
 def test_bf16_trains_like_fp32() -> None:
     def train(mp: str) -> float:
         torch.manual_seed(0)

@@ -51,6 +51,7 @@ IDS = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
 # ---- init_empty_weights / init_on_device -----------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_init_empty_weights_puts_parameters_on_meta_and_keeps_ties_and_buffers() -> None:
     with init_empty_weights():
         model = TinyLM()
@@ -69,6 +70,7 @@ def test_init_empty_weights_puts_parameters_on_meta_and_keeps_ties_and_buffers()
 # ---- loading small models over device maps --------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("device_map", ["auto", "sequential", "balanced", "dict"])
 def test_outputs_equal_the_fully_loaded_model(tmp_path: Path, device_map: str) -> None:
     model, ckpt = _reference(tmp_path)
@@ -177,6 +179,7 @@ print(json.dumps([[dict(infer_auto_device_map(model, max_memory={{"cpu": b}}, no
     assert ours == theirs
 
 
+@pytest.mark.smoke
 def test_load_checkpoint_in_model_then_dispatch_model_and_dispatch_of_a_loaded_model(tmp_path: Path) -> None:
     model, ckpt = _reference(tmp_path)
     want = model(IDS)
@@ -246,6 +249,7 @@ def test_kernel_save_model_output_loads_sharded_with_tied_weights(tmp_path: Path
     assert torch.equal(resident(IDS), want)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_hugging_face_save_pretrained_shards_load_with_a_device_map(tmp_path: Path, arch: str) -> None:
     transformers = pytest.importorskip("transformers")

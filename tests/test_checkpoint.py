@@ -137,6 +137,7 @@ def test_tree_refuses_arbitrary_objects(tmp_path: Path) -> None:
 # ---- save_state / load_state --------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_save_and_load_restore_everything(tmp_path: Path) -> None:
     run = make_run()
     counter = Counter(5)
@@ -508,6 +509,7 @@ def _batches(dl: Any, n: int | None = None) -> list[list[int]]:
     return out
 
 
+@pytest.mark.smoke
 def test_dataloader_position_is_restored_mid_epoch(tmp_path: Path) -> None:
     def fresh() -> tuple[Kernel, Any]:
         torch.manual_seed(11)
@@ -557,6 +559,7 @@ def test_dataloader_after_a_finished_or_abandoned_pass(tmp_path: Path) -> None:
     assert _batches(dl) == epochs[0]
 
 
+@pytest.mark.smoke
 def test_resume_mid_accumulation_restores_gradients(tmp_path: Path) -> None:
     def fresh() -> dict[str, Any]:
         return make_run(gradient_accumulation_steps=3)
@@ -602,6 +605,7 @@ class TiedLM(nn.Module):
         self.register_buffer("positions", torch.arange(8))
 
 
+@pytest.mark.smoke
 def test_save_model_sharded_with_tied_weights_loads_into_fresh_model(tmp_path: Path) -> None:
     torch.manual_seed(0)
     kernel = Kernel()
@@ -644,6 +648,7 @@ def test_max_shard_size_parsing() -> None:
         parse_size("lots")
 
 
+@pytest.mark.smoke
 def test_dcp_metadata_loads_with_the_restricted_unpickler(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import Metadata

@@ -169,6 +169,7 @@ def test_defaults_are_listed_in_one_notice(env):
 # ---- --dry-run -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_dry_run_prints_the_plan_and_starts_nothing(env, tmp_path):
     """Before: 43 lines, 30 of them hook names, and the worker prelude `python -S -c 'import ctypes...prctl'` in
     the command. Now: the plan, the command as a user would type it, the environment; hooks with --verbose."""

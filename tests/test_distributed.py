@@ -146,6 +146,7 @@ def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"ranks": ranks(out, 2), "stdout": proc.stdout, "out": out}
 
 
+@pytest.mark.smoke
 @multiprocess
 def test_topology_on_two_processes(checks: dict[str, Any]) -> None:
     for r, res in checks["ranks"].items():
@@ -157,6 +158,7 @@ def test_topology_on_two_processes(checks: dict[str, Any]) -> None:
         assert top["components"] == ["ddp:strategy"] and top["device"] == "cpu"
 
 
+@pytest.mark.smoke
 @multiprocess
 def test_gather_reduce_pad_broadcast_on_two_processes(checks: dict[str, Any]) -> None:
     for r, res in checks["ranks"].items():
@@ -284,6 +286,7 @@ def test_shuffled_and_iterable_loaders_on_two_processes(checks: dict[str, Any]) 
         assert sorted(i0["gathered"]) == list(range(10)) and i0["gathered"] == i1["gathered"]
 
 
+@pytest.mark.smoke
 @multiprocess
 def test_accumulate_all_reduces_once_per_optimizer_step(checks: dict[str, Any]) -> None:
     for res in checks["ranks"].values():
@@ -299,6 +302,7 @@ def test_accumulate_all_reduces_once_per_optimizer_step(checks: dict[str, Any]) 
         assert acc["params_equal_everywhere"]
 
 
+@pytest.mark.smoke
 @multiprocess
 def test_clip_grad_norm_under_accumulation_clips_only_on_sync_steps(checks: dict[str, Any]) -> None:
     for res in checks["ranks"].values():
@@ -318,6 +322,7 @@ def test_clip_grad_norm_under_accumulation_clips_only_on_sync_steps(checks: dict
 # ---- equivalence, launchers ----------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @multiprocess
 def test_two_process_ddp_matches_one_process(tmp_path: Path, reference: dict[str, Any]) -> None:
     out = tmp_path / "out"

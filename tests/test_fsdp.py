@@ -77,6 +77,7 @@ def assert_sharded_in_two(res: dict[str, Any]) -> None:
     assert res["nosync_grads_none"] == [True, True, True]
 
 
+@pytest.mark.smoke
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_fsdp_two_processes_match_one_process(tmp_path: Path, reference: Any) -> None:

@@ -42,6 +42,7 @@ def test_kernel_alone_has_no_component() -> None:
     assert kernel.device == torch.device("cpu")
 
 
+@pytest.mark.smoke
 def test_prepare_returns_objects_in_order_with_passthrough() -> None:
     kernel = Kernel()
     model = nn.Linear(3, 1)
@@ -110,6 +111,7 @@ def run_accumulation(k: int, n_batches: int, max_norm: float | None = None) -> d
     return record
 
 
+@pytest.mark.smoke
 def test_accumulate_syncs_every_k_steps_and_at_the_end_of_the_epoch() -> None:
     rec = run_accumulation(k=4, n_batches=10)
     expected = [False, False, False, True, False, False, False, True, False, True]
@@ -124,6 +126,7 @@ def test_scheduler_steps_once_per_optimizer_step() -> None:
     assert rec["lrs"] == pytest.approx([0.1] * 3 + [0.05] * 4 + [0.1 / 3] * 2 + [0.025])
 
 
+@pytest.mark.smoke
 def test_accumulated_gradient_is_the_mean_over_micro_batches() -> None:
     torch.manual_seed(0)
     kernel = Kernel(gradient_accumulation_steps=4)
@@ -147,6 +150,7 @@ def test_accumulated_gradient_is_the_mean_over_micro_batches() -> None:
     torch.testing.assert_close(model.bias, ref.bias, atol=1e-6, rtol=0)
 
 
+@pytest.mark.smoke
 def test_clip_grad_norm_only_on_sync_steps() -> None:
     rec = run_accumulation(k=4, n_batches=8, max_norm=0.5)
     for sync, norm, before, after, total in zip(
@@ -290,6 +294,7 @@ def test_autocast_is_a_no_op_without_a_precision_plugin() -> None:
     assert model(a).dtype == torch.float32
 
 
+@pytest.mark.smoke
 def test_training_converges_on_one_process() -> None:
     torch.manual_seed(0)
     kernel = Kernel()

@@ -54,6 +54,7 @@ def fails() -> None:
     raise ValueError("boom in a launched process")
 
 
+@pytest.mark.smoke
 def test_debug_launcher_runs_two_cpu_processes_that_see_their_world() -> None:
     results = accel.debug_launcher(world, args=("dbg",), num_processes=2)
     assert [r["index"] for r in results] == [0, 1]

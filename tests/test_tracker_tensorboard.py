@@ -33,6 +33,7 @@ def hparams(acc: Any) -> dict[str, str]:
     return out
 
 
+@pytest.mark.smoke
 class TestTensorBoardConformance(TrackerConformance):
     name = "tensorboard"
     backend_modules = ("tensorboard", "torch.utils.tensorboard")
@@ -56,6 +57,7 @@ def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     kernel.end_training()
 
 
+@pytest.mark.smoke
 def test_text_dicts_tensors_and_images_read_back(kernel: Any, tmp_path: Path) -> None:
     import torch
 

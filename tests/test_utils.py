@@ -381,6 +381,7 @@ def test_trigger_set_on_one_process_is_seen_by_all_then_reset(ranks: list[dict[s
     assert [r["triggers"] for r in ranks] == [[False, True, False]] * 2
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 def test_local_sgd_averages_every_n_steps_and_not_in_between(ranks: list[dict[str, Any]]) -> None:
     for a, b in zip(ranks[0]["local_sgd"], ranks[1]["local_sgd"], strict=True):
@@ -398,35 +399,45 @@ def test_profile_writes_a_trace_per_process_and_calls_its_handler(ranks: list[di
         assert any(e.get("name") == "aten::addmm" for e in rec["trace_events"])
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]]) -> None:
+    """Every hook trains, synchronised, where torch runs it (the same hook on a plain DistributedDataParallel,
+    recorded as ``torch_alone``), and is refused in one line where torch fails with it: bf16 compression on gloo
+    (torch refuses it at registration), batched PowerSGD on torch 2.13 (a bare AssertionError at the first
+    compressed step, which the plugin foresees)."""
     hooks = [r["comm_hooks"] for r in ranks]
     expected = {
         "no": [],
         "fp16": ["fp16_compress_hook"],
+        "bf16": ["bf16_compress_hook"],
         "power_sgd": ["powerSGD_hook"],
+        "batched_power_sgd": ["batched_powerSGD_hook"],
         "power_sgd+fp16": ["fp16_compress_wrapper.<locals>.fp16_compress_wrapper_hook"],
+        "power_sgd+bf16": ["bf16_compress_wrapper.<locals>.bf16_compress_wrapper_hook"],
     }
+    assert set(hooks[0]) == set(expected)
+    for name in ("no", "fp16", "power_sgd", "power_sgd+fp16"):  # these run on gloo with every torch we accept
+        assert hooks[0][name]["torch_alone"] is None, hooks[0][name]["torch_alone"]
     for name, registered in expected.items():
-        for rec in hooks:
-            assert rec[name]["error"] is None, rec[name]["error"]
-            assert rec[name]["hooks"] == registered
-            assert len(rec[name]["losses"]) == 5 and rec[name]["after"] != rec[name]["before"]
-        assert hooks[0][name]["after"] == hooks[1][name]["after"]  # synchronised through the hook
+        if hooks[0][name]["torch_alone"] is None:
+            for rec in hooks:
+                assert rec[name]["error"] is None, rec[name]["error"]
+                assert rec[name]["hooks"] == registered
+                assert len(rec[name]["losses"]) == 5 and rec[name]["after"] != rec[name]["before"]
+            assert hooks[0][name]["after"] == hooks[1][name]["after"]  # synchronised through the hook
+        else:
+            hook, _, wrapper = name.partition("+")
+            what = f"ddp_comm_hook={hook}" + (f" with ddp_comm_wrapper={wrapper}" if wrapper else "")
+            for rec in hooks:
+                error = rec[name]["error"]
+                assert error is not None and "\n" not in error, (name, error)
+                assert error.startswith(f"UsageError: {what} cannot be used"), error
+                assert error.endswith(("; choose another hook", "; use power_sgd")), error
     assert [rec["no"]["ddp"] for rec in hooks] == [[True, True, False]] * 2  # static_graph, bucket view, buffers
     assert [rec["fp16"]["ddp"] for rec in hooks] == [[False, False, True]] * 2
     assert hooks[0]["fp16"]["after"] != hooks[0]["no"]["after"]  # fp16 compression changed the gradients
     assert hooks[0]["power_sgd"]["after"] != hooks[0]["no"]["after"]  # PowerSGD from its 2nd step
-    for rec in hooks:
-        for name in ("bf16", "power_sgd+bf16"):  # torch refuses bf16 compression on gloo: one line
-            assert rec[name]["error"].startswith("UsageError: ddp_comm_hook=")
-            assert rec[name]["error"].endswith(
-                "cannot be used here: BF16 all reduce communication hook required "
-                "CUDA 11+ and NCCL 2.10+ or XPU and XCCL; choose another hook"
-            )
-        assert rec["batched_power_sgd"]["error"].startswith(
-            "UsageError: ddp_comm_hook=batched_power_sgd cannot be used with this torch"
-        )
 
 
 def test_handler_fields_of_an_inactive_plugin_get_one_notice(accel_kernel: Any) -> None:

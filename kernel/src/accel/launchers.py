@@ -50,7 +50,9 @@ def initialized_accelerator(torch_module: Any = None) -> str | None:
         return None
     try:
         device = current(check_available=False)
-    except TypeError:  # older torch without check_available
+    except TypeError:  # torch < 2.7: no check_available, and current() raises when no accelerator is available
+        if accelerator is None or not accelerator.is_available():
+            return None
         device = current()
     if device is None:
         return None
