@@ -126,13 +126,15 @@ REFERENCE_GLOBS = (
 )
 
 
-def depth_fix(dest: str) -> list[tuple[str, str]]:
-    """``Path(__file__)...parents[1]`` was the repository root from ``tests/``; from ``dest`` it is further up."""
-    up = len(Path(dest).parts)  # kernel/tests -> 2, plugins/x/tests -> 3
-    return [
-        (r"(Path\(__file__\)(?:\.resolve\(\))?\.parents)\[1\]", rf"\g<1>[{up}]"),
-        (r"(Path\(__file__\)(?:\.resolve\(\))?)\.parent\.parent\b", rf"\g<1>.parents[{up}]"),
-    ]
+def depth_fix(dest: str, name: str) -> list[tuple[str, str]]:
+    """``Path(__file__)...parents[K]`` was the repository root from ``tests/`` (K=1) or ``tests/scripts`` (K=2);
+    from ``dest`` it is further up."""
+    was = len(Path(name).parts)  # test_x.py -> 1, scripts/x.py -> 2
+    up = len(Path(dest).parts) + was - 1  # kernel/tests -> 2, plugins/x/tests -> 3 (+1 in scripts/)
+    old = rf"(Path\(__file__\)(?:\.resolve\(\))?\.parents)\[{was}\]"
+    return [(old, rf"\g<1>[{up}]")] + (
+        [(r"(Path\(__file__\)(?:\.resolve\(\))?)\.parent\.parent\b", rf"\g<1>.parents[{up}]")] if was == 1 else []
+    )
 
 
 def mark(path: Path, tests: dict[str, tuple[str, ...]], apply: bool) -> bool:
@@ -186,7 +188,7 @@ def main() -> int:
                     (ROOT / new).parent.mkdir(parents=True, exist_ok=True)
                     git("mv", old, new)
             if (ROOT / new).exists() and name.endswith(".py"):
-                if rewrite(ROOT / new, depth_fix(dest) + EDITS.get(new, []), apply):
+                if rewrite(ROOT / new, depth_fix(dest, name) + EDITS.get(new, []), apply):
                     todo.append(f"rewrite {new}")
 
     for path, tests in NEEDS.items():
