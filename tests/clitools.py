@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dstools import EXTENSIONS, deepspeed_env  # noqa: F401  (plugins/deepspeed/tests, see conftest.py)
+
 TESTS = Path(__file__).resolve().parent
 PKGS = TESTS / "plugin_pkgs"
 BIN = Path(sys.executable).parent
 ACCEL = str(BIN / "accel")
-#: Where DeepSpeed builds its CPU ops (the shm communication op, 2-3 min) once, kept between runs (ignored by git).
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(TESTS.parent / ".cache" / "torch_extensions")
 
 #: The example plugins installed together (a working one next to broken ones, to show they stay isolated).
 GOOD_AND_BROKEN = ("hello", "broken_import", "misspelt", "leaky")
@@ -64,21 +64,6 @@ def launch_env(tmp_path: Path) -> dict[str, str]:
     env["ACCEL_HOME"] = str(tmp_path / "home")
     for name in ("ACCEL_CONFIG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    return env
-
-
-def deepspeed_env(tmp: Path) -> dict[str, str]:
-    """The environment of a test's own DeepSpeed ``accel launch``: none of the variables a surrounding launcher or
-    accel config would set, a private ``ACCEL_HOME``, one thread per process, unbuffered output, DeepSpeed's ops
-    built once in :data:`EXTENSIONS`."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
-    }
-    env.update(
-        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
-    )
     return env
 
 

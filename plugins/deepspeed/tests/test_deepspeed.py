@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 import torch
-from clitools import deepspeed_env
+from dstools import deepspeed_env
 
 from accel import Settings, UsageError
 from accel.options import resolve
 from accel.plugins import Plugins
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = Path(__file__).parent / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from accel.commands.new_plugin import render
 
-PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "jsonl"
+PLUGIN = Path(__file__).resolve().parents[3] / "plugins" / "jsonl"
 
 _spec = importlib.util.spec_from_file_location("accel_jsonl_own_tests", PLUGIN / "tests" / "test_jsonl.py")
 assert _spec is not None and _spec.loader is not None

@@ -1,5 +1,5 @@
 """accel-plugin-mlflow against the real thing: a real ``mlflow server`` (sqlite backend, started once per
-session, see tests/mlflow_server.py); the plugin logs to it over HTTP with the mlflow-skinny client and the tests
+session, see plugins/mlflow/tests/mlflow_server.py); the plugin logs to it over HTTP with the mlflow-skinny client and the tests
 read params, metrics and artifacts back with ``MlflowClient``."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """accel-plugin-wandb against the real thing: offline runs (WANDB_MODE=offline), read back from the run's
-``.wandb`` file with a small reader of its record log (tests/wandb_records.py)."""
+``.wandb`` file with a small reader of its record log (plugins/wandb/tests/wandb_records.py)."""
 
 from __future__ import annotations
 

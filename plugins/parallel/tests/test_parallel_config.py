@@ -145,7 +145,7 @@ def test_kernel_parallelism_config_unknown_field_is_one_line(monkeypatch: pytest
 
 
 def doc_blocks(kind: str) -> list[str]:
-    text = (Path(__file__).parents[1] / "docs" / "parallelism.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "parallelism.md").read_text()
     return [block.split("```", 1)[0] for block in text.split(f"```{kind}\n")[1:]]
 
 

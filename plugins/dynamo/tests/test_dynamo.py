@@ -293,6 +293,7 @@ def test_regional_compilation_compiles_the_repeated_blocks() -> None:
     assert not any("embed" in g or "head" in g for g in captured)
 
 
+@pytest.mark.requires_plugins("amp")
 def test_compile_with_fp16_autocast_and_scaler() -> None:
     kernel = Kernel(dynamo_backend="aot_eager", mixed_precision="fp16")
     net = Net()
