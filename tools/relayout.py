@@ -102,7 +102,21 @@ EDITS: dict[str, list[tuple[str, str]]] = {
 #: Tests of a moved module that also need a second plugin: marked ``requires_plugins`` (accel.testing.fixtures), so
 #: the folder passes with only its own plugin installed; the full suite, where every plugin is installed, runs them.
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
-    "plugins/dynamo/tests/test_dynamo.py": {"test_compile_with_fp16_autocast_and_scaler": ("amp",)},
+    "plugins/deepspeed/tests/test_deepspeed.py": {"test_zero_stages_match_ddp": ("ddp",)},
+    "plugins/deepspeed/tests/test_deepspeed_dummy.py": {
+        "test_the_same_script_under_ddp_has_the_same_learning_rates": ("ddp",)
+    },
+    "plugins/dynamo/tests/test_dynamo.py": {
+        "test_compile_with_fp16_autocast_and_scaler": ("amp",),
+        "test_compiled_under_ddp_in_two_processes": ("ddp",),
+    },
+    "plugins/fsdp/tests/test_fsdp.py": {"test_fsdp_selected_over_ddp_and_launched_by_torchrun": ("ddp",)},
+    "plugins/mlflow/tests/test_tracker_mlflow.py": {
+        "test_server_gone_is_warned_once_and_training_goes_on": ("tensorboard",)
+    },
+    "plugins/wandb/tests/test_tracker_wandb.py": {
+        "test_bad_credentials_are_warned_once_and_the_others_go_on": ("tensorboard",)
+    },
 }
 
 #: Files whose text may name a moved file by its old path (``tests/test_x.py``): rewritten to the new path.

@@ -512,6 +512,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_zero_stages_match_ddp(tmp_path: Path) -> None:
     """ZeRO-1/2/3 (and with offload) reproduce the DDP run of the same loop: gradient accumulation 3 with the short
     end-of-epoch cycle, clipping at 0.5, StepLR; the exported weights load into a plain torch module."""

@@ -187,6 +187,7 @@ def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -> None:
     ranks = launch(tmp_path, "empty", [])
     # LambdaLR(1 / (1 + step)) under Accelerate's rule: 2 scheduler steps per optimizer step on 2 processes

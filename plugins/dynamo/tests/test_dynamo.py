@@ -354,6 +354,7 @@ def worker_results(proc: subprocess.CompletedProcess[str], cwd: Path) -> list[di
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
     """`accel launch -n 2 --dynamo_backend eager`: each process compiles the model (frames counted while training
     under DistributedDataParallel), parameters stay in sync, unwrap_model gives the user's module."""

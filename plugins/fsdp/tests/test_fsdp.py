@@ -156,6 +156,7 @@ def test_fsdp_version_1_and_fp16_are_clear_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP" in proc.stderr
 
 
+@pytest.mark.requires_plugins("ddp")
 def test_fsdp_selected_over_ddp_and_launched_by_torchrun(tmp_path: Path) -> None:
     """With accel-plugin-ddp installed too, both are strategies; --plugin fsdp makes fsdp the one that answers."""
     script = tmp_path / "noop.py"

@@ -120,6 +120,7 @@ def test_run_options_media_and_status_read_back(kernel: Any, mlflow_uri: str, tm
     assert any("sample" in a.path for a in c.list_artifacts(run_id, "images"))
 
 
+@pytest.mark.requires_plugins("tensorboard")
 def test_server_gone_is_warned_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing listens at the tracking URI: MLflow raises, the tracker is skipped, TensorBoard still records."""
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))

@@ -104,6 +104,7 @@ def test_images_tables_and_init_kwargs_read_back(offline: None, tmp_path: Path) 
     assert recorded["config"]["lr"] == 0.01
 
 
+@pytest.mark.requires_plugins("tensorboard")
 def test_bad_credentials_are_warned_once_and_the_others_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Online mode with no API key (and a server address where nothing listens): wandb.init raises; the
     TensorBoard tracker next to it still records every step."""
