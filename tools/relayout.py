@@ -137,6 +137,8 @@ REFERENCE_GLOBS = (
     "examples/**/*.py",
     "tools/*.py",
     "pyproject.toml",
+    "requirements-dev.txt",
+    "kernel/src/**/*.json",
 )
 
 
