@@ -4,7 +4,7 @@ every role (tracker, strategy, precision, compiler, launcher).
 Each mutant is a real plugin: the files ``accel new-plugin`` writes, changed in one place, and made discoverable
 the way an installed plugin is (a distribution with an ``accel`` entry point on ``sys.path`` / ``PYTHONPATH``,
 selected by the kit's ``ACCEL_PLUGINS`` allow-list). The kit must fail each with a message naming the fault. The
-unchanged templates pass the same suites (plugins/jsonl/tests/test_tracker_jsonl.py runs plugins/jsonl, the tracker template's
+unchanged templates pass the same suites (tests/test_tracker_jsonl.py runs plugins/jsonl, the tracker template's
 output; tests/test_plugin_template.py installs and tests both templates).
 """
 
