@@ -41,7 +41,7 @@ class Result:
 
 def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     """The caller's environment without accel's variables, with every config lookup place inside ``home``, and
-    every published plugin but ddp hidden (``plugin_shadow``), so the tests see the same plugins whatever this venv
+    every published plugin but ddp hidden (``accel.testing.shadow``), so the tests see the same plugins whatever this venv
     has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory). ``hide=False``
     keeps every plugin of this venv visible."""
     env = {
@@ -69,7 +69,7 @@ def launch_env(tmp_path: Path) -> dict[str, str]:
 
 @functools.cache
 def hidden_plugins() -> Path:
-    from plugin_shadow import hide_plugins
+    from accel.testing.shadow import hide_plugins
 
     return hide_plugins(_ROOT / "hidden", keep=("ddp",))
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugin_shadow import hide_plugins
+
+from accel.testing.shadow import hide_plugins
 
 
 def accel_test(

@@ -76,6 +76,11 @@ MOVES: dict[str, list[str]] = {
     "plugins/wandb/tests": ["test_tracker_wandb.py", "wandb_records.py"],
 }
 
+#: Kernel-generic helpers that move into the public testing package (``accel.testing``): old file -> new file, and the
+#: module name the tests import (old -> new).
+TO_KERNEL = {"tests/plugin_shadow.py": "kernel/src/accel/testing/shadow.py"}
+IMPORTS = [(r"\bfrom plugin_shadow import\b", "from accel.testing.shadow import")]
+
 #: Text rewrites in one moved file (path relative to the repository, after the move): (old regex, new text).
 EDITS: dict[str, list[tuple[str, str]]] = {
     "plugins/deepspeed/tests/test_deepspeed.py": [("from clitools import", "from dstools import")],
@@ -118,6 +123,10 @@ NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
         "test_compiled_under_ddp_in_two_processes": ("ddp",),
     },
     "plugins/fsdp/tests/test_fsdp.py": {"test_fsdp_selected_over_ddp_and_launched_by_torchrun": ("ddp",)},
+    # One case (--use_fsdp with tensor parallel) needs fsdp: the whole parametrized test is marked.
+    "plugins/parallel/tests/test_parallel_config.py": {
+        "test_bad_parallelism_settings_are_one_line_at_launch": ("fsdp",)
+    },
     "plugins/mlflow/tests/test_tracker_mlflow.py": {
         "test_server_gone_is_warned_once_and_training_goes_on": ("tensorboard",)
     },
@@ -214,6 +223,13 @@ def main() -> int:
                 if rewrite(ROOT / new, depth_fix(dest, name) + EDITS.get(new, []), apply):
                     todo.append(f"rewrite {new}")
 
+    for old, new in TO_KERNEL.items():
+        renamed[old] = new
+        if (ROOT / old).exists() and not (ROOT / new).exists():
+            todo.append(f"git mv {old} {new}")
+            if apply:
+                git("mv", old, new)
+
     for path, tests in NEEDS.items():
         if (ROOT / path).exists() and mark(ROOT / path, tests, apply):
             todo.append(f"mark {path}")
@@ -223,15 +239,22 @@ def main() -> int:
             todo.append(f"rewrite {path}")
 
     # Old paths named in docs, comments and Makefiles; the lookbehind keeps the rewrite from matching a new path.
-    refs = [(rf"(?<![\w/.-]){re.escape(old)}\b", new) for old, new in renamed.items()]
+    refs = [(rf"(?<![\w/.-]){re.escape(old)}\b", new) for old, new in renamed.items()] + IMPORTS
     seen: set[Path] = set()
     for pattern in REFERENCE_GLOBS:
         for file in sorted(ROOT.glob(pattern)):
-            if file in seen or not file.is_file() or ".venv" in file.parts or "fixtures" in file.parts:
+            skip = file == Path(__file__).resolve() or ".venv" in file.parts or "fixtures" in file.parts
+            if file in seen or skip or not file.is_file():
                 continue
             seen.add(file)
             if rewrite(file, refs, apply):
                 todo.append(f"references in {file.relative_to(ROOT)}")
+
+    changed = [line.split()[-1] for line in todo if line.startswith(("references in", "rewrite", "mark"))]
+    if apply and changed:  # import blocks the rewrites reordered
+        ruff = Path(sys.executable).parent / "ruff"
+        if ruff.exists():
+            subprocess.run([str(ruff), "check", "-q", "--fix", "--select", "I,F401", *changed], cwd=ROOT, check=False)
 
     for line in todo:
         print(("" if apply else "to do: ") + line)

@@ -189,10 +189,9 @@ def test_wrap_units_follow_the_policy() -> None:
 
 
 def test_accel_config_asks_accelerates_fsdp_questions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugin_shadow import hide_plugins
-
     from accel.commands.questionnaire import Questionnaire
     from accel.plugins import Plugins
+    from accel.testing.shadow import hide_plugins
 
     monkeypatch.syspath_prepend(str(hide_plugins(tmp_path / "shadow", keep=("ddp", "fsdp"))))
     plugins = Plugins.load(env={})

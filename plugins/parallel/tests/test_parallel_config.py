@@ -101,6 +101,7 @@ def test_parallelism_config_section_of_an_accelerate_config_file(tmp_path: Path)
         ),
     ],
 )
+@pytest.mark.requires_plugins("fsdp")
 def test_bad_parallelism_settings_are_one_line_at_launch(tmp_path: Path, args: list[str], expected: str) -> None:
     assert expected in one_error_line(accel(tmp_path, "launch", *args, "train.py"))
 
