@@ -26,10 +26,13 @@ demo: setup
 docs: setup
 	$(BIN)/python docs/generate.py
 
-# The main suite, with its 25 slowest tests (--durations=25); tests/suite_budget.py prints the total and the 10
-# slowest modules and fails the run when it took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off).
+# Every test folder (pyproject.toml testpaths): kernel/tests (the kernel's own), plugins/<name>/tests (each plugin's,
+# runnable with only that plugin installed: `make test-plugin-alone`) and tests/ (cross-plugin and end-to-end suites).
+# plugins/xla/tests and plugins/ipex/tests need their own torch and run in test-xla / test-ipex. With the 25 slowest
+# tests (--durations=25); tests/suite_budget.py prints the total and the 10 slowest modules and fails the run when it
+# took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off).
 test: setup
-	$(BIN)/python -m pytest tests --durations=25
+	$(BIN)/python -m pytest --durations=25
 
 # What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
 # mypy on the kernel, the plugins and tools/, then the import rules (lint-imports: plugins import only accel.spi, the
@@ -46,12 +49,49 @@ lint: setup
 	exit $$status
 
 test-fast: setup
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest -m "not slow"
 
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
 # their own venvs, then the smoke tests on the newest torch the distributions accept (the floor's run does not pass
-# yet: docs/design.md, "The torch versions we claim, tested").
-test-all: setup-slurm test test-xla test-ipex test-torch-newest
+# yet: docs/design.md, "The torch versions we claim, tested"), then each plugin's folder collected with only that
+# plugin installed (the quick tests of every folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core
+# machine, so CI does not run them).
+test-all: setup-slurm test test-xla test-ipex test-torch-newest test-plugin-alone-smoke
+
+# Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
+# venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test
+# requirements and the plugins' third-party dependencies (DeepSpeed, MLflow, W&B, TensorBoard: no accel plugin);
+# each plugin is installed with --no-deps, tested, and uninstalled again. ALONE_PYTEST picks the tests (default: the
+# quick ones; ALONE_PYTEST="-q" runs all). xla and ipex are tested alone by test-xla / test-ipex (their own torch).
+ALONE_VENV ?= .venv-alone
+ALONE_BIN := $(ALONE_VENV)/bin
+ALONE_PLUGINS ?= $(filter-out xla ipex,$(notdir $(PLUGINS)))
+ALONE_PYTEST ?= -q -m "not slow and not multiprocess"
+ALONE_DEPS := "deepspeed>=0.19,<0.20" "mlflow-skinny>=2.12,<4" "wandb>=0.17,<1" "tensorboard>=2.14"
+
+$(ALONE_VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-dev.txt Makefile
+	test -x $(ALONE_BIN)/python || $(PY) -m venv $(ALONE_VENV)
+	$(ALONE_BIN)/python -m pip install -q --upgrade pip
+	$(ALONE_BIN)/python -m pip install -q $(TORCH)          # first: never let pip pick a (CUDA) torch
+	$(ALONE_BIN)/python -m pip install -q $(TORCH) -r requirements-dev.txt $(ALONE_DEPS)
+	$(ALONE_BIN)/python -m pip install -q --no-build-isolation -e kernel
+	touch $@
+
+.PHONY: test-plugin-alone test-plugin-alone-smoke
+test-plugin-alone-smoke:
+	$(MAKE) --no-print-directory test-plugin-alone ALONE_PYTEST="-q --collect-only"
+
+test-plugin-alone: $(ALONE_VENV)/.installed
+	@$(ALONE_BIN)/python -m pip uninstall -q -y $(foreach p,$(PLUGINS),accel-plugin-$(notdir $(p))) 2>/dev/null; \
+	status=0; \
+	echo "== kernel/tests, no plugin installed"; \
+	$(ALONE_BIN)/python -m pytest $(ALONE_PYTEST) kernel/tests || status=1; \
+	for p in $(ALONE_PLUGINS); do \
+		echo "== plugins/$$p, only accel-plugin-$$p installed"; \
+		$(ALONE_BIN)/python -m pip install -q --no-deps --no-build-isolation -e plugins/$$p && \
+		$(ALONE_BIN)/python -m pytest $(ALONE_PYTEST) plugins/$$p || { status=1; echo "FAILED alone: $$p"; }; \
+		$(ALONE_BIN)/python -m pip uninstall -q -y accel-plugin-$$p; \
+	done; exit $$status
 
 # Debian's Slurm and munge, for tests/test_slurm.py (which starts a one-node cluster of its own on 127.0.0.1).
 # Needs root (CI and the dev VMs are); elsewhere it says so and the Slurm tests are skipped (under CI=true they fail).
@@ -62,7 +102,7 @@ setup-slurm:
 	else echo "setup-slurm: not root, so Slurm is not installed (apt-get install $(SLURM_PACKAGES)); tests/test_slurm.py will skip"; fi
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) $(TORCH_MATRIX:%=.venv-torch-%) build dist .pytest_cache
+	rm -rf $(VENV) $(XLA_VENV) $(IPEX_VENV) $(ALONE_VENV) $(TORCH_MATRIX:%=.venv-torch-%) build dist .pytest_cache
 
 # accel-plugin-xla, tested for real in its own venv: torch-xla 2.9.0 only loads with torch 2.9.0 (PyPI has only its
 # CUDA build, ~7 GB with the nvidia libraries; about 1.5 min to install). `make test-xla` reuses the venv when it

@@ -107,7 +107,7 @@ def report(header: str, written: dict, args: argparse.Namespace, results: dict[t
             "",
             f"Checkpoint: {written['layers']} residual MLP blocks of width {written['width']} (fp32), "
             f"{written['total_size'] / 1e9:.2f} GB in 4 safetensors shards with an index (Hugging Face's layout), in "
-            f"the page cache (written just before). Each run is a fresh process (tests/scripts/big_model_probe.py): "
+            f"the page cache (written just before). Each run is a fresh process (plugins/bigmodel/tests/scripts/big_model_probe.py): "
             f"`init_empty_weights`, `load_checkpoint_and_dispatch(..., no_split_module_classes=['Block'])`, one forward "
             f"of a (2, 8, {written['width']}) batch, equal bit for bit to the fully loaded model's output in every run. "
             f"Medians of {args.repeats} alternating runs (load + forward: median of the per-run sums); peak RSS is `ru_maxrss` minus the same process's after its "

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel.testing import isolated_env, run_tree
+from dstools import EXTENSIONS, deepspeed_env  # noqa: F401  (plugins/deepspeed/tests, see conftest.py)
 
 TESTS = Path(__file__).resolve().parent
 PKGS = TESTS / "plugin_pkgs"
 BIN = Path(sys.executable).parent
 ACCEL = str(BIN / "accel")
-#: Where DeepSpeed builds its CPU ops (the shm communication op, 2-3 min) once, kept between runs (ignored by git).
-EXTENSIONS = os.environ.get("TORCH_EXTENSIONS_DIR") or str(TESTS.parent / ".cache" / "torch_extensions")
 
 #: The example plugins installed together (a working one next to broken ones, to show they stay isolated).
 GOOD_AND_BROKEN = ("hello", "broken_import", "misspelt", "leaky")
@@ -43,7 +42,7 @@ class Result:
 
 def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     """The caller's environment without accel's variables, with every config lookup place inside ``home``, and
-    every published plugin but ddp hidden (``plugin_shadow``), so the tests see the same plugins whatever this venv
+    every published plugin but ddp hidden (``accel.testing.shadow``), so the tests see the same plugins whatever this venv
     has installed: ddp, plus what the test puts on ``PYTHONPATH`` (kept after the hiding directory). ``hide=False``
     keeps every plugin of this venv visible."""
     env = {
@@ -65,24 +64,9 @@ def launch_env(tmp_path: Path) -> dict[str, str]:
     return isolated_env(tmp_path / "home")
 
 
-def deepspeed_env(tmp: Path) -> dict[str, str]:
-    """The environment of a test's own DeepSpeed ``accel launch``: none of the variables a surrounding launcher or
-    accel config would set, a private ``ACCEL_HOME``, one thread per process, unbuffered output, DeepSpeed's ops
-    built once in :data:`EXTENSIONS`."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
-    }
-    env.update(
-        ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
-    )
-    return env
-
-
 @functools.cache
 def hidden_plugins() -> Path:
-    from plugin_shadow import hide_plugins
+    from accel.testing.shadow import hide_plugins
 
     return hide_plugins(_ROOT / "hidden", keep=("ddp",))
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from clitools import EXTENSIONS
-from plugin_shadow import hide_plugins
+
+from accel.testing.shadow import hide_plugins
 
 
 def accel_test(

@@ -304,7 +304,7 @@ def test_plugins_that_write_their_own_format_refuse_async_in_one_line(tmp_path: 
         os.environ,
         ACCEL_HOME=str(tmp_path / "home"),
         OMP_NUM_THREADS="1",
-        # DeepSpeed compiles an op on first use: the workspace's cache, as tests/test_deepspeed.py
+        # DeepSpeed compiles an op on first use: the workspace's cache, as plugins/deepspeed/tests/test_deepspeed.py
         TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR")
         or str(Path(__file__).resolve().parents[1] / ".cache" / "torch_extensions"),
     )

@@ -1,7 +1,7 @@
 """`--config_file`: YAML read with yaml.safe_load using Accelerate's keys. The files below reproduce what Accelerate
 writes (its interactive `accelerate config`, `accelerate config default`, and the templates in
 examples/config_yaml_templates: multi_gpu, multi_node, fsdp, deepspeed; see /work/shared/reference/accelerate.md §2).
-The published plugins other than ddp are hidden from these runs (tests/plugin_shadow.py), so FSDP, DeepSpeed, amp
+The published plugins other than ddp are hidden from these runs (kernel/src/accel/testing/shadow.py), so FSDP, DeepSpeed, amp
 and dynamo count as not installed whatever this environment has."""
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from plugin_shadow import hide_plugins
+
+from accel.testing.shadow import hide_plugins
 
 pexpect = pytest.importorskip("pexpect")
 

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from plugin_shadow import hide_plugins
 
 from accel import Options, PluginError, Question, hookimpl
 from accel.commands.config import upgrade
 from accel.commands.questionnaire import Questionnaire
 from accel.plugins import Plugins
+from accel.testing.shadow import hide_plugins
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from plugin_shadow import hide_plugins
 from test_config_command import CLEAR, DOWN, Terminal
+
+from accel.testing.shadow import hide_plugins
 
 pexpect = pytest.importorskip("pexpect")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from clitools import TESTS, Result, clean_env, run
-from plugin_shadow import hide_plugins
 
+from accel.testing.shadow import hide_plugins
 from accel_ipex import compatibility_problem
 
 REPO = TESTS.parent

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from clitools import TESTS, clean_env, run
-from plugin_shadow import hide_plugins
 
 from accel.distributed import free_port
+from accel.testing.shadow import hide_plugins
 
 FLAGS_FILE = TESTS / "data" / "accelerate_launch_flags.txt"
 PROBE = str(TESTS / "scripts" / "cli_probe.py")

@@ -1,5 +1,5 @@
 """docs/migrating-from-accelerate.md must not promise what accel does not have. (Its name-by-name table is checked
-by tests/test_accelerate_names.py.)"""
+by kernel/tests/test_accelerate_names.py.)"""
 
 from __future__ import annotations
 

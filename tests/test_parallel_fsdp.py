@@ -2,9 +2,9 @@
 (gloo), each ``parallelism_config_fsdp_*`` option against a 1-process run of the kernel alone, and the sharded-training
 toolkit's gradient clipping against torch's.
 
-The worker is the fsdp plugin's (tests/fsdp_worker.py: three ``Block`` layers, the model's ``_no_split_modules``),
+The worker is the fsdp plugin's (plugins/fsdp/tests/fsdp_worker.py: three ``Block`` layers, the model's ``_no_split_modules``),
 launched with ``--plugin parallel``, so the same script and measurements serve both plugins. Tolerances follow
-tests/test_parallel.py's rule: losses and gradient norms relative 1e-5, parameters after 3 AdamW steps absolute 1e-4
+plugins/parallel/tests/test_parallel.py's rule: losses and gradient norms relative 1e-5, parameters after 3 AdamW steps absolute 1e-4
 (the sharded runs sum the same float32 values in another order; a lost shard or a missing average changes them by
 orders of magnitude more).
 """
@@ -24,7 +24,7 @@ import torch
 from test_fsdp import result
 
 HERE = Path(__file__).parent
-WORKER = HERE / "fsdp_worker.py"
+WORKER = test_fsdp.WORKER
 ACCEL = str(Path(sys.executable).parent / "accel")
 LOSS_TOL = 1e-5
 PARAM_TOL = 1e-4

@@ -1,22 +1,13 @@
 """accel-plugin-jsonl: the zero-dependency JSON-lines tracker, which is exactly what ``accel new-plugin jsonl``
-writes. Its own tests (the tracker conformance suite) run here too."""
+writes."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from accel.commands.new_plugin import render
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "jsonl"
-
-_spec = importlib.util.spec_from_file_location("accel_jsonl_own_tests", PLUGIN / "tests" / "test_jsonl.py")
-assert _spec is not None and _spec.loader is not None
-_own = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own)
-
-TestJsonlConformance = _own.TestJsonlConformance
-test_a_run_is_init_logs_end = _own.test_a_run_is_init_logs_end
 
 
 def without_release_metadata(pyproject: str) -> str:

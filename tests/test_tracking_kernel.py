@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_shadow import hide_plugins
 
 from accel import Tracker, UsageError, hookimpl
 from accel.testing import isolated_env, make_kernel, run_launch
 from accel.testing.conformance import BrokenTrackerPlugin
+from accel.testing.shadow import hide_plugins
 from accel.tracking import as_scalar, flatten
 
 
@@ -155,7 +155,7 @@ def test_get_tracker_of_an_inactive_name_is_a_usage_error() -> None:
 
 
 def test_tracker_that_is_not_installed_names_the_distribution(tmp_path: Path) -> None:
-    """accel-plugin-mlflow hidden by an empty distribution of the same name (tests/plugin_shadow.py), so for the
+    """accel-plugin-mlflow hidden by an empty distribution of the same name (kernel/src/accel/testing/shadow.py), so for the
     subprocess it is not installed."""
     hidden = hide_plugins(tmp_path / "hidden", keep=["ddp", "tensorboard", "wandb", "jsonl"])
     code = (

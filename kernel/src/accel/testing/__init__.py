@@ -7,6 +7,8 @@
   and everything stopped when it passes).
 - pytest fixtures ``accel_env``, ``accel_kernel``, ``accel_launch`` (:mod:`accel.testing.fixtures`, registered with
   pytest automatically when accel-kernel is installed).
+- :func:`accel.testing.shadow.hide_plugins`: a directory that, first on ``sys.path``/``PYTHONPATH``, hides every
+  published plugin but the ones you keep, so a test sees an exact set of plugins whatever the venv has.
 - Conformance suites a plugin's tests subclass, one per role (:mod:`accel.testing.conformance`):
   ``TrackerConformance``, ``StrategyConformance``, ``PrecisionConformance``, ``CompilerConformance`` and
   ``LauncherConformance``.

@@ -6,6 +6,8 @@ accel-kernel, so they are available in any test session where accel is installed
   plugins registered (see :func:`accel.testing.make_kernel`); every kernel it built is ended after the test.
 - ``accel_launch``: ``accel_launch(["--plugin", "mine", "train.py"], num_processes=2, registered=[...])`` runs
   ``accel launch`` in a subprocess with this test's ``ACCEL_HOME`` (see :func:`accel.testing.run_launch`).
+- marker ``requires_plugins("ddp", ...)``: the test also needs these other plugins installed (a plugin's test that
+  works with a second one); skipped, naming them, in an environment without them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,21 @@ def pytest_configure(config: pytest.Config) -> None:
     """The markers accel's conformance suites use, so ``--strict-markers`` accepts them in any project."""
     config.addinivalue_line("markers", "multiprocess: starts several real processes (accel launch -n 2)")
     config.addinivalue_line("markers", "slow: takes more than ~20 s")
+    config.addinivalue_line(
+        "markers", "requires_plugins(*names): also needs these accel plugins installed; skipped without them"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test marked ``requires_plugins(...)`` when one of those plugins is not installed (no entry point)."""
+    wanted = [name for mark in item.iter_markers("requires_plugins") for name in mark.args]
+    if wanted:
+        from accel.plugins import scan_entry_points
+
+        installed = {record.name for record in scan_entry_points()}
+        missing = [name for name in wanted if name not in installed]
+        if missing:
+            pytest.skip(f"needs accel plugin(s) {', '.join(missing)} installed too")
 
 
 @pytest.fixture

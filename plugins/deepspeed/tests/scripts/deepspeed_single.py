@@ -1,4 +1,4 @@
-"""Worker script of tests/test_deepspeed.py, started as a plain `python` process (no launcher variables).
+"""Worker script of plugins/deepspeed/tests/test_deepspeed.py, started as a plain `python` process (no launcher variables).
 
 ZeRO-3 with ``zero3_init_flag``: the model is built inside ``kernel.model_init_context()`` (DeepSpeed's zero.Init),
 so its parameters are partitioned from creation. It trains a few steps with gradient accumulation 2, through

@@ -294,6 +294,7 @@ def test_regional_compilation_compiles_the_repeated_blocks() -> None:
     assert not any("embed" in g or "head" in g for g in captured)
 
 
+@pytest.mark.requires_plugins("amp")
 def test_compile_with_fp16_autocast_and_scaler() -> None:
     kernel = Kernel(dynamo_backend="aot_eager", mixed_precision="fp16")
     net = Net()
@@ -354,6 +355,7 @@ def worker_results(proc: subprocess.CompletedProcess[str], cwd: Path) -> list[di
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_compiled_under_ddp_in_two_processes(tmp_path: Path) -> None:
     """`accel launch -n 2 --dynamo_backend eager`: each process compiles the model (frames counted while training
     under DistributedDataParallel), parameters stay in sync, unwrap_model gives the user's module."""

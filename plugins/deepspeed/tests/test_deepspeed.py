@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 import torch
-from clitools import deepspeed_env
+from dstools import deepspeed_env
 
 from accel import Settings, UsageError
 from accel.options import resolve
 from accel.plugins import Plugins
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = Path(__file__).parent / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
 
@@ -512,6 +512,7 @@ def load(path: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_zero_stages_match_ddp(tmp_path: Path) -> None:
     """ZeRO-1/2/3 (and with offload) reproduce the DDP run of the same loop: gradient accumulation 3 with the short
     end-of-epoch cycle, clipping at 0.5, StepLR; the exported weights load into a plain torch module."""

@@ -13,7 +13,7 @@ import pytest
 
 from accel import hookspecs
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "hooks.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "hooks.md"
 SPECS = {
     name: fn
     for name, fn in vars(hookspecs).items()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from accel.testing import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-mlflow-server"
 
 

@@ -1,5 +1,5 @@
 """accel-plugin-mlflow against the real thing: a real ``mlflow server`` (sqlite backend, started once per
-session, see tests/mlflow_server.py); the plugin logs to it over HTTP with the mlflow-skinny client and the tests
+session, see plugins/mlflow/tests/mlflow_server.py); the plugin logs to it over HTTP with the mlflow-skinny client and the tests
 read params, metrics and artifacts back with ``MlflowClient``."""
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def test_run_options_media_and_status_read_back(kernel: Any, mlflow_uri: str, tm
     assert any("sample" in a.path for a in c.list_artifacts(run_id, "images"))
 
 
+@pytest.mark.requires_plugins("tensorboard")
 def test_server_gone_is_warned_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing listens at the tracking URI: MLflow raises, the tracker is skipped, TensorBoard still records."""
     monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))

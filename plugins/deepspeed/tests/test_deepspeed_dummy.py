@@ -1,7 +1,7 @@
 """accel-plugin-deepspeed and Accelerate's DeepSpeed idioms: a config file with ``optimizer``/``scheduler``
 sections used through ``DummyOptim``/``DummyScheduler``, and a scheduler built before ``prepare()`` over an
 optimizer with an empty parameter group (DeepSpeed drops the group inside ``prepare()``). Real DeepSpeed on 2 CPU
-processes over gloo (ZeRO-2 and ZeRO-3), as tests/test_deepspeed.py."""
+processes over gloo (ZeRO-2 and ZeRO-3), as plugins/deepspeed/tests/test_deepspeed.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import deepspeed_env
+from dstools import deepspeed_env
 
 from accel import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = Path(__file__).parent / "scripts"
 ACCEL = str(Path(sys.executable).parent / "accel")
 
@@ -187,6 +187,7 @@ def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.requires_plugins("ddp")
 def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -> None:
     ranks = launch(tmp_path, "empty", [])
     # LambdaLR(1 / (1 + step)) under Accelerate's rule: 2 scheduler steps per optimizer step on 2 processes

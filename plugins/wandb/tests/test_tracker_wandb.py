@@ -1,5 +1,5 @@
 """accel-plugin-wandb against the real thing: offline runs (WANDB_MODE=offline), read back from the run's
-``.wandb`` file with a small reader of its record log (tests/wandb_records.py)."""
+``.wandb`` file with a small reader of its record log (plugins/wandb/tests/wandb_records.py)."""
 
 from __future__ import annotations
 
@@ -104,6 +104,7 @@ def test_images_tables_and_init_kwargs_read_back(offline: None, tmp_path: Path) 
     assert recorded["config"]["lr"] == 0.01
 
 
+@pytest.mark.requires_plugins("tensorboard")
 def test_bad_credentials_are_warned_once_and_the_others_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Online mode with no API key (and a server address where nothing listens): wandb.init raises; the
     TensorBoard tracker next to it still records every step."""

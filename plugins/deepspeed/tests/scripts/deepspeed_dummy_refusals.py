@@ -1,4 +1,4 @@
-"""Worker of tests/test_deepspeed_dummy.py, a plain `python` process (DeepSpeed on a world of one): the mistakes
+"""Worker of plugins/deepspeed/tests/test_deepspeed_dummy.py, a plain `python` process (DeepSpeed on a world of one): the mistakes
 around DummyOptim/DummyScheduler and a config file's optimizer/scheduler sections, each one clear line from
 prepare(). Prints one JSON object: case -> "ExceptionName: message"."""
 

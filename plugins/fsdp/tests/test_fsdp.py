@@ -157,6 +157,7 @@ def test_fsdp_version_1_and_fp16_are_clear_errors(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP" in proc.stderr
 
 
+@pytest.mark.requires_plugins("ddp")
 def test_fsdp_selected_over_ddp_and_launched_by_torchrun(tmp_path: Path) -> None:
     """With accel-plugin-ddp installed too, both are strategies; --plugin fsdp makes fsdp the one that answers."""
     script = tmp_path / "noop.py"
@@ -189,10 +190,9 @@ def test_wrap_units_follow_the_policy() -> None:
 
 
 def test_accel_config_asks_accelerates_fsdp_questions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugin_shadow import hide_plugins
-
     from accel.commands.questionnaire import Questionnaire
     from accel.plugins import Plugins
+    from accel.testing.shadow import hide_plugins
 
     monkeypatch.syspath_prepend(str(hide_plugins(tmp_path / "shadow", keep=("ddp", "fsdp"))))
     plugins = Plugins.load(env={})

@@ -1,4 +1,4 @@
-"""Worker script of tests/test_deepspeed.py (run with `accel launch -n 2 --plugin deepspeed ...`).
+"""Worker script of plugins/deepspeed/tests/test_deepspeed.py (run with `accel launch -n 2 --plugin deepspeed ...`).
 
 One process group for the whole script (created here, so each Kernel reuses it), then the same DDP-style training
 loop under several Kernels: DDP (the reference), ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-2 with the optimizer offloaded to

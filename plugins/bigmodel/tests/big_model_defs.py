@@ -1,4 +1,4 @@
-"""Models of tests/test_big_model.py, importable by Accelerate's venv too (torch only)."""
+"""Models of plugins/bigmodel/tests/test_big_model.py, importable by Accelerate's venv too (torch only)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoint worker for tests/test_fsdp_checkpoint.py (run under ``accel launch --plugin fsdp``).
+"""Checkpoint worker for plugins/fsdp/tests/test_fsdp_checkpoint.py (run under ``accel launch --plugin fsdp``).
 
     python fsdp_ckpt_worker.py OUT --steps N [--save_at K --ckpt DIR [--reload]] [--load DIR --start K [--sharded]]
 

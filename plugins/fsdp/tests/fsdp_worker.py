@@ -1,4 +1,4 @@
-"""Worker for tests/test_fsdp.py. Run under ``accel launch --plugin fsdp`` (sharded) or plain ``python`` with
+"""Worker for plugins/fsdp/tests/test_fsdp.py. Run under ``accel launch --plugin fsdp`` (sharded) or plain ``python`` with
 ``--ref`` (one process, kernel only: the non-sharded reference).
 
     python fsdp_worker.py train OUT [--ref] [--mixed_precision bf16]

@@ -1,4 +1,4 @@
-"""Child process of tests/test_big_model.py and bench/big_model_load.py: writes a ~1 GB fp32 checkpoint, or loads
+"""Child process of plugins/bigmodel/tests/test_big_model.py and bench/big_model_load.py: writes a ~1 GB fp32 checkpoint, or loads
 it under a memory budget in a fresh process and reports peak RSS (ru_maxrss) against the baseline measured after
 the imports.
 

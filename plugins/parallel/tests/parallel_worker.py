@@ -1,4 +1,4 @@
-"""Worker for tests/test_parallel.py: trains an MLP and a tiny Llama (built from a config) on one global batch per
+"""Worker for plugins/parallel/tests/test_parallel.py: trains an MLP and a tiny Llama (built from a config) on one global batch per
 step, through the Kernel, under whatever mesh ``accel launch --plugin parallel`` gives it (or alone, ``--ref``).
 
 Usage: parallel_worker.py OUT [--ref] [--save-at K] [--resume CKPT] [--load CKPT]

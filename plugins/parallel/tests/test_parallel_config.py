@@ -101,6 +101,7 @@ def test_parallelism_config_section_of_an_accelerate_config_file(tmp_path: Path)
         ),
     ],
 )
+@pytest.mark.requires_plugins("fsdp")
 def test_bad_parallelism_settings_are_one_line_at_launch(tmp_path: Path, args: list[str], expected: str) -> None:
     assert expected in one_error_line(accel(tmp_path, "launch", *args, "train.py"))
 
@@ -145,7 +146,7 @@ def test_kernel_parallelism_config_unknown_field_is_one_line(monkeypatch: pytest
 
 
 def doc_blocks(kind: str) -> list[str]:
-    text = (Path(__file__).parents[1] / "docs" / "parallelism.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "parallelism.md").read_text()
     return [block.split("```", 1)[0] for block in text.split(f"```{kind}\n")[1:]]
 
 

@@ -22,7 +22,7 @@ from accel.errors import UsageError
 from accel.kernel import Kernel
 from accel.testing import make_kernel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LISTED = json.loads((ROOT / "tests" / "data" / "accelerate_names.json").read_text())
 MAPPING = accelerate_names()
 GUIDE = ROOT / "docs" / "migrating-from-accelerate.md"

@@ -1,4 +1,4 @@
-"""Worker for tests/test_parallel_cuda.py: causal self-attention trained with its sequence split over the ``cp``
+"""Worker for plugins/parallel/tests/test_parallel_cuda.py: causal self-attention trained with its sequence split over the ``cp``
 mesh dimension (``accel_parallel.context_parallel``), or alone on the whole sequence (``--ref``).
 
 Usage: parallel_cp_worker.py OUT [--ref]; writes OUT/result.json with the losses (mean over all processes).

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "big-models.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "big-models.md"
 
 
 def test_the_big_models_example_runs(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Worker script of tests/test_deepspeed.py: exact resume of DeepSpeed runs through kernel.save_state/load_state.
+"""Worker script of plugins/deepspeed/tests/test_deepspeed.py: exact resume of DeepSpeed runs through kernel.save_state/load_state.
 
 For each setting (ZeRO-2, ZeRO-3, ZeRO-2 bf16, ZeRO-3 with a frozen teacher prepared separately): a run trains 2 epochs (shuffled data, dropout, accumulation 2,
 clipping, StepLR) and saves its state after 6 micro-batches (a sync step, mid-epoch). Then a fresh Kernel with

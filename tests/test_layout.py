@@ -1,0 +1,34 @@
+"""Where the tests live (issue 29): kernel/tests, plugins/<name>/tests, tests/. ``pytest`` from the repository root
+runs every folder (pyproject.toml ``testpaths``), and the folders' module names never collide (pytest's default import
+mode puts each test module's folder on ``sys.path``, so two ``test_x.py`` would be one module)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Tested in their own venvs (their own torch: `make test-xla`, `make test-ipex`), not from the root.
+OWN_VENV = {"plugins/xla/tests", "plugins/ipex/tests"}
+
+
+def test_testpaths_name_every_test_folder() -> None:
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    folders = {str(p.relative_to(ROOT)) for p in ROOT.glob("plugins/*/tests")} - OWN_VENV
+    assert sorted(testpaths) == sorted({"kernel/tests", "tests", *folders})
+
+
+def test_module_names_are_unique_across_folders() -> None:
+    folders = [ROOT / "kernel" / "tests", ROOT / "tests", ROOT / "tests" / "compat", *ROOT.glob("plugins/*/tests")]
+    names = Counter(p.name for folder in folders for p in folder.glob("*.py") if p.name != "conftest.py")
+    assert [name for name, n in names.items() if n > 1] == []
+
+
+def test_relayout_has_nothing_left_to_do() -> None:
+    """tools/relayout.py moved the modules; a module added under its old path would be left behind."""
+    proc = subprocess.run([sys.executable, "tools/relayout.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
