@@ -37,6 +37,7 @@ MOVES: dict[str, list[str]] = {
         "test_plugin_unavailable.py",
         "test_send_to_device.py",
         "test_step_fast_paths.py",
+        "test_testing_runs.py",
     ],
     "plugins/amp/tests": ["test_amp.py"],
     "plugins/bigmodel/tests": [
@@ -71,6 +72,8 @@ MOVES: dict[str, list[str]] = {
         "test_parallel_cuda.py",
         "parallel_worker.py",
         "parallel_cp_worker.py",
+        "test_pipeline.py",
+        "pipeline_worker.py",
     ],
     "plugins/tensorboard/tests": ["test_tracker_tensorboard.py"],
     "plugins/wandb/tests": ["test_tracker_wandb.py", "wandb_records.py"],

@@ -257,7 +257,7 @@ def test_prepared_scheduler_reads_and_writes_go_to_the_wrapped_scheduler() -> No
 
 
 def test_a_megatron_section_with_another_strategy_is_refused_in_one_line(tmp_path: Path) -> None:
-    """megatron_lm_config runs on accel-plugin-parallel (tests/test_pipeline.py); with MULTI_CPU (ddp) it is refused."""
+    """megatron_lm_config runs on accel-plugin-parallel (plugins/parallel/tests/test_pipeline.py); with MULTI_CPU (ddp) it is refused."""
     config = tmp_path / "megatron.yaml"
     config.write_text(
         "distributed_type: MULTI_CPU\nnum_processes: 2\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"

@@ -1,9 +1,9 @@
 """accel-plugin-parallel, pipeline parallelism (``parallelism_config_pp_size``): real processes (gloo, CPU, torchrun on
 free ports) train an MLP (a ``layers`` nn.Sequential, user tensor-parallel plan) and a tiny Qwen2 built from a config
 (its Hugging Face tp_plan) with AdamW, gradient accumulation 2 and clipping at 1.0 (active: the Qwen2 norm reaches
-1.14), on the same global batches as a 1-process run of the kernel alone (tests/pipeline_worker.py).
+1.14), on the same global batches as a 1-process run of the kernel alone (plugins/parallel/tests/pipeline_worker.py).
 
-Tolerances are those of tests/test_parallel.py (losses and clipping norms relative 1e-5, parameters absolute 1e-4,
+Tolerances are those of plugins/parallel/tests/test_parallel.py (losses and clipping norms relative 1e-5, parameters absolute 1e-4,
 checkpoints bitwise). Measured: losses and norms within 5e-7 relative; parameters within 8.3e-6 (Qwen2, pp=2 x tp=2),
 4e-8 (MLP).
 """

@@ -1,4 +1,4 @@
-"""Worker for tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential) and a tiny Qwen2 (built from a
+"""Worker for plugins/parallel/tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential) and a tiny Qwen2 (built from a
 config) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
 the kernel only). The loop is the same either way: ``loss = model(inputs, labels=targets).loss``,
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
