@@ -52,11 +52,12 @@ test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
 
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
-# their own venvs, then the smoke tests on the newest torch the distributions accept (the floor's run does not pass
-# yet: docs/design.md, "The torch versions we claim, tested"), then each plugin's folder collected with only that
-# plugin installed (the quick tests of every folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core
-# machine, so CI does not run them).
-test-all: setup-slurm test test-xla test-ipex test-torch-newest test-plugin-alone-smoke
+# their own venvs, then each plugin's folder collected with only that plugin installed (the quick tests of every
+# folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core machine, so CI does not run them). The torch
+# matrix (`make test-torch-matrix`) is not in CI yet: the floor does not pass, and the newest's cold venv (~10 min)
+# would bring CI near its 90-minute limit while the main suite takes ≈51 min (docs/design.md, "The torch versions
+# we claim, tested").
+test-all: setup-slurm test test-xla test-ipex test-plugin-alone-smoke
 
 # Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
 # venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test

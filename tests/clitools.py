@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from accel.testing import isolated_env, run_tree
 from dstools import EXTENSIONS, deepspeed_env  # noqa: F401  (plugins/deepspeed/tests, see conftest.py)
+
+from accel.testing import isolated_env, run_tree
 
 TESTS = Path(__file__).resolve().parent
 PKGS = TESTS / "plugin_pkgs"

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from accel.testing.conformance import TrackerConformance
 
 
@@ -45,7 +43,6 @@ class TestJsonlConformance(TrackerConformance):
         return sum(e["event"] == "init" for e in events(tmp_path, project)) if path.exists() else 0
 
 
-@pytest.mark.smoke
 def test_a_run_is_init_logs_end(accel_kernel: Any, tmp_path: Path) -> None:
     kernel = accel_kernel(["jsonl"], log_with="jsonl", project_dir=tmp_path / "project")
     kernel.init_trackers("demo", config={"lr": 0.1})

@@ -142,3 +142,27 @@ def test_server_gone_is_warned_once_and_training_goes_on(tmp_path: Path, monkeyp
     acc = EventAccumulator(str(tmp_path / "project" / "gone"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("given", [None, "sqlite:///elsewhere.db"])
+def test_the_tracking_uri_does_not_leak_into_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str | None
+) -> None:
+    """mlflow.set_tracking_uri also writes os.environ["MLFLOW_TRACKING_URI"]: the subprocesses a script starts after
+    the run (a test's, a launcher's) would report to it. The tracker keeps the URI for its client only."""
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    if given is not None:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", given)
+    uri = (tmp_path / "runs").as_uri()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    kernel = make_kernel(["mlflow"], log_with="mlflow", project_dir=tmp_path / "project")
+    kernel.init_trackers("leak", init_kwargs={"mlflow": {"tracking_uri": uri}})
+    kernel.log({"loss": 1.0}, step=0)
+    kernel.end_training()
+    import os
+
+    import mlflow
+
+    assert os.environ.get("MLFLOW_TRACKING_URI") == given
+    assert mlflow.get_tracking_uri() == uri  # the client still reports where it was told

@@ -41,6 +41,21 @@ def default_tracking_uri(project_dir: str | None) -> str:
     return (base / "mlruns").as_uri()
 
 
+def set_tracking_uri(uri: str) -> None:
+    """``mlflow.set_tracking_uri`` for this process's MLflow client only: MLflow also writes the URI into
+    ``os.environ["MLFLOW_TRACKING_URI"]``, so every process the script starts afterwards (a test's subprocess, a
+    launcher) would report to it, still after the run ended and its server went away (each then spends minutes in
+    MLflow's retries). The variable is put back as it was; the client keeps the URI."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 class MLflowTracker(Tracker):
     """One MLflow run per ``init_trackers``: experiment ``project_name`` (or ``experiment_name`` /
     ``MLFLOW_EXPERIMENT_NAME``), the config as params, numbers as metrics.
@@ -66,9 +81,9 @@ class MLflowTracker(Tracker):
         kwargs = dict(init_kwargs.get("mlflow", {}))
         own = {k: kwargs.pop(k) for k in _OWN_KEYS if k in kwargs}
         if own.get("tracking_uri"):
-            mlflow.set_tracking_uri(own["tracking_uri"])
+            set_tracking_uri(own["tracking_uri"])
         elif not os.environ.get("MLFLOW_TRACKING_URI"):
-            mlflow.set_tracking_uri(default_tracking_uri(kernel.project_dir))
+            set_tracking_uri(default_tracking_uri(kernel.project_dir))
         name = own.get("experiment_name") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or project_name
         experiment = mlflow.get_experiment_by_name(name)
         if experiment is not None:
