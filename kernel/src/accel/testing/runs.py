@@ -57,11 +57,11 @@ def processes_of(mark: str) -> dict[int, str]:
     return found
 
 
-def _stop(mark: str, proc: subprocess.Popen[bytes]) -> dict[int, str]:
+def _stop(mark: str, proc: subprocess.Popen[bytes], command: str) -> dict[int, str]:
     """Ask every process of the run for its stacks, then kill them all; the ones that were running."""
     running = processes_of(mark)
     if proc.poll() is None:
-        running.setdefault(proc.pid, " ".join(map(str, proc.args)) if isinstance(proc.args, list) else str(proc.args))
+        running.setdefault(proc.pid, command)
     for pid in running:
         try:
             os.kill(pid, signal.SIGABRT)  # faulthandler prints the stacks of every thread, then the process ends
@@ -96,6 +96,7 @@ def run_tree(
     :class:`RunLeftovers` when processes it started outlive it by more than ``grace`` seconds (both after stopping
     them, their stacks in the message)."""
     mark = uuid.uuid4().hex
+    command = " ".join(map(str, argv))
     full_env = {**env, RUN_MARK: mark, "PYTHONFAULTHANDLER": "1"}
     with tempfile.TemporaryDirectory(prefix="accel-run-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
@@ -105,24 +106,24 @@ def run_tree(
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                running = _stop(mark, proc)
-                raise RunTimeout(_report(f"still running after {timeout:.0f} s", argv, running, out, err)) from None
+                running = _stop(mark, proc, command)
+                raise RunTimeout(_report(f"still running after {timeout:.0f} s", command, running, out, err)) from None
             left_deadline = min(deadline, time.monotonic() + grace)
             while processes_of(mark) and time.monotonic() < left_deadline:
                 time.sleep(0.2)
             if processes_of(mark):
-                running = _stop(mark, proc)
+                running = _stop(mark, proc, command)
                 raise RunLeftovers(
-                    _report(f"exited with {proc.returncode} and left processes running", argv, running, out, err)
+                    _report(f"exited with {proc.returncode} and left processes running", command, running, out, err)
                 )
         stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
         return subprocess.CompletedProcess(list(argv), proc.returncode, stdout, stderr)
 
 
-def _report(what: str, argv: Sequence[str], running: Mapping[int, str], out: Path, err: Path) -> str:
+def _report(what: str, command: str, running: Mapping[int, str], out: Path, err: Path) -> str:
     listed = "\n".join(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(running.items()))
     return (
-        f"`{' '.join(map(str, argv))}` {what}:\n{listed}\n--- stdout (end) ---\n{_tail(out, 3000)}\n"
+        f"`{command}` {what}:\n{listed}\n--- stdout (end) ---\n{_tail(out, 3000)}\n"
         f"--- stderr (end, with the stacks of those processes) ---\n{_tail(err, 12000)}"
     )
 
