@@ -107,8 +107,9 @@ EDITS: dict[str, list[tuple[str, str]]] = {
         (r"#: Where DeepSpeed builds its CPU ops[^\n]*\nEXTENSIONS = [^\n]*\n", ""),
         (r"\n\ndef deepspeed_env\(.*?\n    return env\n", ""),
         (
-            r"(?<!see conftest\.py\))\n\nTESTS = Path",
-            "\n\nfrom dstools import EXTENSIONS, deepspeed_env  # noqa: F401  (plugins/deepspeed/tests, see conftest.py)"
+            # once: the import may sit anywhere above TESTS after later edits (isort moves it)
+            r"\A(?!.*from dstools import)(.*?)\n\nTESTS = Path",
+            "\\1\n\nfrom dstools import EXTENSIONS, deepspeed_env  # noqa: F401  (plugins/deepspeed/tests, see conftest.py)"
             "\n\nTESTS = Path",
         ),
     ],
