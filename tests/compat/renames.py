@@ -37,12 +37,6 @@ RENAMES = (
         "renaming `Accelerator` to `Kernel` and `accelerate` to `accel` in the imports",
     ),
     Rename("Accelerator", "Kernel", "| `from accelerate import Accelerator` | `from accel import Kernel` |"),
-    Rename(
-        "state",
-        "settings",
-        "| `state` | refused | accel keeps no global state; the settings are kernel.settings",
-        after="accelerator",
-    ),
 )
 
 

@@ -41,6 +41,7 @@ from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler,
 from accel.process_ops import ProcessOpsMixin
 from accel.processes import note_failure_time
 from accel.project import ProjectConfiguration, check_project_config, configure_project
+from accel.state import PartialState
 from accel.tracking import TrackingMixin, check_tracker_names
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -285,6 +286,26 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     def components(self) -> list[Any]:
         """The active plugin components, in the order hooks ask them."""
         return list(self.plugins.components)
+
+    @property
+    def state(self) -> PartialState:
+        """Accelerate's ``accelerator.state``: a read-only view of this Kernel's distributed facts with Accelerate's
+        names (``distributed_type``, ``process_index``, ...; :class:`accel.state.PartialState`). The settings are
+        ``kernel.settings``, the active plugins ``kernel.components``."""
+        return PartialState.of(self)
+
+    @property
+    def debug(self) -> bool:
+        """Whether debug mode checks each collective first (accel/debug.py): the ``debug`` setting, and settable
+        (Accelerate's ``state.debug = True``). Only a run of several processes has anything to check."""
+        return isinstance(self.collectives, CheckedCollectives)
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        if check_bool("debug", value) and self.num_processes > 1 and not self.debug:
+            self.collectives = CheckedCollectives(self.collectives, self.process_index)
+        elif not value and isinstance(self.collectives, CheckedCollectives):
+            self.collectives = self.collectives.inner
 
     @property
     def hook(self) -> pluggy.HookRelay:

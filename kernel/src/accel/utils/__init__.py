@@ -27,6 +27,16 @@ if TYPE_CHECKING:
     from accel.utils.local_sgd import LocalSGD
     from accel.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
     from accel.utils.progress import tqdm
+    from accel.utils.dataclasses import DistributedType
+    from accel.utils.operations import (
+        DistributedOperationException,
+        broadcast,
+        copy_tensor_to_devices,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+    )
     from accel.utils.random import set_seed, synchronize_rng_states
 
 _LAZY = {
@@ -38,6 +48,19 @@ _LAZY = {
     "release_memory": "accel.utils.memory",
     "LocalSGD": "accel.utils.local_sgd",
     "send_to_device": "accel.data",
+    "DistributedType": "accel.utils.dataclasses",
+    **{
+        name: "accel.utils.operations"
+        for name in (
+            "DistributedOperationException",
+            "broadcast",
+            "copy_tensor_to_devices",
+            "gather",
+            "gather_object",
+            "pad_across_processes",
+            "reduce",
+        )
+    },
     # Accelerate's configuration dataclasses are importable from accelerate.utils too
     "DataLoaderConfiguration": "accel.compat",
     "GradientAccumulationPlugin": "accel.compat",
@@ -62,6 +85,8 @@ __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
+    "DistributedOperationException",
+    "DistributedType",
     "FP8RecipeKwargs",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -72,7 +97,13 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "TERecipeKwargs",
+    "broadcast",
+    "copy_tensor_to_devices",
     "find_executable_batch_size",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "reduce",
     "release_memory",
     "send_to_device",
     "set_seed",

@@ -254,7 +254,7 @@ def test_pickle_accelerator():
     pickled_accelerator = pickle.dumps(accelerator)
     unpickled_accelerator = pickle.loads(pickled_accelerator)
     # TODO: Maybe this should be implemented as __eq__ for AcceleratorState?
-    assert accelerator.settings.__dict__ == unpickled_accelerator.settings.__dict__
+    assert accelerator.state.__dict__ == unpickled_accelerator.state.__dict__
 
 
 def test_data_loader(data_loader, accelerator):
@@ -392,10 +392,10 @@ def main():
     test_join_raises_warning_for_iterable_when_overriding_even_batches()
 
     accelerator.print("Test join with non DDP distributed raises warning")
-    original_state = accelerator.settings.distributed_type
-    accelerator.settings.distributed_type = DistributedType.FSDP
+    original_state = accelerator.state.distributed_type
+    accelerator.state.distributed_type = DistributedType.FSDP
     test_join_raises_warning_for_non_ddp_distributed(accelerator)
-    accelerator.settings.distributed_type = original_state
+    accelerator.state.distributed_type = original_state
 
     accelerator.print("Test pickling an accelerator")
     test_pickle_accelerator()
