@@ -556,8 +556,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
         if len(loaders) < len(self._dataloaders) and self.even_batches:
             warnings.warn(
-                "join_uneven_inputs(even_batches=False): dataloaders over an IterableDataset keep even batches "
-                "(as in Accelerate, only map-style ones are changed)",
+                "join_uneven_inputs(even_batches=False): overriding even_batches is only supported for map-style "
+                "datasets; dataloaders over an IterableDataset keep even batches (Accelerate's warning)",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
