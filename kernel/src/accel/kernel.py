@@ -294,6 +294,14 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         ``kernel.settings``, the active plugins ``kernel.components``."""
         return PartialState.of(self)
 
+    @state.setter
+    def state(self, value: PartialState) -> None:  # Accelerate's is a plain attribute: assigning its own view is fine
+        if value != self.state:
+            raise UsageError(
+                f"kernel.state is this Kernel's read-only view, got {value!r}: create another Kernel for other "
+                "settings (only kernel.state.debug can be set)"
+            )
+
     @property
     def debug(self) -> bool:
         """Whether debug mode checks each collective first (accel/debug.py): the ``debug`` setting, and settable
@@ -302,7 +310,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
 
     @debug.setter
     def debug(self, value: bool) -> None:
-        if check_bool("debug", value) and self.num_processes > 1 and not self.debug:
+        if check_bool("kernel.debug", value) and self.num_processes > 1 and not self.debug:
             self.collectives = CheckedCollectives(self.collectives, self.process_index)
         elif not value and isinstance(self.collectives, CheckedCollectives):
             self.collectives = self.collectives.inner

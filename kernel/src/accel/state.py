@@ -99,6 +99,12 @@ class PartialState:
             "options or Kernel(...) arguments"
         )
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PartialState) and other._kernel is self._kernel
+
+    def __hash__(self) -> int:
+        return id(self._kernel)
+
     @property
     def distributed_type(self) -> Any:
         """Accelerate's ``DistributedType`` of the Kernel (:func:`distributed_type`)."""
