@@ -108,7 +108,6 @@ def rename(source: str) -> str:
     return "".join(lines)
 
 
-
 def missing_from_guide() -> list[str]:
     """The rules whose guide text is not (or no longer) in the guide."""
     text = GUIDE.read_text()

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.data import send_to_device
     from accel.project import ProjectConfiguration
+    from accel.utils.dataclasses import DistributedType
     from accel.utils.handlers import (
         AORecipeKwargs,
         AutocastKwargs,
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     )
     from accel.utils.local_sgd import LocalSGD
     from accel.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
-    from accel.utils.progress import tqdm
-    from accel.utils.dataclasses import DistributedType
     from accel.utils.operations import (
         DistributedOperationException,
         broadcast,
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
         pad_across_processes,
         reduce,
     )
+    from accel.utils.progress import tqdm
     from accel.utils.random import set_seed, synchronize_rng_states
 
 _LAZY = {

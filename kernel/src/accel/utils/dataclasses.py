@@ -10,26 +10,22 @@ the device and the strategy plugin.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.options import known_plugins
+from accel.project import ProjectConfiguration
 
-if TYPE_CHECKING:
-    from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
-    from accel.project import ProjectConfiguration
+
+def _distributed_type() -> Any:
+    """An enum of Accelerate's members, from data: the kernel names no backend."""
+    members = {name: name for name in ("NO", *known_plugins()["distributed_type"])}
+    kind = enum.Enum("DistributedType", members, type=str)  # type: ignore[misc]
+    kind.__module__ = __name__
+    return kind
+
 
 #: Accelerate's ``DistributedType``: ``DistributedType.MULTI_CPU == "MULTI_CPU"``
-DistributedType: Any = enum.Enum(  # members from data: the kernel names no backend
-    "DistributedType", {name: name for name in ("NO", *known_plugins()["distributed_type"])}, type=str
-)
-DistributedType.__module__ = __name__
+DistributedType = _distributed_type()
 
 __all__ = ["DataLoaderConfiguration", "DistributedType", "GradientAccumulationPlugin", "ProjectConfiguration"]
-
-
-def __getattr__(name: str) -> Any:
-    import accel.utils
-
-    if name in __all__:
-        return getattr(accel.utils, name)
-    raise AttributeError(f"module 'accel.utils.dataclasses' has no attribute {name!r}")
