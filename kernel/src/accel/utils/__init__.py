@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from accel.utils.progress import tqdm
     from accel.utils.random import set_seed, synchronize_rng_states
 
+from accel.utils.operations import __all__ as _OPERATIONS  # names only: it imports no torch
+
 _LAZY = {
     "set_seed": "accel.utils.random",
     "synchronize_rng_states": "accel.utils.random",
@@ -49,18 +51,7 @@ _LAZY = {
     "LocalSGD": "accel.utils.local_sgd",
     "send_to_device": "accel.data",
     "DistributedType": "accel.utils.dataclasses",
-    **{
-        name: "accel.utils.operations"
-        for name in (
-            "DistributedOperationException",
-            "broadcast",
-            "copy_tensor_to_devices",
-            "gather",
-            "gather_object",
-            "pad_across_processes",
-            "reduce",
-        )
-    },
+    **{name: "accel.utils.operations" for name in _OPERATIONS if name != "send_to_device"},
     # Accelerate's configuration dataclasses are importable from accelerate.utils too
     "DataLoaderConfiguration": "accel.compat",
     "GradientAccumulationPlugin": "accel.compat",
