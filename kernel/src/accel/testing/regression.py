@@ -15,15 +15,14 @@ import torch
 
 
 class RegressionDataset:
-    """``length`` points ``{"x": x, "y": a * x + b + noise}`` (float32 numpy scalars); ``seed`` seeds numpy's
-    global generator, as Accelerate's does."""
+    """``length`` points ``{"x": x, "y": a * x + b + noise}`` (float32 numpy scalars) drawn from
+    ``numpy.random.default_rng(seed)``: Accelerate 1.15's numbers for a seed; numpy's global generator is left alone."""
 
     def __init__(self, a: float = 2, b: float = 3, length: int = 64, seed: int | None = None) -> None:
-        if seed is not None:
-            np.random.seed(seed)
+        rng = np.random.default_rng(seed)
         self.length = length
-        self.x = np.random.normal(size=(length,)).astype(np.float32)
-        self.y = a * self.x + b + np.random.normal(scale=0.1, size=(length,)).astype(np.float32)
+        self.x = rng.normal(size=(length,)).astype(np.float32)
+        self.y = a * self.x + b + rng.normal(scale=0.1, size=(length,)).astype(np.float32)
 
     def __len__(self) -> int:
         return self.length
@@ -33,7 +32,7 @@ class RegressionDataset:
 
 
 class RegressionModel(torch.nn.Module):
-    """``x * a + b`` with two scalar parameters."""
+    """``x * a + b`` with two scalar parameters (Accelerate's, without the dtypes it prints on the first batch)."""
 
     def __init__(self, a: float = 0, b: float = 0, double_output: bool = False) -> None:
         super().__init__()

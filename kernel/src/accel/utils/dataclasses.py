@@ -18,8 +18,14 @@ from accel.project import ProjectConfiguration
 
 
 def _distributed_type() -> Any:
-    """An enum of Accelerate's members, from data: the kernel names no backend."""
-    members = {name: name for name in ("NO", *known_plugins()["distributed_type"])}
+    """An enum of Accelerate's members, from data: the kernel names no backend. A config-file value that is only
+    another spelling (``TPU`` after ``XLA``, for the same plugin) is not a member, as in Accelerate."""
+    names, seen = ["NO"], set()
+    for name, plugin in known_plugins()["distributed_type"].items():
+        if name.startswith("MULTI_") or plugin not in seen:
+            names.append(name)
+            seen.add(plugin)
+    members = {name: name for name in names}
     kind = enum.Enum("DistributedType", members, type=str)  # type: ignore[misc]
     kind.__module__ = __name__
     return kind
