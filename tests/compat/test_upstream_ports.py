@@ -67,34 +67,10 @@ SCRIPTS = "accelerate/src/accelerate/test_utils/scripts"
 PORTS.update(
     {
         # Accelerate's own multi-process test scripts (what `accelerate test` and its CI run on 2 processes)
-        "test_ops": Port(
-            f"{SCRIPTS}/test_ops.py",
-            "huggingface/accelerate",
-            ACCELERATE,
-            "Apache-2.0",
-            missing="the guide maps no module paths below accelerate.utils (accelerate.utils.operations: gather, "
-            "broadcast, reduce, pad_across_processes, copy_tensor_to_devices, DistributedOperationException; "
-            "accelerate.utils.dataclasses.DistributedType), nor PartialState (only 'none: each Kernel holds its "
-            "own settings') nor accelerate.test_utils.testing.assert_exception; debug mode (state.debug = True, "
-            "branch debugguide)",
-        ),
-        "test_sync": Port(
-            f"{SCRIPTS}/test_sync.py",
-            "huggingface/accelerate",
-            ACCELERATE,
-            "Apache-2.0",
-            missing="the guide maps no module path accelerate.accelerator (accel.accelerator), accelerate.state."
-            "GradientState, accelerate.test_utils.RegressionDataset/RegressionModel, accelerate.utils."
-            "DistributedType; state.distributed_type comparisons; GradientState(...) as a singleton",
-        ),
+        "test_ops": Port(f"{SCRIPTS}/test_ops.py", "huggingface/accelerate", ACCELERATE, "Apache-2.0"),
+        "test_sync": Port(f"{SCRIPTS}/test_sync.py", "huggingface/accelerate", ACCELERATE, "Apache-2.0"),
         "test_distributed_data_loop": Port(
-            f"{SCRIPTS}/test_distributed_data_loop.py",
-            "huggingface/accelerate",
-            ACCELERATE,
-            "Apache-2.0",
-            missing="the guide maps no module path accelerate.accelerator, accelerate.utils.dataclasses."
-            "DistributedType; join_uneven_inputs (branch semantics), pickle.dumps(kernel), assignable "
-            "kernel.dataloader_config, and the script sets accelerator.state.distributed_type = FSDP",
+            f"{SCRIPTS}/test_distributed_data_loop.py", "huggingface/accelerate", ACCELERATE, "Apache-2.0"
         ),
     }
 )

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
+    from accel.state import PartialState
     from accel.utils import (
         AutocastKwargs,
         DistributedDataParallelKwargs,
@@ -36,6 +37,7 @@ _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
+    "PartialState": "accel.state",
     "ProjectConfiguration": "accel.project",
     "debug_launcher": "accel.launchers",
     "load_model": "accel.checkpoint",
@@ -70,6 +72,7 @@ __all__ = [
     "Kernel",
     "LaunchPlan",
     "Options",
+    "PartialState",
     "PluginError",
     "PreparedOptimizer",
     "PreparedScheduler",

@@ -205,6 +205,11 @@ class GradientState:
         """The prepared dataloader being iterated (the innermost one when loops nest), or None (Accelerate's)."""
         return self.active[-1] if self.active else None
 
+    @staticmethod
+    def _reset_state() -> None:
+        """Accelerate resets its process-wide GradientState with it (its tests call it between Accelerators);
+        accel's is one per Kernel, so there is nothing to reset."""
+
     @property
     def in_dataloader(self) -> bool:
         """Whether a prepared dataloader is being iterated (Accelerate's)."""

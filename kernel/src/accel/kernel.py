@@ -35,13 +35,14 @@ from accel.data import GradientState, PreparedDataLoader, skip_first_batches
 from accel.debug import CheckedCollectives
 from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError, user_stacklevel
-from accel.options import KERNEL, Settings, did_you_mean, int_env, resolve, unread_accelerate_variables
+from accel.options import KERNEL, Settings, did_you_mean, int_env, known_plugins, resolve, unread_accelerate_variables
 from accel.plugins import Plugins
 from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, _Accumulate
 from accel.process_ops import ProcessOpsMixin
 from accel.processes import note_failure_time
 from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, check_tracker_names
+from accel.utils.dataclasses import DistributedType
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 _ARGUMENTS = (
@@ -285,6 +286,34 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     def components(self) -> list[Any]:
         """The active plugin components, in the order hooks ask them."""
         return list(self.plugins.components)
+
+    @property
+    def state(self) -> PartialState:
+        """Accelerate's ``accelerator.state``: a read-only view of this Kernel's distributed facts with Accelerate's
+        names (``distributed_type``, ``process_index``, ...; :class:`accel.state.PartialState`). The settings are
+        ``kernel.settings``, the active plugins ``kernel.components``."""
+        return PartialState.of(self)
+
+    @state.setter
+    def state(self, value: PartialState) -> None:  # Accelerate's is a plain attribute: assigning its own view is fine
+        if value != self.state:
+            raise UsageError(
+                f"kernel.state is this Kernel's read-only view, got {value!r}: create another Kernel for other "
+                "settings (only kernel.state.debug can be set)"
+            )
+
+    @property
+    def debug(self) -> bool:
+        """Whether debug mode checks each collective first (accel/debug.py): the ``debug`` setting, and settable
+        (Accelerate's ``state.debug = True``). Only a run of several processes has anything to check."""
+        return isinstance(self.collectives, CheckedCollectives)
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        if check_bool("kernel.debug", value) and self.num_processes > 1 and not self.debug:
+            self.collectives = CheckedCollectives(self.collectives, self.process_index)
+        elif not value and isinstance(self.collectives, CheckedCollectives):
+            self.collectives = self.collectives.inner
 
     @property
     def hook(self) -> pluggy.HookRelay:
@@ -535,8 +564,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
         if len(loaders) < len(self._dataloaders) and self.even_batches:
             warnings.warn(
-                "join_uneven_inputs(even_batches=False): dataloaders over an IterableDataset keep even batches "
-                "(as in Accelerate, only map-style ones are changed)",
+                "join_uneven_inputs(even_batches=False): overriding even_batches is only supported for map-style "
+                "datasets; dataloaders over an IterableDataset keep even batches (Accelerate's warning)",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
@@ -830,3 +859,111 @@ def no_grad_message(loss: Any) -> str:
 def active_kernel() -> Kernel | None:
     """The most recently created Kernel of this process that has not ended, if any."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+#: what the view answers, each the same-named member of its Kernel
+_FROM_KERNEL = frozenset(
+    {
+        "device",
+        "num_processes",
+        "process_index",
+        "local_process_index",
+        "is_main_process",
+        "is_local_main_process",
+        "is_last_process",
+        "use_distributed",
+        "mixed_precision",
+        "print",
+        "wait_for_everyone",
+        "main_process_first",
+        "local_main_process_first",
+        "on_main_process",
+        "on_local_main_process",
+        "on_last_process",
+        "on_process",
+        "on_local_process",
+        "split_between_processes",
+    }
+)
+
+
+def distributed_type(kernel: Kernel) -> Any:
+    """Accelerate's ``DistributedType`` of a Kernel: ``NO`` on one process, else the value of Accelerate's config
+    file that selects the Kernel's strategy plugin (``known_plugins.json``), ``MULTI_<device>`` for the plugin
+    that several values select (``MULTI_GPU`` on ``cuda``)."""
+    device = kernel.device.type
+    multi = "MULTI_" + ("GPU" if device == "cuda" else device.upper())
+    plugins = {component.name for component in kernel.components}
+    found = [name for name, plugin in known_plugins()["distributed_type"].items() if plugin in plugins]
+    single = [name for name in found if not name.startswith("MULTI_")]
+    if single and multi not in found:
+        return DistributedType[single[0]]
+    if kernel.num_processes == 1 or multi not in DistributedType.__members__:
+        return DistributedType.NO
+    return DistributedType[multi]
+
+
+class PartialState:
+    """Accelerate's ``PartialState``/``AcceleratorState`` facts of one Kernel, read-only (see the module)."""
+
+    __slots__ = ("__dict__", "_kernel")  # the Kernel stays out of __dict__: two views compare by their (empty) dicts
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        kernel = active_kernel()
+        if kernel is None or cpu or kwargs:
+            kernel = Kernel(cpu=cpu, **kwargs)
+        object.__setattr__(self, "_kernel", kernel)
+
+    @classmethod
+    def of(cls, kernel: Kernel) -> PartialState:
+        """The view of ``kernel`` (``kernel.state``)."""
+        view = cls.__new__(cls)
+        object.__setattr__(view, "_kernel", kernel)
+        return view
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FROM_KERNEL:
+            return getattr(self._kernel, name)
+        raise AttributeError(f"'PartialState' object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "debug":
+            self._kernel.debug = value
+            return
+        raise UsageError(
+            f"kernel.state.{name} is read-only: accel's state is a view of the Kernel's facts, decided by the "
+            "launch, the device and the plugins (only state.debug can be set); choose them with accel launch "
+            "options or Kernel(...) arguments"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PartialState) and other._kernel is self._kernel
+
+    def __hash__(self) -> int:
+        return id(self._kernel)
+
+    @property
+    def distributed_type(self) -> Any:
+        """Accelerate's ``DistributedType`` of the Kernel (:func:`distributed_type`)."""
+        return distributed_type(self._kernel)
+
+    @property
+    def debug(self) -> bool:
+        """Whether debug mode checks the Kernel's collectives (settable, as Accelerate's ``state.debug``)."""
+        return bool(self._kernel.debug)
+
+    @property
+    def initialized(self) -> bool:
+        return True
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """End the Kernel's run (``kernel.end_training()``): its trackers and its processes' resources."""
+        self._kernel.end_training()
+
+    def __repr__(self) -> str:
+        k = self._kernel
+        return (
+            f"Distributed environment: {self.distributed_type.value}\nNum processes: {k.num_processes}\n"
+            f"Process index: {k.process_index}\nLocal process index: {k.local_process_index}\nDevice: {k.device}\n"
+            f"Mixed precision type: {k.mixed_precision}\n"
+        )

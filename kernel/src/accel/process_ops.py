@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.errors import UsageError
+from accel.errors import DistributedOperationError, UsageError
 from accel.nested import map_tensors
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
@@ -320,8 +320,14 @@ class ProcessOpsMixin:
             if self.num_processes == 1 or t.ndim == 0:
                 return t
             d = dim % t.ndim
-            sizes = self.collectives.all_gather(torch.tensor([t.shape[d]], device=t.device))
-            top = max(int(s.item()) for s in sizes)
+            sizes = self.collectives.all_gather(torch.tensor([t.ndim, t.shape[d]], device=t.device))
+            ndims = [int(s[0]) for s in sizes]
+            if len(set(ndims)) > 1:  # every process sees the same sizes, so every process raises: no hang
+                raise DistributedOperationError(
+                    f"pad_across_processes: process {self.process_index} of {self.num_processes} got tensors of "
+                    f"{ndims} dims (by process): every process must pass tensors with the same number of dims"
+                )
+            top = max(int(s[1]) for s in sizes)
             if top == t.shape[d]:
                 return t
             shape = list(t.shape)

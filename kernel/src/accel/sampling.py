@@ -190,6 +190,13 @@ class SkipBatchSampler(Sampler[Any]):
         #: Called once the skipped batches are drawn, before the first batch of the pass is handed on.
         self.after_skip: Callable[[], None] | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        """The inner sampler's attributes (``even_batches``, ``batch_size``, ...), as a prepared dataloader's
+        ``batch_sampler`` has them in Accelerate (its ``BatchSamplerShard``)."""
+        if name.startswith("__") or name == "batch_sampler":  # unpickling asks before __dict__ exists
+            raise AttributeError(name)
+        return getattr(self.batch_sampler, name)
+
     def __len__(self) -> int:
         return max(0, len(self.batch_sampler) - self.skip)
 

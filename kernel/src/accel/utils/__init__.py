@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.data import send_to_device
     from accel.project import ProjectConfiguration
+    from accel.utils.dataclasses import DistributedType
     from accel.utils.handlers import (
         AORecipeKwargs,
         AutocastKwargs,
@@ -26,8 +27,19 @@ if TYPE_CHECKING:
     )
     from accel.utils.local_sgd import LocalSGD
     from accel.utils.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
+    from accel.utils.operations import (
+        DistributedOperationException,
+        broadcast,
+        copy_tensor_to_devices,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+    )
     from accel.utils.progress import tqdm
     from accel.utils.random import set_seed, synchronize_rng_states
+
+from accel.utils.operations import __all__ as _OPERATIONS  # names only: it imports no torch
 
 _LAZY = {
     "set_seed": "accel.utils.random",
@@ -38,6 +50,8 @@ _LAZY = {
     "release_memory": "accel.utils.memory",
     "LocalSGD": "accel.utils.local_sgd",
     "send_to_device": "accel.data",
+    "DistributedType": "accel.utils.dataclasses",
+    **{name: "accel.utils.operations" for name in _OPERATIONS if name != "send_to_device"},
     # Accelerate's configuration dataclasses are importable from accelerate.utils too
     "DataLoaderConfiguration": "accel.compat",
     "GradientAccumulationPlugin": "accel.compat",
@@ -62,6 +76,8 @@ __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
+    "DistributedOperationException",
+    "DistributedType",
     "FP8RecipeKwargs",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -72,7 +88,13 @@ __all__ = [
     "ProfileKwargs",
     "ProjectConfiguration",
     "TERecipeKwargs",
+    "broadcast",
+    "copy_tensor_to_devices",
     "find_executable_batch_size",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "reduce",
     "release_memory",
     "send_to_device",
     "set_seed",

@@ -331,7 +331,7 @@ def test_dataloader_break():
 
 def main():
     accelerator = Kernel()
-    state = accelerator.settings
+    state = accelerator.state
     if state.local_process_index == 0:
         print("**Test `accumulate` gradient accumulation with dataloader break**")
     if state.distributed_type != DistributedType.XLA:
