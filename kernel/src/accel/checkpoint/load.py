@@ -16,6 +16,7 @@ from accel.checkpoint.items import Item, call_by_owner, collect_items
 from accel.checkpoint.manifest import _agreed, _records, _recover, checkpoints_folder, latest_checkpoint, read_manifest
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
+from accel.logging import get_logger
 
 if TYPE_CHECKING:
     from accel.checkpoint.items import CheckpointKernel
@@ -91,8 +92,18 @@ def restore_own(
     """The kernel's default ``accel_load_state`` (:mod:`accel.defaults`): restore the items the kernel wrote
     (``records``: those naming it), random states last (nothing draws after them). Returns their keys."""
     order = sorted(records, key=lambda k: records[k].extra.get("kind") == "rng")
+    absent = [k for k in order if kernel.process_index not in records[k].extra.get("ranks", [kernel.process_index])]
+    if absent:  # saved by the main process alone (accel.checkpoint.solo): Accelerate logs and goes on
+        get_logger("accel").warning(
+            f"load_state: {directory} holds no {', '.join(map(repr, absent))} of process {kernel.process_index} "
+            "(save_state ran on the main process alone): they are not restored, so this process does not resume "
+            "bitwise",
+            main_process_only=False,
+        )
     for key in order:
         rec = records[key]
+        if key in absent:
+            continue
         stem = f"{key}_rank{kernel.process_index}" if rec.extra.get("per_rank") else key
         state = read_tree(directory, stem)
         if rec.extra.get("kind") == "model":
