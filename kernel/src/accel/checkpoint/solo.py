@@ -4,7 +4,8 @@
 Every process entering ``save_state`` first meets the others through the process group's key-value store (the
 c10d store behind ``torch.distributed``'s default group; no collective): each process other than the main one sets a
 key derived from the target and from how often it saved there, then reads the main process's decision; the main
-process waits at most ``save_join_timeout`` seconds for those keys and decides:
+process waits at most ``save_join_timeout`` seconds for those keys (:data:`REFUSE_FACTOR` times as long where its
+being alone is refused) and decides:
 
 - ``"all"``: every process came; the collective save follows (atomic publish, kill -9 safety, asynchronous saves);
 - ``"solo"``: it is alone and the run's state is replicated (no plugin implements ``accel_save_state``): it writes
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from accel.checkpoint.items import CheckpointKernel
 
 ALL, SOLO, REFUSED = "all", "solo", "refused:"
+#: where being alone is refused, the main process waits this many join windows before it says so
+REFUSE_FACTOR = 10
 #: save_state calls per target on this process (module-wide: keys stay unique across Kernels of one process group)
 _CALLS: dict[str, int] = {}
 
@@ -86,23 +89,18 @@ def meet(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) ->
 
 
 def _decide(kernel: CheckpointKernel, store: Any, base: str, window: float, automatic: bool) -> str:
-    """The main process: wait up to ``window`` seconds for the other processes' keys (polling: a timed-out
-    ``store.wait`` prints c10d's socket warnings), then decide."""
+    """The main process: wait up to ``window`` seconds for the other processes' keys, or, where being alone is an
+    error (a refusal stops the run, a solo save does not), :data:`REFUSE_FACTOR` times as long; then decide."""
     keys = [f"{base}/{rank}" for rank in range(1, kernel.num_processes)]
-    deadline = time.monotonic() + window
-    pause = 0.0002
-    while not store.check(keys):
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
-    else:
+    writers = state_writers(kernel)
+    refuse = bool(writers) or automatic
+    waited = window * (REFUSE_FACTOR if refuse else 1)
+    if _arrived(store, keys, waited):
         return ALL
     absent = [rank for rank, key in enumerate(keys, 1) if not store.check([key])]
     where = (
-        f"save_state: process(es) {', '.join(map(str, absent))} did not call it within {window:g} s (save_join_timeout)"
+        f"save_state: process(es) {', '.join(map(str, absent))} did not call it within {waited:g} s (save_join_timeout)"
     )
-    writers = state_writers(kernel)
     if writers:
         return (
             f"{REFUSED}{where}; save_state is collective under {', '.join(writers)}: call it on every process, not "
@@ -114,3 +112,16 @@ def _decide(kernel: CheckpointKernel, store: Any, base: str, window: float, auto
             "it on every process, not inside `if is_main_process`"
         )
     return SOLO
+
+
+def _arrived(store: Any, keys: list[str], seconds: float) -> bool:
+    """Whether every key is set within ``seconds`` (polling ``store.check``: a timed-out ``store.wait`` prints
+    c10d's socket warnings on stderr)."""
+    deadline = time.monotonic() + seconds
+    pause = 0.0002
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    return True
