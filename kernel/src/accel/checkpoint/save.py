@@ -112,7 +112,7 @@ def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | N
     target_s, tmp_s, index = _plan_target(kernel, output_dir)
     target, tmp = Path(target_s), Path(tmp_s)
     try:
-        _WRITING[kernel] = _Writing(dict(items))
+        _WRITING[kernel] = _Writing({key: _as_accelerate_saves(item) for key, item in items.items()})
         try:
             written = _save_hook(kernel, items, tmp, False, True)
         finally:
@@ -142,6 +142,23 @@ def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | N
 
 
 _TOLD_ALONE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@dataclass
+class _PassStart:
+    """A prepared dataloader as a save by the main process alone records it: where its current pass started
+    (:meth:`accel.data.PreparedDataLoader.pass_start_state`)."""
+
+    loader: Any
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.loader.pass_start_state())
+
+
+def _as_accelerate_saves(item: Item) -> Item:
+    if item.kind == "dataloader" and callable(getattr(item.obj, "pass_start_state", None)):
+        return dataclasses.replace(item, obj=_PassStart(item.obj))
+    return item
 
 
 @dataclass
