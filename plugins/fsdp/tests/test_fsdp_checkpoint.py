@@ -68,8 +68,9 @@ def manifest_items(ckpt: Path) -> dict[str, tuple[str, str]]:
 @pytest.mark.multiprocess
 def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path) -> None:
     """Run A trains 6 steps straight. Run B trains 3, save_state on the main process alone (refused in one line),
-    save_state (sharded), load_state at once (Accelerate #3896), exits. Run C (2 processes) load_state and trains to 6: bitwise A. Run D (1 process): load_state refuses (per-process
-    random states and dataloader positions of 2 processes), accel_fsdp.load_sharded reshards model and optimizer.
+    save_state (sharded), load_state at once (Accelerate #3896), exits. Run C (2 processes) load_state and trains to
+    6: bitwise A. Run D (1 process): load_state refuses (per-process random states and dataloader positions of 2
+    processes), accel_fsdp.load_sharded reshards model and optimizer.
     Run E is killed mid-run and restarted by torchrun (--max_restarts)."""
     ckpt = tmp_path / "ckpt"
     launch(tmp_path, 2, str(tmp_path / "a"), "--steps", "6")
@@ -151,16 +152,6 @@ def test_full_state_dict_checkpoint_saved_on_two_loaded_on_one(tmp_path: Path) -
     )
     items = manifest_items(ckpt)
     assert items["model"] == ("fsdp", "safetensors-full") and items["optimizer"] == ("fsdp", "torch-weights-only-full")
-    # before saving, run B called save_state inside `if is_main_process` (diffusers' pattern): refused in one line,
-    # after 10 join windows of 0.3 s, and nothing was written
-    main_only = json.loads((tmp_path / "b" / "main_only.txt").read_text())
-    assert main_only["error"].endswith(
-        "save_state is collective under fsdp: call it on every process, not inside `if is_main_process`"
-    )
-    assert "process(es) 1 did not call it within 3 s" in main_only["error"] and "\n" not in main_only["error"]
-    assert 2.9 < main_only["seconds"] < 30, main_only
-    assert not (tmp_path / "main_only").exists()
-
     saved = state(tmp_path / "b", "saved")
     assert_identical(load_file(str(ckpt / "model.safetensors")), saved[0], "model.safetensors")
     assert_identical(saved, state(tmp_path / "b", "reloaded"), "reloaded right after saving")

@@ -5,6 +5,7 @@ the kernel's own default implementation last.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,6 @@ from accel.checkpoint.items import Item, call_by_owner, collect_items
 from accel.checkpoint.manifest import _agreed, _records, _recover, checkpoints_folder, latest_checkpoint, read_manifest
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
-from accel.logging import get_logger
 
 if TYPE_CHECKING:
     from accel.checkpoint.items import CheckpointKernel
@@ -94,11 +94,10 @@ def restore_own(
     order = sorted(records, key=lambda k: records[k].extra.get("kind") == "rng")
     absent = [k for k in order if kernel.process_index not in records[k].extra.get("ranks", [kernel.process_index])]
     if absent:  # saved by the main process alone (accel.checkpoint.solo): Accelerate logs and goes on
-        get_logger("accel").warning(
+        logging.getLogger("accel.checkpoint").warning(
             f"load_state: {directory} holds no {', '.join(map(repr, absent))} of process {kernel.process_index} "
             "(save_state ran on the main process alone): they are not restored, so this process does not resume "
-            "bitwise",
-            main_process_only=False,
+            "bitwise"
         )
     for key in order:
         rec = records[key]

@@ -8,6 +8,7 @@ memory on the calling thread, then writes and publishes them on a background thr
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import shutil
@@ -32,7 +33,6 @@ from accel.checkpoint.manifest import (
 from accel.checkpoint.solo import SOLO, meet
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
-from accel.logging import get_logger
 from accel.options import KERNEL
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | N
     if kernel not in _TOLD_ALONE:
         _TOLD_ALONE.add(kernel)
         others = kernel.num_processes - 1
-        get_logger("accel").warning(
+        logging.getLogger("accel.checkpoint").warning(
             f"save_state({target}) ran on the main process alone: it holds the shared state and process 0's random "
             f"states; the other {others} process(es)' random states are not saved, so a resume is not bitwise on "
             "them (as in Accelerate; call save_state on every process to save them)"
