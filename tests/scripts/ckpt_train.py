@@ -5,7 +5,8 @@ schedule, so that a resumed run matches an uninterrupted one only if every piece
 
     --steps N --out F                       train N steps, write final model/optimizer state to F (main process)
     --save-at K --ckpt D                    ... but stop after step K: save_state(D), (--out F) write F, exit
-    --save-on-main                          ... with save_state inside `if kernel.is_main_process` (diffusers)
+    --save-on-main                          ... with save_state inside `if kernel.is_main_process` (diffusers);
+                                            with --project, first an automatic one (refused)
     --resume --ckpt D                       load_state(D) first (--loaded-out F: then write F)
     --project P --save-every M              automatic checkpoints in P; resume from the latest one at start-up
     --kill-at S --marker F                  (elastic test) the last process SIGKILLs itself at step S, once
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel, ProjectConfiguration
+from accel import Kernel, ProjectConfiguration, UsageError
 
 
 class Progress:
@@ -68,7 +69,7 @@ def main() -> None:
         project_dir=args.project,
         project_config=config,
         async_save=args.async_save,
-        **({"save_join_timeout": 1.0} if args.save_on_main else {}),
+        **({"save_join_timeout": 0.3} if args.save_on_main else {}),
     )
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(101, 6, generator=gen), torch.randn(101, 1, generator=gen)
@@ -110,6 +111,11 @@ def main() -> None:
                 Path(args.marker).write_text("killed once\n")
                 os.kill(os.getpid(), signal.SIGKILL)
             if progress.step == args.save_at:
+                if args.save_on_main and args.project and kernel.is_main_process:
+                    try:  # automatic naming alone: refused in one line (collective in Accelerate too)
+                        kernel.save_state()
+                    except UsageError as exc:
+                        print(f"refused: {exc}", flush=True)
                 if kernel.is_main_process or not args.save_on_main:
                     kernel.save_state(args.ckpt)
                 if args.out:
