@@ -114,6 +114,36 @@ def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path) -> 
     assert "holds one state per process for 2 process(es); this run has 1" in proc.stderr
 
 
+@pytest.mark.slow  # two launches of 2 processes
+@pytest.mark.timeout(600)
+def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path) -> None:
+    """Diffusers' `if accelerator.is_main_process: accelerator.save_state(path)` under DDP (replicated state): the
+    main process saves alone after a join window (0.3 s here), saying once that the other process's random states
+    are not saved; load_state on 2 processes restores model, optimizer and schedule exactly, the process without
+    its random states says so in one line, and training goes on."""
+    args = ("--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--save-on-main", "--project", "p", "--out", "a.pt")
+    saved = launch(tmp_path, *args)
+    assert saved.stderr.count("ran on the main process alone") == 1, saved.stderr
+    # first an automatically numbered save on the main process alone: refused in one line after 10 x 0.3 s
+    refused = [line for line in saved.stdout.splitlines() if line.startswith("refused: ")]
+    assert refused == [
+        "refused: save_state: process(es) 1 did not call it within 3 s (save_join_timeout); with automatic "
+        "checkpoint naming save_state is collective (as in Accelerate): call it on every process, not inside "
+        "`if is_main_process`"
+    ], saved.stdout
+    assert not (tmp_path / "p" / "checkpoints" / "checkpoint_0").exists()
+    manifest = read_manifest(tmp_path / "ck")
+    assert "rng_rank0.safetensors" in manifest["files"] and "rng_rank1.safetensors" not in manifest["files"]
+    assert manifest["items"]["rng"]["extra"]["ranks"] == [0]
+    resumed = launch(
+        tmp_path, "--steps", str(int(SAVE_AT) + 4), "--resume", "--ckpt", "ck", "--loaded-out", "b.pt", "--out", "c.pt"
+    )
+    assert_same_training_state(tmp_path / "a.pt", tmp_path / "b.pt")
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["step"] == int(SAVE_AT) + 4  # and it trained on
+    missing = [line for line in resumed.stderr.splitlines() if "holds no" in line]
+    assert len(missing) == 1 and "'rng' of process 1" in missing[0] and "not restored" in missing[0], resumed.stderr
+
+
 @pytest.mark.slow  # two process start-ups
 def test_automatic_numbering_continues_after_restart(tmp_path: Path) -> None:
     # first process: checkpoints at steps 4, 8, 12 -> checkpoint_0..2, total_limit=2 keeps 1 and 2

@@ -534,6 +534,34 @@ def test_dataloader_position_is_restored_mid_epoch(tmp_path: Path) -> None:
     assert resumed == straight
 
 
+def test_dataloader_state_of_a_save_by_the_main_process_alone() -> None:
+    """What save_state on the main process alone records of a prepared dataloader (Accelerate's save: the epoch and
+    seed, not the position; accel.checkpoint.solo): the resumed pass starts the epoch again in the same order, and
+    the script skips what it saw itself, by its own count (diffusers) or with skip_first_batches of any number."""
+
+    def fresh() -> tuple[Kernel, Any]:
+        torch.manual_seed(11)
+        kernel = Kernel()
+        return kernel, kernel.prepare(DataLoader(CountingDataset(30), batch_size=4, shuffle=True))
+
+    kernel, dl = fresh()
+    straight = _batches(dl) + _batches(dl)
+    kernel, dl = fresh()
+    it = iter(dl)
+    seen = [next(it).flatten().tolist() for _ in range(5)]
+    state = dl.pass_start_state()
+    assert state["position"] == 0 and state["script_skips"]
+
+    kernel, dl = fresh()
+    torch.manual_seed(12345)
+    dl.load_state_dict(state)
+    assert _batches(dl) == straight[:8]  # the interrupted epoch again, from its start
+    kernel, dl = fresh()
+    dl.load_state_dict(state)
+    assert kernel.skip_first_batches(dl, 5) is dl  # no restored position to disagree with
+    assert seen + _batches(dl) + _batches(dl) == straight
+
+
 def test_dataloader_after_a_finished_or_abandoned_pass(tmp_path: Path) -> None:
     def fresh() -> tuple[Kernel, Any]:
         torch.manual_seed(5)

@@ -4,8 +4,10 @@ Dropout, a shuffled dataloader, noise from python's, numpy's and torch's generat
 schedule, so that a resumed run matches an uninterrupted one only if every piece of state is restored.
 
     --steps N --out F                       train N steps, write final model/optimizer state to F (main process)
-    --save-at K --ckpt D                    ... but stop after step K: save_state(D), exit
-    --resume --ckpt D                       load_state(D) first
+    --save-at K --ckpt D                    ... but stop after step K: save_state(D), (--out F) write F, exit
+    --save-on-main                          ... with save_state inside `if kernel.is_main_process` (diffusers);
+                                            with --project, first an automatic one (refused)
+    --resume --ckpt D                       load_state(D) first (--loaded-out F: then write F)
     --project P --save-every M              automatic checkpoints in P; resume from the latest one at start-up
     --kill-at S --marker F                  (elastic test) the last process SIGKILLs itself at step S, once
     --async-save                            Kernel(async_save=True): every save_state is asynchronous
@@ -18,13 +20,14 @@ import os
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel, ProjectConfiguration
+from accel import Kernel, ProjectConfiguration, UsageError
 
 
 class Progress:
@@ -53,6 +56,8 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--marker")
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--save-on-main", action="store_true")
+    parser.add_argument("--loaded-out")
     args = parser.parse_args()
 
     torch.manual_seed(1234)
@@ -64,6 +69,7 @@ def main() -> None:
         project_dir=args.project,
         project_config=config,
         async_save=args.async_save,
+        **({"save_join_timeout": 0.3} if args.save_on_main else {}),
     )
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(101, 6, generator=gen), torch.randn(101, 1, generator=gen)
@@ -76,6 +82,8 @@ def main() -> None:
     kernel.register_for_checkpointing(progress)
     if args.resume:
         kernel.load_state(args.ckpt)
+        if args.loaded_out:
+            write_out(kernel, model, opt, sched, progress, args.loaded_out)
     elif args.project and kernel.latest_checkpoint() is not None:
         loaded = kernel.load_state()
         print(f"[rank {kernel.process_index}] resumed from {loaded} at step {progress.step}", flush=True)
@@ -103,12 +111,27 @@ def main() -> None:
                 Path(args.marker).write_text("killed once\n")
                 os.kill(os.getpid(), signal.SIGKILL)
             if progress.step == args.save_at:
-                kernel.save_state(args.ckpt)
+                if args.save_on_main and args.project and kernel.is_main_process:
+                    try:  # automatic naming alone: refused in one line (collective in Accelerate too)
+                        kernel.save_state()
+                    except UsageError as exc:
+                        print(f"refused: {exc}", flush=True)
+                if kernel.is_main_process or not args.save_on_main:
+                    kernel.save_state(args.ckpt)
+                if args.out:
+                    write_out(kernel, model, opt, sched, progress, args.out)
                 kernel.end_training()
                 return
             if progress.step == args.steps:
                 break
-    if args.out and kernel.is_main_process:
+    if args.out:
+        write_out(kernel, model, opt, sched, progress, args.out)
+    kernel.end_training()
+
+
+def write_out(kernel: Kernel, model: nn.Module, opt: Any, sched: Any, progress: Progress, out: str) -> None:
+    """The training state, for comparisons between runs (main process)."""
+    if kernel.is_main_process:
         torch.save(
             {
                 "model": kernel.unwrap_model(model).state_dict(),
@@ -116,9 +139,8 @@ def main() -> None:
                 "scheduler": sched.state_dict(),
                 "step": progress.step,
             },
-            args.out,
+            out,
         )
-    kernel.end_training()
 
 
 if __name__ == "__main__":

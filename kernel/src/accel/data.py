@@ -405,6 +405,15 @@ class PreparedDataLoader:
             )
         return None
 
+    def pass_start_state(self) -> dict[str, Any]:
+        """The state a save by the main process alone records (Accelerate's ``save_state``: the sampler's epoch and
+        seed, not the position): the resumed run starts the current pass again, in the same order, and the script
+        skips the batches it already saw itself (diffusers' ``continue``, or ``skip_first_batches``)."""
+        state = self.state_dict()
+        if state["position"]:
+            state.update(position=0, start=self._start)
+        return {**state, "script_skips": True}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         problem = self.check_state(state)
         if problem:
@@ -412,7 +421,7 @@ class PreparedDataLoader:
         self._apply(state["start"])
         self._start = dict(state["start"])
         self._position = self._skip = int(state["position"])
-        self._restored = self._position
+        self._restored = None if state.get("script_skips") else self._position
         self._open = self._position > 0
         self._resume = {}
 

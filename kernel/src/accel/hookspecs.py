@@ -494,6 +494,12 @@ def accel_save_state(
     unpickling arbitrary objects: use ``accel.spi.write_tree``/``read_tree``, safetensors, JSON, or torch
     files that ``accel.spi.load_weights_only`` accepts.
 
+    A run in which no component but the kernel implements this hook has replicated state: ``save_state`` may then
+    be called by the main process alone (Accelerate's ``if is_main_process: save_state(...)``), and the kernel
+    writes everything from it, without collectives and without calling this hook on the plugins. Implementing it
+    makes such a call a one-line error: implement it when the plugin's state is not the same on every process or
+    its state dicts are gathered collectively (``accel_model_state_dict``).
+
     ``asynchronous`` is true for ``save_state(asynchronous=True)`` (or the ``async_save`` option). The hook still
     runs on the training thread and its files must be complete when it returns (the kernel fsyncs and publishes
     them with the rest, in the background), so a plugin that writes here simply makes the loop wait for its own

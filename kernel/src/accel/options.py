@@ -381,6 +381,16 @@ def core_options(options: Options) -> None:
         env=("ACCEL_ASYNC_SAVE",),
         help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).",
     )
+    add(
+        "save_join_timeout",
+        type="float",
+        default=5.0,
+        minimum=0,
+        cli=False,
+        env=("ACCEL_SAVE_JOIN_TIMEOUT",),
+        help="Seconds save_state() on the main process waits for the other processes before it saves alone "
+        "(Accelerate's `if is_main_process: save_state(...)`; replicated state only).",
+    )
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add(
         "compute_environment",

@@ -3,7 +3,9 @@
     python fsdp_ckpt_worker.py OUT --steps N [--save_at K --ckpt DIR [--reload]] [--load DIR --start K [--sharded]]
 
 Trains a small model with dropout on a shuffled dataloader for global steps ``start .. N``; at step ``K`` saves a
-checkpoint to DIR with ``save_state`` (``--reload``: ``load_state`` at once, Accelerate's #3896) and exits;
+checkpoint to DIR with ``save_state`` (``--reload``: ``load_state`` at once, Accelerate's #3896) and exits
+(``--main_only_first``: before that, ``save_state`` inside ``if is_main_process``, which must be refused in one
+line within ``save_join_timeout``; its message goes to ``OUT/main_only.txt``);
 ``--load`` restores DIR first with ``load_state``, or with ``--sharded`` (another number of processes than the
 run that saved) checks that ``load_state`` refuses and loads model and optimizer with ``accel_fsdp.load_sharded``.
 Elastic: ``--project P --save_every M --kill_at S --marker F``: automatic checkpoints every M steps, resume from
@@ -113,6 +115,23 @@ def check_refusals(kernel: Kernel, out: Path) -> None:
     assert not (out / "mid_accumulation").exists()
 
 
+def main_only(kernel: Kernel, target: Path, out: Path) -> None:
+    """Diffusers' ``if accelerator.is_main_process: accelerator.save_state(path)`` under a sharded strategy: refused
+    on the main process, in one line, once ``save_join_timeout`` passed; nothing is written."""
+    import time
+
+    from accel import UsageError
+
+    start = time.monotonic()
+    try:
+        kernel.save_state(target)
+    except UsageError as exc:
+        (out / "main_only.txt").write_text(json.dumps({"error": str(exc), "seconds": time.monotonic() - start}))
+    else:
+        raise AssertionError("save_state on the main process alone must be refused under fsdp")
+    assert not target.exists()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -121,6 +140,7 @@ def main() -> None:
     parser.add_argument("--save_at", type=int, default=-1)
     parser.add_argument("--ckpt")
     parser.add_argument("--reload", action="store_true")
+    parser.add_argument("--main_only_first", action="store_true")
     parser.add_argument("--load")
     parser.add_argument("--sharded", action="store_true")
     parser.add_argument("--project")
@@ -131,7 +151,8 @@ def main() -> None:
     out = Path(args.out)
 
     config = ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2) if args.project else None
-    kernel = Kernel(cpu=True, project_dir=args.project, project_config=config)
+    join = {"save_join_timeout": 0.3} if args.main_only_first else {}  # the refusal comes after 10 x 0.3 s
+    kernel = Kernel(cpu=True, project_dir=args.project, project_config=config, **join)
     torch.manual_seed(0 if args.load is None else 1)  # a resumed run starts from other weights: load must win
     model = DropNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
@@ -167,6 +188,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == args.save_at:
                 ckpt = Path(args.ckpt)
+                if args.main_only_first and kernel.is_main_process:
+                    main_only(kernel, ckpt.parent / "main_only", out)
                 dump(kernel, out, "saved", model, optimizer)
                 kernel.save_state(ckpt)
                 if args.reload:  # Accelerate #3896: load_state right after save_state

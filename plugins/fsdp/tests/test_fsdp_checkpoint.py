@@ -67,13 +67,15 @@ def manifest_items(ckpt: Path) -> dict[str, tuple[str, str]]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path) -> None:
-    """Run A trains 6 steps straight. Run B trains 3, save_state (sharded), load_state at once (Accelerate #3896),
-    exits. Run C (2 processes) load_state and trains to 6: bitwise A. Run D (1 process): load_state refuses (per-process
-    random states and dataloader positions of 2 processes), accel_fsdp.load_sharded reshards model and optimizer.
+    """Run A trains 6 steps straight. Run B trains 3, save_state on the main process alone (refused in one line),
+    save_state (sharded), load_state at once (Accelerate #3896), exits. Run C (2 processes) load_state and trains to
+    6: bitwise A. Run D (1 process): load_state refuses (per-process random states and dataloader positions of 2
+    processes), accel_fsdp.load_sharded reshards model and optimizer.
     Run E is killed mid-run and restarted by torchrun (--max_restarts)."""
     ckpt = tmp_path / "ckpt"
     launch(tmp_path, 2, str(tmp_path / "a"), "--steps", "6")
-    launch(tmp_path, 2, str(tmp_path / "b"), "--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload")
+    b = ("--steps", "6", "--save_at", "3", "--ckpt", str(ckpt), "--reload", "--main_only_first")
+    launch(tmp_path, 2, str(tmp_path / "b"), *b)
     launch(tmp_path, 2, str(tmp_path / "c"), "--steps", "6", "--start", "3", "--load", str(ckpt))
     launch(tmp_path, 1, str(tmp_path / "d"), "--steps", "5", "--start", "3", "--load", str(ckpt), "--sharded")
 
@@ -82,6 +84,16 @@ def test_exact_resume_on_two_processes_and_resharded_load_on_one(tmp_path: Path)
     assert items["scheduler"][0] == items["dataloader"][0] == items["rng"][0] == "accel"
     for item in ("model", "optimizer"):  # one shard file per process, and DCP's index
         assert sorted(p.name for p in (ckpt / item).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+    # before saving, run B called save_state inside `if is_main_process` (diffusers' pattern): refused in one line,
+    # after 10 join windows of 0.3 s, and nothing was written
+    main_only = json.loads((tmp_path / "b" / "main_only.txt").read_text())
+    assert main_only["error"].endswith(
+        "save_state is collective under fsdp: call it on every process, not inside `if is_main_process`"
+    )
+    assert "process(es) 1 did not call it within 3 s" in main_only["error"] and "\n" not in main_only["error"]
+    assert 2.9 < main_only["seconds"] < 30, main_only
+    assert not (tmp_path / "main_only").exists()
 
     saved = state(tmp_path / "b", "saved")
     assert saved[1]["state"], "the optimizer had taken steps"

@@ -64,7 +64,8 @@ def check_compatible(
         )
     for key, rec in records.items():
         size = rec.extra.get("world_size")
-        if items[key].per_rank and size is not None and int(size) != kernel.num_processes:
+        solo = "ranks" in rec.extra  # saved by the main process alone: each process restores what is there
+        if items[key].per_rank and size is not None and int(size) != kernel.num_processes and not solo:
             raise CheckpointError(
                 f"checkpoint item {key!r} holds one state per process for {size} process(es); "
                 f"this run has {kernel.num_processes}: resume with {size} process(es)"

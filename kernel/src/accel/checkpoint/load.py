@@ -5,6 +5,7 @@ the kernel's own default implementation last.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -91,8 +92,17 @@ def restore_own(
     """The kernel's default ``accel_load_state`` (:mod:`accel.defaults`): restore the items the kernel wrote
     (``records``: those naming it), random states last (nothing draws after them). Returns their keys."""
     order = sorted(records, key=lambda k: records[k].extra.get("kind") == "rng")
+    absent = [k for k in order if kernel.process_index not in records[k].extra.get("ranks", [kernel.process_index])]
+    if absent:  # saved by the main process alone (accel.checkpoint.solo): Accelerate logs and goes on
+        logging.getLogger("accel.checkpoint").warning(
+            f"load_state: {directory} holds no {', '.join(map(repr, absent))} of process {kernel.process_index} "
+            "(save_state ran on the main process alone): they are not restored, so this process does not resume "
+            "bitwise"
+        )
     for key in order:
         rec = records[key]
+        if key in absent:
+            continue
         stem = f"{key}_rank{kernel.process_index}" if rec.extra.get("per_rank") else key
         state = read_tree(directory, stem)
         if rec.extra.get("kind") == "model":

@@ -8,6 +8,7 @@ memory on the calling thread, then writes and publishes them on a background thr
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import shutil
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.checkpoint.asynchronous import finish_pending, snapshot, start_async
+from accel.checkpoint.asynchronous import finish_pending, pending_save, snapshot, start_async
 from accel.checkpoint.files import TREE_FORMAT, fsync_all, write_tree
 from accel.checkpoint.items import Item, _file_stem, _state_of, call_by_owner, collect_items
 from accel.checkpoint.manifest import (
@@ -29,6 +30,7 @@ from accel.checkpoint.manifest import (
     is_complete,
     numbered_checkpoints,
 )
+from accel.checkpoint.solo import SOLO, meet
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
 from accel.options import KERNEL
@@ -44,6 +46,8 @@ def save_state(
     kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None
 ) -> Path:
     """See :meth:`accel.kernel.Kernel.save_state`."""
+    if meet(kernel, output_dir) == SOLO:
+        return _save_alone(kernel, output_dir)
     finish_pending(kernel)  # an asynchronous save still in flight is published (or its error raised) first
     if asynchronous is None:
         asynchronous = bool(kernel.settings.get("async_save", False))
@@ -90,6 +94,71 @@ def save_state(
     if index is not None:
         kernel.project_configuration.iteration = index + 1
     return target
+
+
+def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) -> Path:
+    """A save reached by the main process alone, in a run whose state is replicated (:mod:`accel.checkpoint.solo`):
+    the main process writes every shared item and its own per-process items (their records list the processes
+    that wrote them, ``extra["ranks"]``) and publishes, with no collective; a process that came too late writes
+    nothing. Always synchronous."""
+    if not kernel.is_main_process:
+        return Path(os.fspath(output_dir or "")).absolute()
+    if pending_save(kernel) is not None:
+        raise UsageError(
+            "save_state on the main process alone while an asynchronous save_state of every process is in flight: "
+            "call kernel.wait_for_save() on every process first"
+        )
+    items = collect_items(kernel)
+    target_s, tmp_s, index = _plan_target(kernel, output_dir)
+    target, tmp = Path(target_s), Path(tmp_s)
+    try:
+        _WRITING[kernel] = _Writing({key: _as_accelerate_saves(item) for key, item in items.items()})
+        try:
+            written = _save_hook(kernel, items, tmp, False, True)
+        finally:
+            del _WRITING[kernel]
+        records = {}
+        for key, fields in written.items():
+            rec = ItemRecord(**fields)
+            if items[key].per_rank:
+                rec = dataclasses.replace(rec, extra={**rec.extra, "ranks": [kernel.process_index]})
+            records[key] = rec
+        nobody = sorted(set(items) - set(records))
+        if nobody:
+            raise CheckpointError(f"save_state: nobody wrote checkpoint item(s) {nobody}")
+        _publish(kernel, items, records, target, tmp, index)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if kernel not in _TOLD_ALONE:
+        _TOLD_ALONE.add(kernel)
+        others = kernel.num_processes - 1
+        logging.getLogger("accel.checkpoint").warning(
+            f"save_state({target}) ran on the main process alone: it holds the shared state and process 0's random "
+            f"states; the other {others} process(es)' random states are not saved, so a resume is not bitwise on "
+            "them (as in Accelerate; call save_state on every process to save them)"
+        )
+    return target
+
+
+_TOLD_ALONE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@dataclass
+class _PassStart:
+    """A prepared dataloader as a save by the main process alone records it: where its current pass started
+    (:meth:`accel.data.PreparedDataLoader.pass_start_state`)."""
+
+    loader: Any
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.loader.pass_start_state())
+
+
+def _as_accelerate_saves(item: Item) -> Item:
+    if item.kind == "dataloader" and callable(getattr(item.obj, "pass_start_state", None)):
+        return dataclasses.replace(item, obj=_PassStart(item.obj))
+    return item
 
 
 @dataclass
