@@ -24,7 +24,9 @@ def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
 def test_reports_total_and_slowest_modules_and_passes_within_budget(suite: pytest.Pytester) -> None:
     result = suite.runpytest()
     assert result.ret == 0
-    result.stdout.re_match_lines([r"=+ suite time =+", rf"total \d+\.\d s wall, 2 modules \(budget {BUDGET:.0f} s \+ 20%"])
+    result.stdout.re_match_lines(
+        [r"=+ suite time =+", rf"total \d+\.\d s wall, 2 modules \(budget {BUDGET:.0f} s \+ 20%"]
+    )
     lines = result.stdout.lines
     first = next(i for i, line in enumerate(lines) if "slowest modules:" in line)
     assert "2 tests  test_slow.py" in lines[first + 1] and "1 tests  test_quick.py" in lines[first + 2]
