@@ -98,7 +98,7 @@ SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 AuthType=auth/munge
-AuthInfo=socket={sock},cred_expire=10
+AuthInfo=socket={sock},cred_expire=20
 CryptoType=crypto/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -235,7 +235,7 @@ echo "exit $?"
             out.read_text() if out.exists() else "no output"
         )
         time.sleep(0.2)
-    # a requeued job waits cred_expire (+1 s) before it starts again: 120 s by default, 10 s in this cluster's conf
+    # a requeued job waits cred_expire (+1 s) before it starts again: 120 s by default, 20 s in this cluster's conf
     cluster.run("scontrol", "requeue", job)
     info = cluster.wait(job)
     text = out.read_text()
