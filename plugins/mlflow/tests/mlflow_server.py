@@ -5,6 +5,10 @@ The plugin only needs the mlflow-skinny client; the server needs full ``mlflow``
 about 850 MB. It is installed once into its own virtual environment, ``<repo>/.venv-mlflow-server`` (ignored by
 git), so the test environment keeps only what the plugin declares. ``ACCEL_TEST_MLFLOW`` may name an existing
 ``mlflow`` executable instead.
+
+A new sqlite store costs the server about as long to create (its tables, by ``mlflow db upgrade``) as everything
+else of its start together; so an empty, created store is kept in the server environment (``TEMPLATE``, made once
+with the environment) and each session starts from a copy of it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +30,7 @@ from accel.testing import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 VENV = REPO / ".venv-mlflow-server"
+TEMPLATE = VENV / "accel-empty-store.db"
 
 
 def server_executable() -> Path:
@@ -40,6 +46,13 @@ def server_executable() -> Path:
             subprocess.run(
                 [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "mlflow>=3,<4"], check=True, timeout=900
             )
+        if not TEMPLATE.exists():
+            part = TEMPLATE.with_suffix(".part")
+            part.unlink(missing_ok=True)
+            subprocess.run(
+                [str(exe), "db", "upgrade", f"sqlite:///{part}"], check=True, capture_output=True, timeout=300
+            )
+            part.rename(TEMPLATE)
     return exe
 
 
@@ -58,6 +71,8 @@ def running_server(workdir: Path, timeout: float = 120) -> Iterator[str]:
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     workdir.mkdir(parents=True, exist_ok=True)
+    if not os.environ.get("ACCEL_TEST_MLFLOW"):  # a given server's schema may differ from the template's
+        shutil.copyfile(TEMPLATE, workdir / "mlflow.db")
     log = open(workdir / "server.log", "w")
     proc = subprocess.Popen(
         [
