@@ -42,8 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine, write_section  # noqa: E402
 
 
-def build(size_mb: int) -> nn.Module:
-    width = 2048
+def build(size_mb: float, width: int = 2048) -> nn.Module:
     per_layer = (width * width + width) * 4
     layers = max(1, round(size_mb * 2**20 / per_layer))
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
@@ -135,17 +134,17 @@ def accel_round(kernel: Kernel, target: Path) -> tuple[float, float]:
     return t_save, t_load
 
 
-def async_measure(size_mb: int, repeats: int, base: Path) -> dict[str, Any]:
+def async_measure(size_mb: float, repeats: int, base: Path, width: int = 2048) -> dict[str, Any]:
     """Per round (variants in alternating order): the synchronous save's time, the asynchronous save's blocking
     time and its time until published, raw ``save_file`` of the same tensors with and without fsync."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
     kernel = Kernel(cpu=True)
-    model = build(size_mb)
+    model = build(size_mb, width)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model, optimizer = kernel.prepare(model, optimizer)
-    kernel.backward(model(torch.ones(1, 2048)).sum())  # one step: Adam gets its two state tensors per parameter
+    kernel.backward(model(torch.ones(1, width)).sum())  # one step: Adam gets its two state tensors per parameter
     optimizer.step()
     optimizer.zero_grad()
     params = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -192,6 +191,7 @@ def async_measure(size_mb: int, repeats: int, base: Path) -> dict[str, Any]:
     kernel.end_training()
     return {
         "layers": len(model),
+        "width": width,
         "param_bytes": params,
         "checkpoint_bytes": checkpoint_bytes,
         "first_async": first,
@@ -224,7 +224,7 @@ def async_report(result: dict[str, Any]) -> tuple[str, float]:
         f"| raw `save_file` + `os.fsync` | {cells(r['raw+fsync'])} |",
     ]
     info = (
-        f"Model: {result['layers']} x Linear(2048, 2048), {result['param_bytes'] / 2**20:.0f} MiB of fp32 "
+        f"Model: {result['layers']} x Linear({result.get('width', 2048)}, {result.get('width', 2048)}), {result['param_bytes'] / 2**20:.0f} MiB of fp32 "
         f"parameters, Adam after one step: {result['checkpoint_bytes'] / 2**20:.0f} MiB of tensors per checkpoint. "
         f"{result['repeats']} rounds, variants in alternating order; files on the disk of {result['dir']}; "
         f"load average at the end {result['load_end']:.1f}."
@@ -245,7 +245,10 @@ def async_main(args: argparse.Namespace) -> None:
     base = Path(args.dir or tempfile.mkdtemp(prefix="accel-bench-async-"))
     base.mkdir(parents=True, exist_ok=True)
     try:
-        result = async_measure(args.size_mb, args.repeats, base)
+        if args.checkpoint_mib:  # the checkpoint's size: parameters and Adam's two states, Linear(1024, 1024)s
+            result = async_measure(args.checkpoint_mib / 3, args.repeats, base, width=1024)
+        else:
+            result = async_measure(args.size_mb, args.repeats, base)
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
@@ -270,6 +273,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update the checkpoint section of docs/benchmarks.md")
     parser.add_argument("--async-save", action="store_true", help="asynchronous save vs synchronous vs raw")
     parser.add_argument("--json", action="store_true", help="with --async-save: print the result as JSON")
+    parser.add_argument(
+        "--checkpoint-mib", type=float, default=None, help="with --async-save: the checkpoint's size (not --size-mb)"
+    )
     args = parser.parse_args()
     if args.async_save:
         args.repeats = args.repeats or 7
