@@ -243,3 +243,23 @@ def test_unseedable_worker_loading_is_named_at_save_state(tmp_path: Path) -> Non
     with pytest.warns(RuntimeWarning, match="batch_size=None"):
         kernel.save_state(tmp_path / "ck")
     del it
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("reseed", [True, False])
+def test_reseed_workers_option(reseed: bool) -> None:
+    """Worker processes, a pass resumed 3 batches in (skip_first_batches): by default each batch is loaded with
+    seeds of its own, so the resumed batches equal the uninterrupted pass's, augmentation included.
+    DataLoaderConfiguration(reseed_workers=False) loads through the user's dataset as a plain DataLoader does: the
+    same samples, but their augmentation follows torch's per-worker seeding and differs (as documented)."""
+    config = accel.DataLoaderConfiguration(reseed_workers=reseed)
+    kernel = Kernel(cpu=True, dataloader_config=config)
+    dl = kernel.prepare(DataLoader(Noisy(), batch_size=4, num_workers=2))
+    assert kernel.dataloader_config.reseed_workers is reseed
+    assert (dl.base.dataset is not dl.dataset) is reseed  # the per-batch seeding wrapper, or the user's dataset
+    torch.manual_seed(0)
+    straight = [b.flatten().tolist() for b in dl][3:]
+    torch.manual_seed(0)
+    resumed = [b.flatten().tolist() for b in kernel.skip_first_batches(dl, 3)]
+    assert [[int(v) for v in b] for b in resumed] == [[int(v) for v in b] for b in straight]  # the same samples
+    assert (resumed == straight) is reseed
