@@ -198,7 +198,9 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--clip", type=float, default=0.0)
     p.add_argument("--mixed-precision", choices=("no", "bf16"), default="no")
-    p.add_argument("--ddp", default="", help='accel: DistributedDataParallelKwargs as JSON, e.g. {"static_graph": true}')
+    p.add_argument(
+        "--ddp", default="", help='accel: DistributedDataParallelKwargs as JSON, e.g. {"static_graph": true}'
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
     p.add_argument(
