@@ -177,6 +177,7 @@ class _AsyncSave:
         self.packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] | None = packed
         self.staging: _Staging | None = None  # set when copies were left to this thread (start_async)
         self.copied = threading.Event()  # the deferred copies are made (or failed): optimizer steps may go on
+        self.step_waited = 0.0  # seconds optimizer steps waited for them (bench/checkpoint.py reports it)
         self.written = threading.Event()  # this process's files are on disk (or failed: write_error)
         self.write_error: BaseException | None = None
         self.publish_error: BaseException | None = None
@@ -186,6 +187,7 @@ class _AsyncSave:
 
     def _run(self) -> None:
         own: dict[str, list[str]] = {}
+        time.sleep(0)  # hand the GIL back at once: save_state's thread.start() waits for it (else up to 5 ms)
         try:
             try:
                 if self.staging is not None:
@@ -323,7 +325,10 @@ def start_async(
         job.staging = saver.staging
 
         def wait_for_copy(*args: Any) -> None:
-            job.copied.wait()
+            if not job.copied.is_set():
+                start = time.perf_counter()
+                job.copied.wait()
+                job.step_waited += time.perf_counter() - start
 
         saver.hooks = [opt.register_step_pre_hook(wait_for_copy) for opt in _optimizers(kernel) or ()]
     else:
