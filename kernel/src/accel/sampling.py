@@ -10,6 +10,7 @@ a stream; :class:`Padding`/:class:`PaddingCollate` give empty batches to process
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -332,6 +333,28 @@ class IterableDatasetShard(IterableDataset):
             self.dataset.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.num_processes == 1:
+            return self._whole()
+        return self._share()
+
+    def _whole(self) -> Iterator[Any]:
+        """One process: every sample as it comes (no group to slice); the last short group completed as below."""
+        span = self.batch_size
+        it = iter(self.dataset)
+        first = list(itertools.islice(it, span))
+        yield from first
+        seen = len(first)
+        for item in it:
+            seen += 1
+            yield item
+        self.seen = seen
+        short = seen % span
+        if short and not self.drop_last and self.even_batches:
+            filler = _cycle_any(first)
+            for _ in range(span - short):
+                yield next(filler)
+
+    def _share(self) -> Iterator[Any]:
         span = self.batch_size * self.num_processes
         lo, hi = self.batch_size * self.process_index, self.batch_size * (self.process_index + 1)
         buf: list[Any] = []

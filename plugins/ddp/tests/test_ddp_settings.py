@@ -5,23 +5,13 @@ group, accel's prepared model and a raw DDP copy of it trained side by side with
 from __future__ import annotations
 
 import copy
-import os
-from pathlib import Path
 
 import pytest
 import torch
+from test_launchers import clean_env  # noqa: F401  (autouse: only the ddp plugin, a clean environment)
 from torch import nn
 
 import accel
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in list(os.environ):
-        if key.startswith(("ACCEL_", "ACCELERATE_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("ACCEL_PLUGINS", "ddp")
 
 
 def train_side_by_side(accum: int) -> dict:
