@@ -188,7 +188,7 @@ def ddp_sizes(repeats: int) -> str:
         "| middle half of the rounds | rounds |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    steps = {"tiny": 300 * repeats, "8m": 8 * repeats, "30m": 4 * repeats}
+    steps = {"tiny": 600 * repeats, "8m": 8 * repeats, "30m": 4 * repeats}
     for model, label in DDP_SIZES.items():
         for precision in ("no", "bf16"):
             for accum in (1, 2):
