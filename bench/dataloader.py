@@ -4,7 +4,7 @@
 
 For each case (map-style or iterable dataset; with or without random augmentation in the dataset; ``num_workers``
 0, 2 or 4) one process iterates whole passes of the raw loader, of the prepared loader (``Kernel(cpu=True)``, one
-process), and of the prepared loader with ``DataLoaderConfiguration(reseed_workers=False)`` (no per-batch worker
+process), and of the prepared loader with ``Kernel(reseed_workers=False)`` (no per-batch worker
 seeds; with ``num_workers=0`` it is the same loader), alternating which goes first from round to round, so machine
 load falls on all alike. Reported: samples/s medians and the median of the per-round ratios to raw, with their
 range. A pass starts its worker processes afresh (``persistent_workers=False``, the default) in every variant.
@@ -76,7 +76,7 @@ def one_pass(loader: Any) -> float:
 
 
 def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
-    from accel import DataLoaderConfiguration, Kernel
+    from accel import Kernel
 
     data = MapData(augment) if kind == "map" else StreamData(augment)
     shuffle = {"shuffle": True} if kind == "map" else {}
@@ -86,7 +86,7 @@ def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
         "prepared": Kernel(cpu=True).prepare(DataLoader(data, batch_size=BATCH, num_workers=workers, **shuffle)),
     }
     if workers and kind == "map":  # per-batch worker seeds exist only for map-style loaders with workers
-        off = Kernel(cpu=True, dataloader_config=DataLoaderConfiguration(reseed_workers=False))
+        off = Kernel(cpu=True, reseed_workers=False)
         loaders["no reseed"] = off.prepare(DataLoader(data, batch_size=BATCH, num_workers=workers, **shuffle))
     rates: dict[str, list[float]] = {name: [] for name in loaders}
     for loader in loaders.values():

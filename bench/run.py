@@ -246,7 +246,7 @@ def dataloader_section(repeats: int) -> str:
         "Augmented: random crop of a padded image, random flip and noise in the dataset's `__getitem__`. The "
         "iterable dataset splits itself over worker processes. With worker processes a prepared map-style loader "
         "seeds each batch's loading from the batch's number in the pass, so a resumed run repeats the augmentation "
-        "exactly (about 30 µs a batch, in the worker); `DataLoaderConfiguration(reseed_workers=False)` turns that "
+        "exactly (about 30 µs a batch, in the worker); `Kernel(reseed_workers=False)` turns that "
         "off (a resumed run then loads the same samples, but their augmentation differs)."
     )
 

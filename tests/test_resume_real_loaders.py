@@ -250,12 +250,10 @@ def test_unseedable_worker_loading_is_named_at_save_state(tmp_path: Path) -> Non
 def test_reseed_workers_option(reseed: bool) -> None:
     """Worker processes, a pass resumed 3 batches in (skip_first_batches): by default each batch is loaded with
     seeds of its own, so the resumed batches equal the uninterrupted pass's, augmentation included.
-    DataLoaderConfiguration(reseed_workers=False) loads through the user's dataset as a plain DataLoader does: the
+    Kernel(reseed_workers=False) loads through the user's dataset as a plain DataLoader does: the
     same samples, but their augmentation follows torch's per-worker seeding and differs (as documented)."""
-    config = accel.DataLoaderConfiguration(reseed_workers=reseed)
-    kernel = Kernel(cpu=True, dataloader_config=config)
+    kernel = Kernel(cpu=True, reseed_workers=reseed)
     dl = kernel.prepare(DataLoader(Noisy(), batch_size=4, num_workers=2))
-    assert kernel.dataloader_config.reseed_workers is reseed
     assert (dl.base.dataset is not dl.dataset) is reseed  # the per-batch seeding wrapper, or the user's dataset
     torch.manual_seed(0)
     straight = [b.flatten().tolist() for b in dl][3:]

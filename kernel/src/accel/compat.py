@@ -40,11 +40,6 @@ class DataLoaderConfiguration:
     - ``non_blocking``: batches are moved to the device with ``non_blocking=True``.
     - ``use_stateful_dataloader``: accepted; prepared dataloaders always have ``state_dict``/``load_state_dict``
       and ``save_state`` records their position.
-    - ``reseed_workers`` (accel's own, default True): a map-style dataloader with worker processes seeds the
-      worker's python, numpy and torch generators before each batch from the batch's number in the pass, so random
-      augmentation repeats exactly in a resumed run. ``False`` leaves the workers seeded once by torch (as a plain
-      DataLoader does): a resumed run then loads the same samples in the same order, but their random
-      augmentation differs from the interrupted run's. It saves one reseeding per batch (bench/dataloader.py).
     """
 
     split_batches: bool = False
@@ -54,7 +49,6 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
-    reseed_workers: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -63,7 +57,6 @@ class DataLoaderConfiguration:
             "use_seedable_sampler",
             "non_blocking",
             "use_stateful_dataloader",
-            "reseed_workers",
         ):
             check_bool(f"DataLoaderConfiguration({name}=...)", getattr(self, name))
         if self.dispatch_batches is not None:
@@ -153,7 +146,6 @@ class DataSettings:
     data_seed: int | None = None
     non_blocking: bool = False
     adjust_scheduler: bool = True
-    reseed_workers: bool = True
 
 
 def resolve_data_settings(
@@ -218,7 +210,6 @@ def resolve_data_settings(
         data_seed=config.data_seed,
         non_blocking=config.non_blocking,
         adjust_scheduler=adjust,
-        reseed_workers=config.reseed_workers,
     )
     return settings, steps
 
@@ -278,7 +269,6 @@ class AccelerateMembersMixin:
             data_seed=data.data_seed,
             non_blocking=data.non_blocking,
             use_stateful_dataloader=True,
-            reseed_workers=data.reseed_workers,
         )
 
     @dataloader_config.setter
@@ -295,7 +285,6 @@ class AccelerateMembersMixin:
             even_batches=value.even_batches,
             data_seed=value.data_seed,
             non_blocking=value.non_blocking,
-            reseed_workers=value.reseed_workers,
         )
         self.even_batches = value.even_batches
 
