@@ -75,7 +75,7 @@ def raw_loop(args: argparse.Namespace, world: int, shared: Shared | None = None)
         sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
         loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
 
-    bf16 = args.mixed_precision == "bf16"
+    bf16 = getattr(args, "mixed_precision", "no") == "bf16"
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if bf16:  # what a hand-written bf16 loop does: the forward and the loss under autocast
@@ -114,14 +114,16 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
         from accel import Kernel
 
         handlers = []
-        if args.ddp:  # DistributedDataParallel settings other than the defaults (the ddp plugin's options)
+        if getattr(
+            args, "ddp", ""
+        ):  # DistributedDataParallel settings other than the defaults (the ddp plugin's options)
             from accel import DistributedDataParallelKwargs
 
             handlers = [DistributedDataParallelKwargs(**json.loads(args.ddp))]
         k: Any = Kernel(
             cpu=cpu,
             gradient_accumulation_steps=args.accum,
-            mixed_precision=args.mixed_precision,
+            mixed_precision=getattr(args, "mixed_precision", "no"),
             kwargs_handlers=handlers,
         )
     else:
