@@ -113,19 +113,16 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
     if args.impl == "accel":
         from accel import Kernel
 
-        handlers = []
+        extra: dict[str, Any] = {}  # only what differs from the defaults: the default run builds Kernel as before
+        if getattr(args, "mixed_precision", "no") != "no":
+            extra["mixed_precision"] = args.mixed_precision
         if getattr(
             args, "ddp", ""
         ):  # DistributedDataParallel settings other than the defaults (the ddp plugin's options)
             from accel import DistributedDataParallelKwargs
 
-            handlers = [DistributedDataParallelKwargs(**json.loads(args.ddp))]
-        k: Any = Kernel(
-            cpu=cpu,
-            gradient_accumulation_steps=args.accum,
-            mixed_precision=getattr(args, "mixed_precision", "no"),
-            kwargs_handlers=handlers,
-        )
+            extra["kwargs_handlers"] = [DistributedDataParallelKwargs(**json.loads(args.ddp))]
+        k: Any = Kernel(cpu=cpu, gradient_accumulation_steps=args.accum, **extra)
     else:
         from accelerate import Accelerator
 
