@@ -28,7 +28,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-SIZES = {"tiny": (32, 64, 10, 16), "medium": (512, 2048, 512, 64)}  # in, hidden, out, batch
+#: in, hidden, out, batch; parameters: tiny 7k, medium 6.3M, 8m 8.4M, 30m 33.6M (the sizes of issue 30)
+SIZES = {
+    "tiny": (32, 64, 10, 16),
+    "medium": (512, 2048, 512, 64),
+    "8m": (1024, 2048, 1024, 64),
+    "30m": (2048, 4096, 2048, 64),
+}
 
 
 def build(size: str) -> tuple[nn.Module, DataLoader]:
@@ -69,15 +75,23 @@ def raw_loop(args: argparse.Namespace, world: int, shared: Shared | None = None)
         sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
         loader = DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
 
+    bf16 = getattr(args, "mixed_precision", "no") == "bf16"
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if bf16:  # what a hand-written bf16 loop does: the forward and the loss under autocast
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return nn.functional.cross_entropy(model(x), y)
+        return nn.functional.cross_entropy(model(x), y)
+
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
         if cuda:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         sync = (i + 1) % args.accum == 0
         if world > 1 and not sync:
             with model.no_sync():
-                (nn.functional.cross_entropy(model(x), y) / args.accum).backward()
+                (loss_of(x, y) / args.accum).backward()
         else:  # what a hand-written loop does: no context it does not need, no division by 1
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = loss_of(x, y)
             (loss / args.accum if args.accum > 1 else loss).backward()
         if sync:
             if args.clip:
@@ -99,11 +113,20 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
     if args.impl == "accel":
         from accel import Kernel
 
-        k: Any = Kernel(cpu=cpu, gradient_accumulation_steps=args.accum)
+        extra: dict[str, Any] = {}  # only what differs from the defaults: the default run builds Kernel as before
+        if getattr(args, "mixed_precision", "no") != "no":
+            extra["mixed_precision"] = args.mixed_precision
+        if getattr(
+            args, "ddp", ""
+        ):  # DistributedDataParallel settings other than the defaults (the ddp plugin's options)
+            from accel import DistributedDataParallelKwargs
+
+            extra["kwargs_handlers"] = [DistributedDataParallelKwargs(**json.loads(args.ddp))]
+        k: Any = Kernel(cpu=cpu, gradient_accumulation_steps=args.accum, **extra)
     else:
         from accelerate import Accelerator
 
-        k = Accelerator(cpu=cpu, gradient_accumulation_steps=args.accum)
+        k = Accelerator(cpu=cpu, gradient_accumulation_steps=args.accum, mixed_precision=args.mixed_precision)
     model, opt, loader = k.prepare(model, opt, loader)
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -173,25 +196,30 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="timed steps (default: by model size)")
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--clip", type=float, default=0.0)
+    p.add_argument("--mixed-precision", choices=("no", "bf16"), default="no")
+    p.add_argument(
+        "--ddp", default="", help='accel: DistributedDataParallelKwargs as JSON, e.g. {"static_graph": true}'
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--paired", action="store_true", help="also run a raw loop in this process, interleaved")
     p.add_argument(
         "--block", type=int, default=0, help="steps per turn in the paired comparison (default: by model size)"
     )
     args = p.parse_args()
-    steps = args.steps or (3000 if args.model == "tiny" else 150)
+    steps = args.steps or {"tiny": 3000, "medium": 150, "8m": 80, "30m": 24}[args.model]
+    warm = max(20, steps // 10) if args.model in ("tiny", "medium") else 4
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
     cuda = args.device == "cuda"
     if args.impl == "raw":
         run = runner(*raw_loop(args, world), cuda)
-        run(max(20, steps // 10))  # warm-up
+        run(warm)  # warm-up
         seconds = run(steps)
         result = {"impl": "raw", "model": args.model, "steps_per_s": steps / seconds}
     elif not args.paired:
         run = runner(*framework_loop(args)[:2], cuda)
-        run(max(20, steps // 10))
+        run(warm)
         seconds = run(steps)
         result = {"impl": args.impl, "model": args.model, "steps_per_s": steps / seconds}
     else:
@@ -201,9 +229,9 @@ def main() -> None:
         step, loader, given = framework_loop(args)
         fw = runner(step, loader, cuda)
         raw = runner(*raw_loop(args, world, given if world == 1 else None), cuda)
-        fw(max(20, steps // 10))
-        raw(max(20, steps // 10))
-        block = args.block or (8 if args.model == "tiny" else 2)
+        fw(warm)
+        raw(warm)
+        block = args.block or (8 if args.model == "tiny" else 2 if args.model == "medium" else 1)
         chunk = -(-block // args.accum) * args.accum  # whole accumulation cycles
         fw_s: list[float] = []
         raw_s: list[float] = []
@@ -214,12 +242,15 @@ def main() -> None:
             else:
                 raw_s.append(raw(chunk))
                 fw_s.append(fw(chunk))
+        ratios = sorted(r / f for f, r in zip(fw_s, raw_s, strict=True))
         result = {
             "impl": args.impl,
             "model": args.model,
             "steps_per_s": chunk / statistics.median(fw_s),
             "raw_steps_per_s": chunk / statistics.median(raw_s),
-            "ratio_to_raw": statistics.median([r / f for f, r in zip(fw_s, raw_s, strict=True)]),
+            "ratio_to_raw": statistics.median(ratios),
+            "rounds": len(ratios),
+            "ratio_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
         }
     if rank == 0:
         print(json.dumps(result))

@@ -19,7 +19,8 @@ skipped batches' indices are drawn, their samples are never loaded. ``skip_first
 request. Random states, per process (saved with the ``rng`` item): torch's when the pass started, so the restored
 pass draws the loader's seed and the sampler's order again before the saved states are put back; with worker
 processes each batch is loaded with seeds of its own (:class:`WorkerSeededDataset`), so a skipped batch changes no
-other batch's augmentation. Map-style loaders know the epoch's last batch by count and load nothing ahead of the
+other batch's augmentation (``Kernel(reseed_workers=False)`` turns that off: torch's own seeding of
+each worker, the resumed pass's samples the same but not their random augmentation). Map-style loaders know the epoch's last batch by count and load nothing ahead of the
 training loop; iterable datasets are read one batch ahead, with the random states before that read kept for
 ``save_state``.
 """
@@ -672,7 +673,7 @@ def shard_dataloader(
     shard_sampler = BatchSamplerShard(batch_sampler, n, r, even, split)
     skipper = SkipBatchSampler(shard_sampler)
     dataset = dataloader.dataset
-    if dataloader.num_workers > 0:  # each batch is loaded with its own seeds, whichever worker loads it
+    if dataloader.num_workers > 0 and kernel.settings.get("reseed_workers", True):  # each batch: its own seeds
         dataset = WorkerSeededDataset(dataset)
     base = DataLoader(dataset, batch_sampler=skipper, **kwargs)
     steps = shard_sampler.steps()

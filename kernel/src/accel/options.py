@@ -391,6 +391,16 @@ def core_options(options: Options) -> None:
         help="Seconds save_state() on the main process waits for the other processes before it saves alone "
         "(Accelerate's `if is_main_process: save_state(...)`; replicated state only).",
     )
+    add(
+        "reseed_workers",
+        type="bool",
+        default=True,
+        cli=False,
+        env=("ACCEL_RESEED_WORKERS",),
+        help="A prepared map-style DataLoader with worker processes seeds each batch's loading from its number in "
+        "the pass, so random augmentation repeats exactly after a resume; False: torch seeds each worker once, a "
+        "resumed run loads the same samples but augments them differently (Kernel argument).",
+    )
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add(
         "compute_environment",

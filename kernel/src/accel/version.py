@@ -3,9 +3,13 @@ scans sys.path. Kept apart from the package's ``__init__`` so that kernel module
 
 from __future__ import annotations
 
+import functools
 
+
+@functools.cache
 def kernel_version() -> str:
-    """accel-kernel's installed version; ``"0.0.0"`` when running from a source tree without installation."""
+    """accel-kernel's installed version; ``"0.0.0"`` when running from a source tree without installation. Read
+    once per process: every ``save_state`` records it, and the lookup costs about a millisecond."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -75,10 +75,12 @@ def accel_add_options(options: Options) -> None:
     add(
         "ddp_gradient_as_bucket_view",
         type="bool",
-        default=False,
+        default=True,
         cli=False,
         handler=f"{DDP_KWARGS}.gradient_as_bucket_view",
-        help="DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the buckets.",
+        help="DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the buckets (default "
+        "on: no copy of the gradients into the buckets each step, one gradient-sized buffer less; torch's default "
+        "is off).",
     )
     add(
         "ddp_static_graph",
