@@ -47,7 +47,6 @@ __all__ = [
     "FRESH",
     "FULL_MODEL_FORMAT",
     "FULL_OPTIM_FORMAT",
-    "MIN_TORCH",
     "WRAP_POLICIES",
     "ParamSwap",
     "ShardConfig",
@@ -76,8 +75,6 @@ FULL_OPTIM_FORMAT = "torch-weights-only-full"
 FRESH = "accel_fsdp_fresh"
 #: Saved next to an optimizer's DCP state written with ``flatten`` (parameter groups per parameter name).
 _FLAT = "accel_optimizer_flat"
-#: The lowest torch whose gloo backend averages in ``reduce_scatter_tensor`` (see :func:`check_gradient_averaging`).
-MIN_TORCH = "2.9"
 #: How long a collective may wait before the process group gives up.
 TIMEOUT_S = 1800.0
 
@@ -363,7 +360,7 @@ def check_gradient_averaging(device: torch.device) -> None:
     raise UsageError(
         f"FSDP2 would sum gradients over the {dist.get_world_size()} processes instead of averaging them: on torch "
         f"{torch.__version__} the {dist.get_backend()} backend's reduce_scatter_tensor treats ReduceOp.AVG as SUM. "
-        f"Install torch>={MIN_TORCH} (or run on a backend that averages, e.g. nccl)."
+        "Use a torch whose backend averages (gloo on torch 2.13 does) or a backend that does (nccl)."
     )
 
 
