@@ -51,6 +51,7 @@ __all__ = [
     "ParamSwap",
     "ShardConfig",
     "ShardedStrategy",
+    "check_gradient_averaging",
     "clip_grad_norm",
     "dcp_save",
     "declare_shard_options",
@@ -58,6 +59,7 @@ __all__ = [
     "load_model",
     "load_optimizer",
     "load_sharded",
+    "reduce_scatter_averages",
     "save_model",
     "save_optimizer",
     "shard_model",
@@ -330,6 +332,36 @@ class ParamSwap:
 
 
 # ---- gradients --------------------------------------------------------------------------------------------------
+
+
+def reduce_scatter_averages(device: torch.device, group: Any = None) -> bool:
+    """Whether ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` averages on ``group`` (the default group when
+    ``None``), as FSDP2 relies on for fp32 and bf16 gradients: gloo on torch 2.7 and 2.8 sums instead. Answered by
+    the torch in use, not by its version. **Collective** over ``group``."""
+    import torch
+    import torch.distributed as dist
+
+    # the function FSDP2 calls: reduce_scatter_single where torch has it (reduce_scatter_tensor is deprecated there)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    out = torch.zeros(1, device=device)
+    reduce_scatter(out, torch.ones(dist.get_world_size(group), device=device), dist.ReduceOp.AVG, group)
+    return bool(out.item() == 1.0)
+
+
+def check_gradient_averaging(device: torch.device) -> None:
+    """Refuse in one line (:class:`~accel.errors.UsageError`) when FSDP2 would sum gradients over the processes
+    instead of averaging them (:func:`reduce_scatter_averages`). **Collective** over the default group; local in a
+    world of one."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1 or reduce_scatter_averages(device):
+        return
+    raise UsageError(
+        f"FSDP2 would sum gradients over the {dist.get_world_size()} processes instead of averaging them: on torch "
+        f"{torch.__version__} the {dist.get_backend()} backend's reduce_scatter_tensor treats ReduceOp.AVG as SUM. "
+        "Use a torch whose backend averages (gloo on torch 2.13 does) or a backend that does (nccl)."
+    )
 
 
 def clip_grad_norm(
@@ -710,6 +742,8 @@ class ShardedStrategy(ProcessGroupComponent):
         for model in models:
             if any(model is m for m in self.models):
                 continue  # prepared before
+            if not self.models:
+                check_gradient_averaging(self.device)
             before = self.swap.record(model)
             if not isinstance(model, FSDPModule):  # sharded by the script itself: keep it as it is
                 self.shard(kernel, model)
