@@ -1,9 +1,9 @@
-"""Worker for plugins/parallel/tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential) and a tiny Qwen2 (built from a
-config) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
+"""Worker for plugins/parallel/tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential), a tiny Qwen2 and a tiny GPT-NeoX (built from
+configs; GPT-NeoX with ``--models``) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
 the kernel only). The loop is the same either way: ``loss = model(inputs, labels=targets).loss``,
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
 
-Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
+Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2,neox] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
 
 Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
 <model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and
@@ -67,7 +67,23 @@ def qwen2() -> nn.Module:
     return Qwen2ForCausalLM(config)
 
 
-BUILD = {"mlp": MLP, "qwen2": qwen2}
+def neox() -> nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return GPTNeoXForCausalLM(config)
+
+
+BUILD = {"mlp": MLP, "qwen2": qwen2, "neox": neox}
 
 
 def data() -> dict[str, TensorDataset]:
@@ -92,11 +108,12 @@ def main() -> None:
     names = args.models.split(",")
     kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step
     torch.manual_seed(0)
-    models = {k: BUILD[k]() for k in KEYS}  # both built, so that the random initial weights do not depend on --models
+    models = {k: BUILD[k]() for k in BUILD}  # all built, so that the random initial weights do not depend on --models
     models = {k: models[k] for k in names}
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
     per_process = GLOBAL_BATCH // kernel.data_parallel_size
     datasets = data()
+    datasets["neox"] = datasets["qwen2"]
     prepared = {
         k: kernel.prepare(models[k], optimizers[k], DataLoader(datasets[k], batch_size=per_process)) for k in models
     }
