@@ -130,6 +130,21 @@ def main() -> None:
             for k, (m, _, _) in prepared.items()
         },
     }
+    # the sequence length a decoder layer's second norm computes on here (the whole sequence, or with sequence
+    # parallelism its 1/tp shard): the first one this process holds
+    res["norm_seq"] = {}
+
+    def watch(key: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            res["norm_seq"].setdefault(key, (x.to_local() if hasattr(x, "to_local") else x).shape[1])
+
+        return hook
+
+    for key, model in models.items():
+        norm = next((m for n, m in model.named_modules() if n.endswith("post_attention_layernorm")), None)
+        if norm is not None:
+            norm.register_forward_pre_hook(watch(key))
     losses: dict[str, list[float]] = {k: [] for k in prepared}
     norms: dict[str, list[float]] = {k: [] for k in prepared}
     iters = {k: iter(dl) for k, (_, _, dl) in prepared.items()}

@@ -10,6 +10,7 @@ checkpoints bitwise). Measured: losses and norms within 5e-7 relative; parameter
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ HERE = Path(__file__).parent
 WORKER = HERE / "pipeline_worker.py"
 ACCEL = str(Path(sys.executable).parent / "accel")
 MODELS = ("mlp", "qwen2")
+DECODERS = ("qwen2", "neox")  # the models sequence parallelism runs on (it needs a sequence dimension)
 
 Result = tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]
 
@@ -125,9 +127,9 @@ def test_sizes_that_do_not_match_the_processes_are_one_line(tmp_path: Path) -> N
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
     """One process, kernel only (no plugin), the whole global batch each step."""
     tmp = tmp_path_factory.mktemp("ref")
-    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref"], tmp)
+    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref", "--models", "mlp,qwen2,neox"], tmp)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    res = result(tmp / "out")
+    res = result(tmp / "out", models=(*MODELS, "neox"))
     assert res[0]["world"] == 1 and res[0]["plugins"] == []
     return res
 
@@ -223,10 +225,7 @@ def test_megatron_config_maps_to_the_mesh_with_one_notice(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [
-        ("  megatron_lm_sequence_parallelism: true\n", "megatron_lm_sequence_parallelism"),
-        ("  megatron_lm_attention_backend: flash\n", "megatron_lm_attention_backend"),
-    ],
+    [("  megatron_lm_attention_backend: flash\n", "megatron_lm_attention_backend")],
 )
 def test_megatron_keys_without_a_torch_meaning_are_refused_by_name(tmp_path: Path, extra: str, message: str) -> None:
     (tmp_path / "train.py").write_text("print('hello')\n")
@@ -259,3 +258,68 @@ def test_estimate_memory_rows_for_pp_count_the_busiest_stage() -> None:
     assert got["pp=2, dp_shard=2, tp=1"].parameters == 4 * (1000 + 3 * 100 + 1000) // 2
     assert got["pp=4, dp_shard=1, tp=1"].parameters == 4 * (1000 + 2 * 100 + 1000)
     assert got["pp=4, dp_shard=1, tp=1"].optimizer == 2 * got["pp=4, dp_shard=1, tp=1"].parameters
+
+
+# ---- sequence parallelism (Megatron-style, on the tp dimension) -----------------------------------------------------
+
+SP = ("--parallelism_config_tp_sequence_parallel", "true")
+
+
+def test_megatron_sequence_parallelism_maps_to_tp_sequence_parallel(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    yaml = MEGATRON_YAML.replace("sequence_parallelism: false", "sequence_parallelism: true")
+    (tmp_path / "c.yaml").write_text(yaml)
+    proc = run([ACCEL, "launch", "--dry-run", "--config_file", "c.yaml", "train.py"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "tp_sequence_parallel=True" in proc.stderr
+    assert "  tp: sequence parallel (norms and dropout on 1/tp of each sequence)" in proc.stdout
+    proc = run([ACCEL, "launch", "--dry-run", *mesh(2, dp_shard=2), *SP, "train.py"], tmp_path, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("accel: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and "but tp_size is 1" in lines[0], proc.stderr
+
+
+def test_sequence_parallel_styles_shard_the_norms_and_split_the_embedding_output() -> None:
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from accel import UsageError
+    from accel_parallel.strategy import sequence_parallel_styles, tp_plan
+
+    config = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4
+    )
+    model = Qwen3ForCausalLM(config)
+    names = [n for n, _ in model.named_modules()]
+    # its Hugging Face plan without the embedding (left whole here) and the q/k norms (a style accel lacks)
+    plan = {k: v for k, v in tp_plan(model, None).items() if not k.endswith(("_norm", "embed_tokens"))}
+    planned = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in plan)]
+    styles = sequence_parallel_styles(model, planned)
+    norms = {"model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm", "model.norm"}
+    assert {n for n, s in styles.items() if isinstance(s, SequenceParallel)} == norms  # not q_norm: local heads
+    assert isinstance(styles.pop("model.embed_tokens"), PrepareModuleOutput) and styles.keys() == norms
+    with pytest.raises(UsageError, match="does not include its LM head 'lm_head'"):
+        sequence_parallel_styles(model, [n for n in planned if n != "lm_head"])
+    from pipeline_worker import MLP
+
+    with pytest.raises(UsageError, match="is not a Hugging Face decoder"):
+        sequence_parallel_styles(MLP(), ["layers.0.0"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "args",
+    [
+        mesh(4, dp_shard=2, tp=2) + list(SP),
+        ["--config_file", "megatron_sp.yaml"],  # pp=2 x tp=2, megatron_lm sequence_parallelism: true
+    ],
+    ids=["dp2xtp2", "pp2xtp2"],
+)
+def test_sequence_parallel_matches_one_process(args: list[str], reference: Result, tmp_path: Path) -> None:
+    (tmp_path / "megatron_sp.yaml").write_text(
+        MEGATRON_YAML.replace("sequence_parallelism: false", "sequence_parallelism: true")
+    )
+    launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"), "--models", ",".join(DECODERS))
+    res = result(tmp_path / "out", models=DECODERS)
+    assert res[0]["norm_seq"] == dict.fromkeys(DECODERS, 4)  # each norm ran on half of the 8-token sequences
+    assert_matches(res, reference, DECODERS)
