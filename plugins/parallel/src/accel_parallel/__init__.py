@@ -67,7 +67,8 @@ def _sp_size_one(value: Any) -> str | None:
         if value == 1
         else (
             "is sequence parallelism (DeepSpeed ALST/Ulysses), which accel-plugin-parallel "
-            "does not provide; use parallelism_config_cp_size for long sequences"
+            "does not provide; use parallelism_config_cp_size for long sequences, or "
+            "parallelism_config_tp_sequence_parallel for Megatron-style sequence parallelism on tp"
         )
     )
 
@@ -470,9 +471,7 @@ def mesh_plan(settings: Settings) -> MeshPlan:
             "parallelism_config_tp_sequence_parallel is set, but tp_size is 1: sequence parallelism shards the "
             "activations between tensor-parallel regions; set parallelism_config_tp_size > 1 or drop it"
         )
-    return MeshPlan(
-        (sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points), bool(seq)
-    )
+    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points), bool(seq))
 
 
 def check_plan(plan: MeshPlan, world: int, where: str) -> None:

@@ -121,7 +121,7 @@ class ParallelStrategy(ShardedStrategy):
                 apply_tensor_parallel(pruned, self.mesh["tp"], plan, strict=False, sequence=self.plan.sequence_parallel)
                 if self.plan.sequence_parallel:  # stages pass their sequence shard of the activations
                     for stage in stages:
-                        stage.sequence_mesh = self.mesh["tp"]
+                        object.__setattr__(stage, "sequence_mesh", self.mesh["tp"])  # see StageModule
             mesh = self.fsdp_mesh()
             if mesh is not None:
                 layer_classes = tuple(getattr(pruned, "_no_split_modules", None) or ())
@@ -337,7 +337,7 @@ def sequence_parallel_styles(model: nn.Module, planned: list[str]) -> dict[str, 
     if head is not None and head not in planned:  # a pruned pipeline stage has no head (None)
         raise UsageError(
             f"parallelism_config_tp_sequence_parallel: the tensor-parallel plan of {type(model).__name__} does "
-            f"not include its LM head {head!r}; add it (e.g. \"{head}\": \"colwise_rep\") or turn sequence "
+            f'not include its LM head {head!r}; add it (e.g. "{head}": "colwise_rep") or turn sequence '
             "parallelism off"
         )
     embed = by_module.get(id(get_in()))
