@@ -50,37 +50,29 @@ class MLP(nn.Module):
         return SimpleNamespace(logits=out, loss=None if labels is None else self.loss_function(out, labels))
 
 
+#: the tiny decoders' sizes (4 layers, 4 heads)
+DECODER = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "max_position_embeddings": SEQ,
+    "tie_word_embeddings": False,
+    "attn_implementation": "sdpa",
+}
+
+
 def qwen2() -> nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(Qwen2Config(**DECODER, num_key_value_heads=2))
 
 
 def neox() -> nn.Module:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        max_position_embeddings=SEQ,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    return GPTNeoXForCausalLM(config)
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**DECODER))
 
 
 BUILD = {"mlp": MLP, "qwen2": qwen2, "neox": neox}
