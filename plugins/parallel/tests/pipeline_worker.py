@@ -1,9 +1,9 @@
-"""Worker for plugins/parallel/tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential) and a tiny Qwen2 (built from a
-config) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
+"""Worker for plugins/parallel/tests/test_pipeline.py: trains an MLP (a ``layers`` nn.Sequential), a tiny Qwen2 and a tiny GPT-NeoX (built from
+configs; GPT-NeoX with ``--models``) with pipeline parallelism under whatever mesh ``accel launch --plugin parallel`` gives it, or alone (``--ref``,
 the kernel only). The loop is the same either way: ``loss = model(inputs, labels=targets).loss``,
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
 
-Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
+Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2,neox] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
 
 Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
 <model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and
@@ -50,24 +50,32 @@ class MLP(nn.Module):
         return SimpleNamespace(logits=out, loss=None if labels is None else self.loss_function(out, labels))
 
 
+#: the tiny decoders' sizes (4 layers, 4 heads)
+DECODER = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "max_position_embeddings": SEQ,
+    "tie_word_embeddings": False,
+    "attn_implementation": "sdpa",
+}
+
+
 def qwen2() -> nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(Qwen2Config(**DECODER, num_key_value_heads=2))
 
 
-BUILD = {"mlp": MLP, "qwen2": qwen2}
+def neox() -> nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**DECODER))
+
+
+BUILD = {"mlp": MLP, "qwen2": qwen2, "neox": neox}
 
 
 def data() -> dict[str, TensorDataset]:
@@ -92,11 +100,12 @@ def main() -> None:
     names = args.models.split(",")
     kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step
     torch.manual_seed(0)
-    models = {k: BUILD[k]() for k in KEYS}  # both built, so that the random initial weights do not depend on --models
+    models = {k: BUILD[k]() for k in BUILD}  # all built, so that the random initial weights do not depend on --models
     models = {k: models[k] for k in names}
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
     per_process = GLOBAL_BATCH // kernel.data_parallel_size
     datasets = data()
+    datasets["neox"] = datasets["qwen2"]
     prepared = {
         k: kernel.prepare(models[k], optimizers[k], DataLoader(datasets[k], batch_size=per_process)) for k in models
     }
@@ -113,6 +122,21 @@ def main() -> None:
             for k, (m, _, _) in prepared.items()
         },
     }
+    # the sequence length a decoder layer's second norm computes on here (the whole sequence, or with sequence
+    # parallelism its 1/tp shard): the first one this process holds
+    res["norm_seq"] = {}
+
+    def watch(key: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0]
+            res["norm_seq"].setdefault(key, (x.to_local() if hasattr(x, "to_local") else x).shape[1])
+
+        return hook
+
+    for key, model in models.items():
+        norm = next((m for n, m in model.named_modules() if n.endswith("post_attention_layernorm")), None)
+        if norm is not None:
+            norm.register_forward_pre_hook(watch(key))
     losses: dict[str, list[float]] = {k: [] for k in prepared}
     norms: dict[str, list[float]] = {k: [] for k in prepared}
     iters = {k: iter(dl) for k, (_, _, dl) in prepared.items()}

@@ -43,6 +43,7 @@ FIELDS = (
     "pp_schedule",
     "pp_microbatches",
     "pp_split_points",
+    "tp_sequence_parallel",
 )
 #: ``parallelism_config_pp_schedule`` values (torch.distributed.pipelining schedules, see ``accel_parallel.pipeline``).
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "zerobubble")
@@ -66,7 +67,8 @@ def _sp_size_one(value: Any) -> str | None:
         if value == 1
         else (
             "is sequence parallelism (DeepSpeed ALST/Ulysses), which accel-plugin-parallel "
-            "does not provide; use parallelism_config_cp_size for long sequences"
+            "does not provide; use parallelism_config_cp_size for long sequences, or "
+            "parallelism_config_tp_sequence_parallel for Megatron-style sequence parallelism on tp"
         )
     )
 
@@ -85,19 +87,8 @@ MEGATRON = {
     "megatron_lm_recompute_activations": "parallelism_config_fsdp_activation_checkpointing",
     "megatron_lm_gradient_clipping": "",
     "megatron_lm_use_distributed_optimizer": "",
-    "megatron_lm_sequence_parallelism": "",
+    "megatron_lm_sequence_parallelism": "parallelism_config_tp_sequence_parallel",
 }
-
-
-def _megatron_sp(value: Any) -> str | None:
-    return (
-        None
-        if not value
-        else (
-            "is Megatron-LM's sequence parallelism (norms and dropout sharded along the sequence inside "
-            "tensor-parallel regions), which accel-plugin-parallel does not provide yet; set it to false"
-        )
-    )
 
 
 @hookimpl
@@ -201,6 +192,16 @@ def accel_add_options(options: Options) -> None:
         help="Accelerate's sequence-parallel backend (accepted, unused: sp_size is 1).",
     )
     options.add(
+        "parallelism_config_tp_sequence_parallel",
+        type="bool",
+        default=False,
+        config_key="parallelism_config.parallelism_config_tp_sequence_parallel",
+        env=("PARALLELISM_CONFIG_TP_SEQUENCE_PARALLEL",),
+        help="Megatron-style sequence parallelism on the tp dimension (needs tp_size > 1 and a Hugging Face "
+        "decoder): norms and dropout between the tensor-parallel regions run on a 1/tp slice of the sequence "
+        "(torch's SequenceParallel). Not Accelerate's sp_size (DeepSpeed ALST).",
+    )
+    options.add(
         "parallelism_config_tp_plan",
         type="mapping",
         default=None,
@@ -252,8 +253,8 @@ def accel_add_options(options: Options) -> None:
         "megatron_lm_sequence_parallelism",
         type="bool",
         default=False,
-        check=_megatron_sp,
-        help="Megatron-LM's sequence parallelism; only false is accepted.",
+        help="Megatron-LM's sequence_parallelism: sets parallelism_config_tp_sequence_parallel (ignored with "
+        "tp_degree 1, as Megatron-LM does).",
     )
     options.add(
         "parallelism_config",
@@ -288,6 +289,7 @@ class MeshPlan:
     pp: int = 1
     pp_schedule: str = "1f1b"
     pp_split_points: tuple[str, ...] = ()
+    sequence_parallel: bool = False
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -346,6 +348,8 @@ class MeshPlan:
                 lines.append(
                     f"  {dim} groups: " + " ".join("[" + ",".join(map(str, g)) + "]" for g in self.groups(dim))
                 )
+        if self.sequence_parallel:
+            lines.append("  tp: sequence parallel (norms and dropout on 1/tp of each sequence)")
         if self.pp > 1:
             lines += self.describe_stages()
         shards: dict[int, list[int]] = {}
@@ -406,6 +410,8 @@ def megatron_settings(settings: Settings) -> dict[str, Any]:
         out["parallelism_config_pp_microbatches"] = int(settings["megatron_lm_num_micro_batches"])
     if settings["megatron_lm_recompute_activations"]:
         out["parallelism_config_fsdp_activation_checkpointing"] = True
+    if settings["megatron_lm_sequence_parallelism"] and tp > 1:
+        out["parallelism_config_tp_sequence_parallel"] = True
     return out
 
 
@@ -457,7 +463,15 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     if schedule not in PP_SCHEDULES:
         raise UsageError(f"parallelism_config pp_schedule {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
     points = _field(given, "pp_split_points") or settings["parallelism_config_pp_split_points"] or ()
-    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points))
+    seq = _field(given, "tp_sequence_parallel")
+    if seq is None:
+        seq = mega.get("parallelism_config_tp_sequence_parallel", settings["parallelism_config_tp_sequence_parallel"])
+    if seq and sizes[3] == 1:
+        raise UsageError(
+            "parallelism_config_tp_sequence_parallel is set, but tp_size is 1: sequence parallelism shards the "
+            "activations between tensor-parallel regions; set parallelism_config_tp_size > 1 or drop it"
+        )
+    return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points), bool(seq))
 
 
 def check_plan(plan: MeshPlan, world: int, where: str) -> None:

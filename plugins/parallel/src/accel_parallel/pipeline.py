@@ -176,6 +176,7 @@ def _module_class() -> type:
             super().__init__()
             self.layers = nn.ModuleList([lay.layers[i] for i in range(lo, hi)])
             self.first, self.last, self.lay = first, last, lay
+            self.sequence_mesh: Any = None  # the tp mesh, with sequence parallelism: activations are Shard(1)
             self.extra = nn.ModuleDict()
             if lay.base is not None:
                 for n in lay.before if first else ():
@@ -201,12 +202,21 @@ def _module_class() -> type:
                     ids = kwargs.get("input_ids", args[0] if args else None)
                     out = base(input_ids=ids, use_cache=False)
                 else:
-                    out = base(inputs_embeds=args[0], use_cache=False)
+                    out = base(inputs_embeds=self._from_previous(args[0]), use_cache=False)
             hidden = out[0]
             if self.last:
                 for n in self.lay.head:
                     hidden = self.extra["head_" + n](hidden)
+            elif self.sequence_mesh is not None:  # to the next stage: this process's sequence shard
+                hidden = hidden.to_local()
             return hidden
+
+        def _from_previous(self, x: Any) -> Any:
+            if self.sequence_mesh is None:
+                return x
+            from torch.distributed.tensor import DTensor, Shard
+
+            return DTensor.from_local(x, self.sequence_mesh, (Shard(1),), run_check=False)
 
     return StageModule
 

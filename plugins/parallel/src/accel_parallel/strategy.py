@@ -100,7 +100,8 @@ class ParallelStrategy(ShardedStrategy):
             return
         if self.plan.size("tp") > 1:
             check_heads(model, self.plan.size("tp"))
-            apply_tensor_parallel(model, self.mesh["tp"], tp_plan(model, self.settings["parallelism_config_tp_plan"]))
+            plan = tp_plan(model, self.settings["parallelism_config_tp_plan"])
+            apply_tensor_parallel(model, self.mesh["tp"], plan, sequence=self.plan.sequence_parallel)
         mesh = self.fsdp_mesh()
         if mesh is not None:
             shard_model(model, ShardConfig.from_settings(self.settings, FSDP_PREFIX), mesh, self.device)
@@ -117,7 +118,10 @@ class ParallelStrategy(ShardedStrategy):
 
         def parallelize(pruned: nn.Module, stages: list[nn.Module]) -> None:
             if plan is not None:
-                apply_tensor_parallel(pruned, self.mesh["tp"], plan, strict=False)
+                apply_tensor_parallel(pruned, self.mesh["tp"], plan, strict=False, sequence=self.plan.sequence_parallel)
+                if self.plan.sequence_parallel:  # stages pass their sequence shard of the activations
+                    for stage in stages:
+                        object.__setattr__(stage, "sequence_mesh", self.mesh["tp"])  # see StageModule
             mesh = self.fsdp_mesh()
             if mesh is not None:
                 layer_classes = tuple(getattr(pruned, "_no_split_modules", None) or ())
@@ -237,17 +241,23 @@ def check_heads(model: nn.Module, tp: int) -> None:
             )
 
 
-def _style(name: str, style: str) -> Any:
-    from torch.distributed.tensor import Replicate
+def _style(name: str, style: str, sequence: bool = False) -> Any:
+    """The ``torch.distributed.tensor.parallel`` style named ``style``. With ``sequence`` (Megatron-style sequence
+    parallelism) the activations between tensor-parallel regions are sharded along the sequence (``Shard(1)``): a
+    colwise layer all-gathers its input from that, a rowwise layer reduce-scatters its output to it (a DTensor, so
+    that the residual stream keeps its global shape)."""
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
+    col: dict[str, Any] = {"input_layouts": Shard(1)} if sequence else {}
+    row: dict[str, Any] = {"output_layouts": Shard(1), "use_local_output": False} if sequence else {}
     styles = {
-        "colwise": lambda: ColwiseParallel(),
-        "rowwise": lambda: RowwiseParallel(),
-        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
-        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "colwise": lambda: ColwiseParallel(**col),
+        "rowwise": lambda: RowwiseParallel(**row),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate(), **col),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate(), **col),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate(), **row),
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(), **row),
         "sequence": lambda: SequenceParallel(),
         "sequence_parallel": lambda: SequenceParallel(),
         "sequence_sharded_input": lambda: SequenceParallel(sequence_dim=1, use_local_output=False),
@@ -259,10 +269,13 @@ def _style(name: str, style: str) -> Any:
     return styles[style]()
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str], strict: bool = True) -> None:
+def apply_tensor_parallel(
+    model: nn.Module, mesh: Any, plan: Mapping[str, str], strict: bool = True, sequence: bool = False
+) -> None:
     """``parallelize_module`` with ``plan``; every pattern must name at least one module (a typo is an error, not a
     layer silently left whole; ``strict=False``: patterns naming modules of other pipeline stages are left out),
-    and each sharded dimension must divide by the tp size."""
+    and each sharded dimension must divide by the tp size. ``sequence``: Megatron-style sequence parallelism
+    (:func:`sequence_parallel_styles`)."""
     import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -291,7 +304,53 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: Mapping[str, str], 
                     f"({weight.shape[dim]}) does not divide by tp size {size}"
                 )
         if strict:
-            resolved[pattern] = _style(pattern, str(style))
+            resolved[pattern] = _style(pattern, str(style), sequence)
         else:  # the modules this stage has, by name (a `*` would also reach the placeholders of other stages)
-            resolved.update({hit: _style(pattern, str(style)) for hit in hits})
+            resolved.update({hit: _style(pattern, str(style), sequence) for hit in hits})
+    if sequence:
+        planned = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in plan)]
+        resolved.update(sequence_parallel_styles(model, planned))
     parallelize_module(model, mesh, resolved)
+
+
+def sequence_parallel_styles(model: nn.Module, planned: list[str]) -> dict[str, Any]:
+    """The styles Megatron-style sequence parallelism adds to a tensor-parallel plan (whose ``planned`` modules
+    then read and write sequence-sharded activations, see :func:`_style`): the norms outside the tensor-parallel
+    regions run on their sequence shard (``SequenceParallel``; dropout on the residual stream then is sharded too,
+    the stream being a ``Shard(1)`` DTensor), and the input embedding's output is split along the sequence
+    (``PrepareModuleOutput``) unless the plan shards the embedding itself. Needs a model with a sequence dimension:
+    a Hugging Face decoder (``get_input_embeddings``) whose LM head is in the plan."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleOutput, SequenceParallel
+
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        raise UsageError(
+            f"parallelism_config_tp_sequence_parallel: {type(model).__name__} is not a Hugging Face decoder "
+            "(no get_input_embeddings/get_output_embeddings), so accel cannot tell its sequence dimension; "
+            "turn sequence parallelism off for it"
+        )
+    by_module = {id(m): n for n, m in model.named_modules()}
+    head = by_module.get(id(get_out()))
+    if head is not None and head not in planned:  # a pruned pipeline stage has no head (None)
+        raise UsageError(
+            f"parallelism_config_tp_sequence_parallel: the tensor-parallel plan of {type(model).__name__} does "
+            f'not include its LM head {head!r}; add it (e.g. "{head}": "colwise_rep") or turn sequence '
+            "parallelism off"
+        )
+    embed = by_module.get(id(get_in()))
+    # the blocks that hold the tensor-parallel layers (attention, MLP), not the embedding's or the head's parent
+    regions = {n.rsplit(".", 1)[0] for n in planned if "." in n and n not in (embed, head)}
+    styles: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        norm = isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+        inside = any(name.startswith(r + ".") for r in regions)  # e.g. Qwen3's q_norm: on local heads
+        if norm and name not in planned and not inside:
+            styles[name] = SequenceParallel()
+    if embed is not None and embed not in planned:
+        styles[embed] = PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Shard(1), use_local_output=False
+        )
+    return styles
