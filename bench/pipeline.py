@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_section  # noqa: E402
+from _common import block_class, machine, write_section  # noqa: E402
 
 MB = 1024 * 1024
 #: schedule -> stages per process (v)
@@ -44,14 +44,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
 
-    class Block(nn.Module):
-        def __init__(self, d: int) -> None:
-            super().__init__()
-            self.fc1 = nn.Linear(d, d)
-            self.fc2 = nn.Linear(d, d)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.fc2(torch.relu(self.fc1(x)))
+    Block = block_class()
 
     class Net(nn.Sequential):
         def loss_function(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
