@@ -333,7 +333,7 @@ def main() -> None:
             rows.append(f"| {w} | {g} | {m} | {shown} | [{name}](#{anchor}), {when} |")
     write_section(
         "summary",
-        "### Targets\n\nEvery target of issues 9 and 17 (asynchronous save), from the latest run of each section (`bench/results.json`).\n\n"
+        "### Targets\n\nEvery target of issues 9, 17 (asynchronous save) and 28 (pipeline memory), from the latest run of each section (`bench/results.json`).\n\n"
         + "\n".join(rows)
         + "\n",
     )
