@@ -8,10 +8,11 @@ the stages), MSE loss, AdamW. Each configuration runs this file as a worker unde
 torch thread per process) and times ``--steps`` training steps after a warm-up.
 
 Bubble: with ``p`` stages the work of a step is ``T1 / p`` per process when nothing waits, where ``T1`` is the step
-time of the same model and batch in 1 process (kernel alone). The measured bubble is ``1 - (T1 / p) / T_pp``, the
-share of a pipeline step not spent on this process's share of the work (waiting, and the sends and receives between
-stages); the theoretical bubble is ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B with ``m`` microbatches, and
-``(p - 1) / (v m + p - 1)`` for interleaved 1F1B with ``v`` stages per process.
+time of the same model, batch and ``m`` microbatches (one after the other) in 1 process, kernel alone, launched
+alternately with the pipeline run. The measured bubble is ``1 - (T1 / p) / T_pp``: the share of a pipeline step not
+spent on this process's share of the work (waiting, and the sends and receives between stages); the theoretical
+bubble is ``(p - 1) / (m + p - 1)`` for GPipe and 1F1B, and ``(p - 1) / (v m + p - 1)`` for interleaved 1F1B with
+``v`` stages per process.
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ def worker(args: argparse.Namespace) -> None:
     pipelined = hasattr(model, "pipeline")  # the prepared model runs the pipeline step itself
 
     def step() -> None:
-        loss = model(x, labels=y).loss if pipelined else nn.functional.mse_loss(model(x), y)
-        kernel.backward(loss)
+        if pipelined:
+            kernel.backward(model(x, labels=y).loss)
+        else:  # the same microbatches one after the other, as the pipeline computes them
+            for xb, yb in zip(x.chunk(args.split), y.chunk(args.split), strict=True):
+                kernel.backward(nn.functional.mse_loss(model(xb), yb) / args.split)
         optimizer.step()
         optimizer.zero_grad()
 
@@ -93,13 +97,14 @@ def worker(args: argparse.Namespace) -> None:
     kernel.end_training()
 
 
-def run(launch_args: list[str], args: argparse.Namespace) -> list[dict]:
+def run(launch_args: list[str], args: argparse.Namespace, split: int = 1) -> list[dict]:
     accel = str(Path(sys.executable).with_name("accel"))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         env = {**os.environ, "ACCEL_HOME": tmp, "OMP_NUM_THREADS": "1"}
         cmd = [accel, "launch", "-q", *launch_args, __file__, "--worker", str(out)]
         cmd += [f"--{k}={getattr(args, k)}" for k in ("hidden", "layers", "batch", "steps", "warmup")]
+        cmd.append(f"--split={split}")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
         if proc.returncode != 0 and not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -124,16 +129,18 @@ def pp_args(p: int, schedule: str, m: int) -> list[str]:
 def report(args: argparse.Namespace) -> tuple[str, float]:
     """The section's text (without the machine line) and pp / DDP memory per rank."""
     p = args.pp
-    t1 = statistics.median(run(["-n", "1"], args)[0]["step_s"] for _ in range(args.repeats))
     rows = [
-        "| schedule | stages per process (v) | microbatches (m) | step (ms) | 1 process (ms) | measured bubble "
+        "| schedule | stages per process (v) | microbatches (m) | step (ms) | 1 process, same microbatches (ms) | measured bubble "
         "| theoretical (p-1)/(vm+p-1) |",
         "|---|---|---|---|---|---|---|",
     ]
     for schedule, v in SCHEDULES.items():
         for m in args.microbatches:
-            got = [max(r["step_s"] for r in run(pp_args(p, schedule, m), args)) for _ in range(args.repeats)]
-            t = statistics.median(got)
+            one, got = [], []
+            for _ in range(args.repeats):  # alternating, so both see the same load
+                one.append(run(["-n", "1"], args, split=m)[0]["step_s"])
+                got.append(max(r["step_s"] for r in run(pp_args(p, schedule, m), args)))
+            t1, t = statistics.median(one), statistics.median(got)
             measured = 1 - (t1 / p) / t
             theory = (p - 1) / (v * m + p - 1)
             rows.append(f"| {schedule} | {v} | {m} | {t * 1e3:.1f} | {t1 * 1e3:.1f} | {measured:.1%} | {theory:.1%} |")
@@ -179,6 +186,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--split", type=int, default=1, help=argparse.SUPPRESS)  # worker: microbatches, 1 process
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--microbatches", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--repeats", type=int, default=3)
