@@ -76,6 +76,23 @@ def machine() -> str:
     )
 
 
+def block_class() -> type:
+    """The residual block of the memory and pipeline benchmarks: ``x + fc2(relu(fc1(x)))``, two ``d``-wide linears."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(d, d)
+            self.fc2 = nn.Linear(d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.fc2(torch.relu(self.fc1(x)))
+
+    return Block
+
+
 def write_section(name: str, body: str) -> None:
     """Replace (or append) the block between ``<!-- bench:name -->`` markers in docs/benchmarks.md."""
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write_section  # noqa: E402
+from _common import block_class, machine, write_section  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -33,14 +33,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from accel import Kernel
 
-    class Block(nn.Module):
-        def __init__(self, d: int) -> None:
-            super().__init__()
-            self.fc1 = nn.Linear(d, d)
-            self.fc2 = nn.Linear(d, d)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.fc2(torch.relu(self.fc1(x)))
+    Block = block_class()
 
     class Net(nn.Module):
         _no_split_modules = ["Block"]

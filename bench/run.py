@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pipeline
 from _common import accelerate_python, alternate_runs, machine, med, run_json, write_section
 
 PY = sys.executable
@@ -381,6 +382,7 @@ def main() -> None:
         "launch-latency": ("### Launch latency", lambda: launch_latency(args.repeats)),
         "hook-cost": ("### Hook dispatch per step", hook_cost),
         "instructions": ("### Instructions per step", instruction_count),
+        "pipeline": (pipeline.TITLE, lambda: pipeline_section(args.repeats)),
         "checkpoint-async": (
             "## Asynchronous save: time the training loop is blocked",
             lambda: checkpoint_async(args.repeats),
@@ -409,7 +411,7 @@ def main() -> None:
             rows.append(f"| {w} | {g} | {m} | {shown} | [{name}](#{anchor}), {when} |")
     write_section(
         "summary",
-        "### Targets\n\nEvery target of issues 9 and 17 (asynchronous save), from the latest run of each section (`bench/results.json`).\n\n"
+        "### Targets\n\nEvery target of issues 9, 17 (asynchronous save) and 28 (pipeline memory), from the latest run of each section (`bench/results.json`).\n\n"
         + "\n".join(rows)
         + "\n",
     )
@@ -490,6 +492,13 @@ def checkpoint_async(repeats: int) -> str:
         )
         details.append(f"#### {mib:.0f} MiB\n\n{text}")
     return "\n".join(rows) + "\n\n" + "\n\n".join(details)
+
+
+def pipeline_section(repeats: int) -> str:
+    """bench/pipeline.py: each schedule's bubble against its theory, memory per rank against DDP (2 processes)."""
+    text, ratio = pipeline.report(pipeline.parse(["--repeats", str(min(repeats, 3))]))
+    target("pipeline pp=2, params + optimizer per rank", "<= 0.55x DDP", f"{ratio:.3f}x", ratio <= 0.55)
+    return f"{pipeline.SHARED}\n\n{text}"
 
 
 def hook_cost() -> str:
