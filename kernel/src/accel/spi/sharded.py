@@ -263,6 +263,7 @@ def shard_model(
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    _average_gradients(model, mesh)
 
     if main_weights_only is not None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
@@ -276,6 +277,40 @@ def shard_model(
             with torch.no_grad():
                 buffers[name].copy_(value)
     return model
+
+
+def _average_gradients(model: Any, mesh: Any = None) -> None:
+    """Make the ``fully_shard`` modules in ``model`` average gradients over ``mesh`` (default: that of its first
+    sharded parameter) where the torch in use gets ``ReduceOp.AVG`` wrong (:func:`_averages`): they then reduce with
+    ``SUM`` and divide (``set_force_sum_reduction_for_comms``). **Collective** over ``mesh``."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if mesh is None:
+        mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    if mesh is not None and not _averages(mesh):
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def _averages(mesh: Any) -> bool:
+    """Whether ``reduce_scatter_tensor`` and ``all_reduce`` with ``ReduceOp.AVG`` average on every dimension of
+    ``mesh``, read from the torch in use: on torch 2.7 and 2.8, gloo's reduce-scatter sums instead, so FSDP2's
+    gradients on CPU would be N times too large (issue 29). **Collective** over ``mesh``."""
+    import torch
+    import torch.distributed as dist
+
+    right = True
+    for dim in range(mesh.ndim):
+        group = mesh.get_group(dim)
+        size = dist.get_world_size(group)
+        scattered = torch.zeros(1, device=mesh.device_type)
+        dist.reduce_scatter_tensor(scattered, torch.ones(size, device=scattered.device), dist.ReduceOp.AVG, group)
+        reduced = torch.ones(1, device=scattered.device)
+        dist.all_reduce(reduced, dist.ReduceOp.AVG, group)
+        right = right and scattered.item() == 1.0 and reduced.item() == 1.0  # every dimension: the same collectives
+    return right
 
 
 # ---- optimizers -------------------------------------------------------------------------------------------------
@@ -711,8 +746,10 @@ class ShardedStrategy(ProcessGroupComponent):
             if any(model is m for m in self.models):
                 continue  # prepared before
             before = self.swap.record(model)
-            if not isinstance(model, FSDPModule):  # sharded by the script itself: keep it as it is
+            if not isinstance(model, FSDPModule):
                 self.shard(kernel, model)
+            else:  # sharded by the script itself: keep it as it is, but make its gradients averages
+                _average_gradients(model)
             self.swap.update(model, before)
             self.models.append(model)
         for optimizer in optimizers:
