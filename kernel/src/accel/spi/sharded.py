@@ -280,37 +280,37 @@ def shard_model(
 
 
 def _average_gradients(model: Any, mesh: Any = None) -> None:
-    """Make the ``fully_shard`` modules in ``model`` average gradients over ``mesh`` (default: that of its first
-    sharded parameter) where the torch in use gets ``ReduceOp.AVG`` wrong (:func:`_averages`): they then reduce with
-    ``SUM`` and divide (``set_force_sum_reduction_for_comms``). **Collective** over ``mesh``."""
+    """Make the ``fully_shard`` modules in ``model`` average their gradients over ``mesh`` (1-D: FSDP; 2-D: HSDP,
+    replicas x shards; default: the 1-D mesh of its sharded parameters) where the torch in use sums them: on torch 2.7
+    and 2.8, gloo's ``reduce_scatter_tensor`` ignores ``ReduceOp.AVG`` (which FSDP2 uses for fp32 and bf16
+    gradients) and sums, so the gradients on CPU were N times too large (issue 29). Read from the torch in use: one
+    reduce-scatter of ones with ``AVG`` over the shard dimension; when that is not 1, each module divides its reduced
+    gradients by it in FSDP2's ``set_all_reduce_hook`` (which then replaces a hook the script set). **Collective**
+    over ``mesh``."""
+    import torch
+    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     if mesh is None:
-        mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
-    if mesh is not None and not _averages(mesh):
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
+        meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+        if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
+            return  # not only FSDP's 1-D mesh (tensor parallel too): the shard dimension is not known here
+        mesh = next(iter(meshes.values()))
+    group = mesh.get_group(mesh.ndim - 1)
+    scattered = torch.zeros(1, device=mesh.device_type)
+    ones = torch.ones(dist.get_world_size(group), device=scattered.device)
+    dist.reduce_scatter_tensor(scattered, ones, dist.ReduceOp.AVG, group)
+    factor = float(scattered.item())
+    if factor == 1.0:
+        return
 
+    def average(reduced: torch.Tensor) -> None:
+        reduced.div_(factor)
 
-def _averages(mesh: Any) -> bool:
-    """Whether ``reduce_scatter_tensor`` and ``all_reduce`` with ``ReduceOp.AVG`` average on every dimension of
-    ``mesh``, read from the torch in use: on torch 2.7 and 2.8, gloo's reduce-scatter sums instead, so FSDP2's
-    gradients on CPU would be N times too large (issue 29). **Collective** over ``mesh``."""
-    import torch
-    import torch.distributed as dist
-
-    right = True
-    for dim in range(mesh.ndim):
-        group = mesh.get_group(dim)
-        size = dist.get_world_size(group)
-        scattered = torch.zeros(1, device=mesh.device_type)
-        dist.reduce_scatter_tensor(scattered, torch.ones(size, device=scattered.device), dist.ReduceOp.AVG, group)
-        reduced = torch.ones(1, device=scattered.device)
-        dist.all_reduce(reduced, dist.ReduceOp.AVG, group)
-        right = right and scattered.item() == 1.0 and reduced.item() == 1.0  # every dimension: the same collectives
-    return right
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_all_reduce_hook(average)
 
 
 # ---- optimizers -------------------------------------------------------------------------------------------------
