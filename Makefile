@@ -178,7 +178,7 @@ $(COMPAT_ACC_VENV)/.installed: Makefile
 compat-vs-accelerate: setup $(COMPAT_ACC_VENV)/.installed
 	$(BIN)/python tests/compat/compare_accelerate.py --accelerate-python $(COMPAT_ACC_VENV)/bin/python $(EXAMPLES)
 
-# The torch versions the distributions declare (`torch>=2.6,<3` in every pyproject), tested: the tests marked `smoke`
+# The torch versions the distributions declare (`torch>=2.7,<3` in every pyproject), tested: the tests marked `smoke`
 # (pytest -m smoke: the loop, amp, DDP and FSDP2 on 2 processes, checkpoints, dynamo, the launcher, trackers, big-model
 # loading) run in .venv-torch-floor on the declared floor and in .venv-torch-newest on the newest torch installable
 # here. Each venv gets torch alone in its first pip command (never let pip pick torch), then the dev requirements with
@@ -186,11 +186,11 @@ compat-vs-accelerate: setup $(COMPAT_ACC_VENV)/.installed
 # Both are CUDA builds (PyPI has no CPU build of these versions; ~5 GB each with the nvidia libraries) run on the CPU.
 # The XLA and IPEX plugins' own tests are left out: they run on the torch they need in their own venvs above.
 TORCH_MATRIX := floor newest
-TORCH_floor ?= 2.6.0
+TORCH_floor ?= 2.7.0
 TORCH_newest ?= 2.14.1
 # Pins for the floor's venv: torchao pairs with one torch release (the newest refuses an old torch, and transformers
 # imports it when present); torchao==0.11.0 loads with torch 2.7.0, torchao==0.12.0 with 2.8.0.
-PINS_floor ?=
+PINS_floor ?= torchao==0.11.0
 SMOKE_PATHS := $(filter-out plugins/xla/% plugins/ipex/%,$(wildcard tests kernel/tests plugins/*/tests))
 TORCH_IS = import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "$(1)")
 
