@@ -300,7 +300,9 @@ def _average_gradients(model: Any, mesh: Any = None) -> None:
     group = mesh.get_group(mesh.ndim - 1)
     scattered = torch.zeros(1, device=mesh.device_type)
     ones = torch.ones(dist.get_world_size(group), device=scattered.device)
-    dist.reduce_scatter_tensor(scattered, ones, dist.ReduceOp.AVG, group)
+    # the function FSDP2 calls: reduce_scatter_single where torch has it (reduce_scatter_tensor is deprecated there)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(scattered, ones, dist.ReduceOp.AVG, group)
     factor = float(scattered.item())
     if factor == 1.0:
         return
