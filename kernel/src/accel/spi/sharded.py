@@ -51,7 +51,6 @@ __all__ = [
     "ParamSwap",
     "ShardConfig",
     "ShardedStrategy",
-    "check_gradient_averaging",
     "clip_grad_norm",
     "dcp_save",
     "declare_shard_options",
@@ -59,7 +58,6 @@ __all__ = [
     "load_model",
     "load_optimizer",
     "load_sharded",
-    "reduce_scatter_averages",
     "save_model",
     "save_optimizer",
     "shard_model",
@@ -265,6 +263,7 @@ def shard_model(
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
+    _average_gradients(model, mesh)
 
     if main_weights_only is not None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
@@ -278,6 +277,42 @@ def shard_model(
             with torch.no_grad():
                 buffers[name].copy_(value)
     return model
+
+
+def _average_gradients(model: Any, mesh: Any = None) -> None:
+    """Make the ``fully_shard`` modules in ``model`` average their gradients over ``mesh`` (1-D: FSDP; 2-D: HSDP,
+    replicas x shards; default: the 1-D mesh of its sharded parameters) where the torch in use sums them: on torch 2.7
+    and 2.8, gloo's ``reduce_scatter_tensor`` ignores ``ReduceOp.AVG`` (which FSDP2 uses for fp32 and bf16
+    gradients) and sums, so the gradients on CPU were N times too large (issue 29). Read from the torch in use: one
+    reduce-scatter of ones with ``AVG`` over the shard dimension; when that is not 1, each module divides its reduced
+    gradients by it in FSDP2's ``set_all_reduce_hook`` (which then replaces a hook the script set). **Collective**
+    over ``mesh``."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if mesh is None:
+        meshes = {id(p.device_mesh): p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+        if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
+            return  # not only FSDP's 1-D mesh (tensor parallel too): the shard dimension is not known here
+        mesh = next(iter(meshes.values()))
+    group = mesh.get_group(mesh.ndim - 1)
+    scattered = torch.zeros(1, device=mesh.device_type)
+    ones = torch.ones(dist.get_world_size(group), device=scattered.device)
+    # the function FSDP2 calls: reduce_scatter_single where torch has it (reduce_scatter_tensor is deprecated there)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(scattered, ones, dist.ReduceOp.AVG, group)
+    factor = float(scattered.item())
+    if factor == 1.0:
+        return
+
+    def average(reduced: torch.Tensor) -> None:
+        reduced.div_(factor)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_all_reduce_hook(average)
 
 
 # ---- optimizers -------------------------------------------------------------------------------------------------
@@ -332,36 +367,6 @@ class ParamSwap:
 
 
 # ---- gradients --------------------------------------------------------------------------------------------------
-
-
-def reduce_scatter_averages(device: torch.device, group: Any = None) -> bool:
-    """Whether ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` averages on ``group`` (the default group when
-    ``None``), as FSDP2 relies on for fp32 and bf16 gradients: gloo on torch 2.7 and 2.8 sums instead. Answered by
-    the torch in use, not by its version. **Collective** over ``group``."""
-    import torch
-    import torch.distributed as dist
-
-    # the function FSDP2 calls: reduce_scatter_single where torch has it (reduce_scatter_tensor is deprecated there)
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    out = torch.zeros(1, device=device)
-    reduce_scatter(out, torch.ones(dist.get_world_size(group), device=device), dist.ReduceOp.AVG, group)
-    return bool(out.item() == 1.0)
-
-
-def check_gradient_averaging(device: torch.device) -> None:
-    """Refuse in one line (:class:`~accel.errors.UsageError`) when FSDP2 would sum gradients over the processes
-    instead of averaging them (:func:`reduce_scatter_averages`). **Collective** over the default group; local in a
-    world of one."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1 or reduce_scatter_averages(device):
-        return
-    raise UsageError(
-        f"FSDP2 would sum gradients over the {dist.get_world_size()} processes instead of averaging them: on torch "
-        f"{torch.__version__} the {dist.get_backend()} backend's reduce_scatter_tensor treats ReduceOp.AVG as SUM. "
-        "Use a torch whose backend averages (gloo on torch 2.13 does) or a backend that does (nccl)."
-    )
 
 
 def clip_grad_norm(
@@ -742,11 +747,11 @@ class ShardedStrategy(ProcessGroupComponent):
         for model in models:
             if any(model is m for m in self.models):
                 continue  # prepared before
-            if not self.models:
-                check_gradient_averaging(self.device)
             before = self.swap.record(model)
-            if not isinstance(model, FSDPModule):  # sharded by the script itself: keep it as it is
+            if not isinstance(model, FSDPModule):
                 self.shard(kernel, model)
+            else:  # sharded by the script itself: keep it as it is, but make its gradients averages
+                _average_gradients(model)
             self.swap.update(model, before)
             self.models.append(model)
         for optimizer in optimizers:
