@@ -5,13 +5,17 @@ group, accel's prepared model and a raw DDP copy of it trained side by side with
 from __future__ import annotations
 
 import copy
+import json
+import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from test_launchers import clean_env  # noqa: F401  (autouse: only the ddp plugin, a clean environment)
 from torch import nn
 
-import accel
+from accel.testing import run_tree
 
 
 def train_side_by_side(accum: int) -> dict:
@@ -55,7 +59,18 @@ def train_side_by_side(accum: int) -> dict:
 
 @pytest.mark.multiprocess
 def test_default_ddp_settings_train_as_raw_ddp_does() -> None:
-    results = accel.debug_launcher(train_side_by_side, args=(2,), num_processes=2)
+    # debug_launcher forks: from a fresh interpreter, not from this pytest process, whose earlier tests ran torch's
+    # OpenMP thread pool (a fork after that can hang the children in their first parallel region)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import accel; "
+        "from test_ddp_settings import train_side_by_side; "
+        "print('RESULTS', json.dumps(accel.debug_launcher(train_side_by_side, args=(2,), num_processes=2)))"
+    )
+    proc = run_tree([sys.executable, "-c", code, str(Path(__file__).parent)], env=dict(os.environ), timeout=240)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
+    results = json.loads(lines[-1][len("RESULTS ") :])
+    assert len(results) == 2
     for r in results:
         assert r["settings"] == {"gradient_as_bucket_view": True, "static_graph": False}
         assert r["diff"] <= 1e-6 and r["moved"] > 1e-3, r  # equal, and it did train
