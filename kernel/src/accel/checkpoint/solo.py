@@ -3,7 +3,7 @@
 
 Every process entering ``save_state`` first meets the others through the process group's key-value store (the
 c10d store behind ``torch.distributed``'s default group; no collective): each process other than the main one sets a
-key derived from the target and from how often it saved there, then reads the main process's decision; the main
+key numbered by how often it called save_state (not by the target, which may differ per process), then reads the main process's decision; the main
 process waits at most ``save_join_timeout`` seconds for those keys (:data:`REFUSE_FACTOR` times as long where its
 being alone is refused) and decides:
 
@@ -20,7 +20,7 @@ meeting and saves collectively, as before.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 ALL, SOLO, REFUSED = "all", "solo", "refused:"
 #: where being alone is refused, the main process waits this many join windows before it says so
 REFUSE_FACTOR = 10
-#: save_state calls per target on this process (module-wide: keys stay unique across Kernels of one process group)
-_CALLS: dict[str, int] = {}
+#: save_state calls on this process, numbering the meeting keys (module-wide: keys stay unique across Kernels of one
+#: process group). Not keyed by the target: processes may each pass their own directory (Accelerate's test scripts
+#: save to a per-process temporary directory), and the collective save writes to the main process's.
+_CALLS = itertools.count()
 
 
 def state_writers(kernel: CheckpointKernel) -> list[str]:
@@ -66,10 +68,7 @@ def meet(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) ->
     store = _default_store()
     if store is None:
         return ALL
-    target = "<automatic>" if output_dir is None else os.path.abspath(os.fspath(output_dir))
-    count = _CALLS.get(target, 0)
-    _CALLS[target] = count + 1
-    base = f"accel/save_state/{hashlib.sha1(target.encode()).hexdigest()[:16]}/{count}"
+    base = f"accel/save_state/{next(_CALLS)}"
     window = float(kernel.settings.get("save_join_timeout", 5.0))
     if kernel.is_main_process:
         decision = _decide(kernel, store, base, window, output_dir is None)
