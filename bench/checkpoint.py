@@ -191,7 +191,7 @@ def async_measure(size_mb: float, repeats: int, base: Path, width: int = 2048) -
         blocked = time.perf_counter() - start
         job = _SAVERS[kernel].job
         step = train_step()  # the copy of parameters and Adam state overlaps this step's forward and backward
-        waited = job.step_waited if job is not None else 0.0
+        waited = getattr(job, "step_waited", 0.0) if job is not None else 0.0
         kernel.wait_for_save()
         published = time.perf_counter() - start
         shutil.rmtree(base / "async")

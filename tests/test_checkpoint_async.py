@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import CheckpointError, Kernel, ProjectConfiguration
+from accel import Kernel, ProjectConfiguration
 from accel.checkpoint import _SAVERS, is_complete, numbered_checkpoints, pending_save, read_manifest
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -81,9 +81,7 @@ def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path) -> No
     kernel.save_state(tmp_path / "sync")
     kernel.save_state(tmp_path / "async", asynchronous=True)
     assert pending_save(kernel) == (tmp_path / "async").absolute()
-    # the parameters' and Adam's copies are made on the background thread: a step of the optimizer waits for them
-    assert not job_of(kernel).copied.is_set()
-    opt.optimizer.step()
+    opt.optimizer.step()  # the copy was made before save_state returned: a step right after cannot reach the files
     kernel.wait_for_save()
     assert pending_save(kernel) is None
     a, b = files(tmp_path / "sync"), files(tmp_path / "async")
@@ -91,23 +89,6 @@ def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path) -> No
     different = [name for name in a if a[name] != b[name]]
     print(f"{len(a)} files compared, different: {different}")
     assert not different
-    kernel.end_training()
-
-
-def test_a_change_in_place_before_the_deferred_copy_fails_the_save_in_one_line(tmp_path: Path) -> None:
-    # the copy of what only the optimizer's step changes is left to the background thread; a tensor changed in
-    # place by anything else meanwhile (here Adam's last state, the last to be copied) must not be written torn
-    kernel, model, opt, _dl, _counter = setup(width=1024, depth=8)
-    step(kernel, model, opt)
-    kernel.save_state(tmp_path / "ck", asynchronous=True)
-    last = list(opt.optimizer.state.values())[-1]["exp_avg_sq"]
-    last.add_(1.0)
-    with pytest.raises(CheckpointError, match=r"changed in place .* call kernel.wait_for_save\(\) before"):
-        kernel.wait_for_save()
-    assert not (tmp_path / "ck").exists()
-    kernel.save_state(tmp_path / "again", asynchronous=True)  # the next save is fine
-    kernel.wait_for_save()
-    assert is_complete(tmp_path / "again")
     kernel.end_training()
 
 

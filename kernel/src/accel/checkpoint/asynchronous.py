@@ -1,14 +1,6 @@
-"""Asynchronous ``save_state``: the kernel's items are copied to CPU memory (into buffers kept from one save to the
-next), then written, fsynced and published on a background thread (:class:`_AsyncSave`); the processes agree on the
-outcome at the next sync point (:func:`finish_pending`).
-
-The copy of what only an optimizer's step changes (the CPU tensors of the parameters the prepared optimizers train,
-and their optimizer states) is not made on the calling thread: the background thread makes it first, while the
-training loop runs the next forward and backward, and every prepared optimizer's ``step`` waits for it (a step
-pre-hook, registered only while a copy is pending). Everything else (buffers, which a forward may change, random
-states, ...) is copied before ``save_state`` returns. Each deferred tensor's version counter is checked after its
-copy: one changed in place meanwhile (outside ``optimizer.step``) fails the save with a one-line error rather
-than writing a torn checkpoint.
+"""Asynchronous ``save_state``: the kernel's items are copied to CPU memory on the calling thread (into buffers
+kept from one save to the next), then written, fsynced and published on a background thread (:class:`_AsyncSave`);
+the processes agree on the outcome at the next sync point (:func:`finish_pending`).
 """
 
 from __future__ import annotations
@@ -53,10 +45,6 @@ class _Staging:
     def __init__(self) -> None:
         self.buffers: dict[tuple[str, str], torch.Tensor] = {}
         self.used: set[tuple[str, str]] = set()
-        #: data pointers of the tensors whose copy may wait for the background thread (see the module's doc)
-        self.deferrable: set[int] = set()
-        #: (file stem, name, CPU copy, source, source's version) of the copies left to the background thread
-        self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor, int]] = []
 
     def copy(self, stem: str, name: str, t: torch.Tensor) -> torch.Tensor:
         key = (stem, name)
@@ -71,25 +59,9 @@ class _Staging:
             if buf is None:
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
             self.buffers[key] = buf
+        _copy_into(buf, t.detach())
         self.used.add(key)
-        src = t.detach()
-        if src.device.type == "cpu" and src.data_ptr() in self.deferrable:
-            self.pending.append((stem, name, buf, src, src._version))
-        else:
-            _copy_into(buf, src)
         return buf
-
-    def copy_pending(self) -> None:
-        """Make the deferred copies (background thread); a CheckpointError if a source changed in place meanwhile."""
-        pending, self.pending = self.pending, []
-        for stem, name, buf, src, version in pending:
-            _copy_into(buf, src)
-            if src._version != version:
-                raise CheckpointError(
-                    f"{stem}: tensor {name!r} was changed in place (not by a prepared optimizer's step) before the "
-                    "asynchronous save had copied it; call kernel.wait_for_save() before changing parameters or "
-                    "optimizer states outside optimizer.step()"
-                )
 
     def forget_unused(self) -> None:
         """Drop buffers this save did not use (an item that went away), so memory follows the current state."""
@@ -113,42 +85,11 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class _Saver:
-    """A Kernel's asynchronous saving: its staging buffers, the save in flight, if any, and the step pre-hooks that
-    make the optimizers wait for its deferred copies."""
+    """A Kernel's asynchronous saving: its staging buffers and the save in flight, if any."""
 
     def __init__(self) -> None:
         self.staging = _Staging()
         self.job: _AsyncSave | None = None
-        self.hooks: list[Any] = []
-
-    def remove_hooks(self) -> None:
-        """On the training thread, never inside a step (torch iterates over the hooks while it runs them)."""
-        for handle in self.hooks:
-            handle.remove()
-        self.hooks = []
-
-
-def _optimizers(kernel: CheckpointKernel) -> list[torch.optim.Optimizer] | None:
-    """The torch optimizers under the kernel's prepared ones; None if one is not a torch optimizer (a plugin's
-    engine: its step may not run through torch's step hooks, so no copy is deferred)."""
-    out = []
-    for prepared in getattr(kernel, "_optimizers", ()):
-        inner = getattr(prepared, "optimizer", prepared)
-        if not isinstance(inner, torch.optim.Optimizer):
-            return None
-        out.append(inner)
-    return out
-
-
-def _trained_tensors(optimizers: list[torch.optim.Optimizer]) -> set[int]:
-    """Data pointers of what only these optimizers' steps change: their parameters and state tensors."""
-    ptrs: set[int] = set()
-    for opt in optimizers:
-        for group in opt.param_groups:
-            ptrs.update(p.data_ptr() for p in group["params"])
-        for state in opt.state.values():
-            ptrs.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
-    return ptrs
 
 
 _SAVERS: weakref.WeakKeyDictionary[Any, _Saver] = weakref.WeakKeyDictionary()
@@ -175,9 +116,6 @@ class _AsyncSave:
         self.target, self.tmp, self.index = target, tmp, index
         self.rank, self.world = kernel.process_index, kernel.num_processes
         self.packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] | None = packed
-        self.staging: _Staging | None = None  # set when copies were left to this thread (start_async)
-        self.copied = threading.Event()  # the deferred copies are made (or failed): optimizer steps may go on
-        self.step_waited = 0.0  # seconds optimizer steps waited for them (bench/checkpoint.py reports it)
         self.written = threading.Event()  # this process's files are on disk (or failed: write_error)
         self.write_error: BaseException | None = None
         self.publish_error: BaseException | None = None
@@ -189,11 +127,6 @@ class _AsyncSave:
         own: dict[str, list[str]] = {}
         time.sleep(0)  # hand the GIL back at once: save_state's thread.start() waits for it (else up to 5 ms)
         try:
-            try:
-                if self.staging is not None:
-                    self.staging.copy_pending()
-            finally:
-                self.copied.set()
             assert self.packed is not None
             for key, (stem, doc, tensors) in self.packed.items():
                 own[key] = _write_packed(self.tmp, stem, doc, tensors, sync=False)
@@ -291,10 +224,6 @@ def snapshot(
     """The kernel's items of this process (the main process's, and every process's per-process ones) encoded, with
     CPU copies of their tensors in the kernel's staging buffers: ``{key: (file stem, document, tensors)}``."""
     saver = _SAVERS.setdefault(kernel, _Saver())
-    saver.remove_hooks()  # the previous save's (finished: save_state waited for it)
-    optimizers = _optimizers(kernel)
-    saver.staging.deferrable = _trained_tensors(optimizers) if optimizers else set()
-    saver.staging.pending = []
     packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] = {}
     for key, item in items.items():
         mine = item.per_rank or kernel.is_main_process
@@ -319,20 +248,7 @@ def start_async(
 ) -> None:
     """Start the background write of what :func:`snapshot` copied, and its publication with ``records``."""
     job = _AsyncSave(kernel, items, records, target, tmp, index, packed)
-    saver = _SAVERS.setdefault(kernel, _Saver())
-    saver.job = job
-    if saver.staging.pending:
-        job.staging = saver.staging
-
-        def wait_for_copy(*args: Any) -> None:
-            if not job.copied.is_set():
-                start = time.perf_counter()
-                job.copied.wait()
-                job.step_waited += time.perf_counter() - start
-
-        saver.hooks = [opt.register_step_pre_hook(wait_for_copy) for opt in _optimizers(kernel) or ()]
-    else:
-        job.copied.set()
+    _SAVERS.setdefault(kernel, _Saver()).job = job
     job.thread.start()
 
 
@@ -356,9 +272,6 @@ def finish_pending(kernel: KernelView, at_exit: bool = False, release: bool = Fa
     if saver is None or job is None:
         return
     saver.job = None
-    if not at_exit:  # (at exit: possibly not the training thread; nothing steps any more)
-        job.copied.wait()
-        saver.remove_hooks()
     if at_exit:
         job.finish_at_exit()
         return
