@@ -228,7 +228,7 @@ def async_report(result: dict[str, Any]) -> tuple[str, float]:
     """The section's text, and the median per-round ratio blocked / synchronous save."""
     r = result["rounds"]
     sync = r["sync"]
-    # blocked: save_state's own time plus what the next optimizer step waited for the deferred copies
+    # blocked: save_state's own time (plus what the next optimizer step waited, where a save leaves work to it)
     blocked = [a[0] + a[3] for a in r["async"]]
     call = [a[0] for a in r["async"]]
     waited = [a[3] for a in r["async"]]
@@ -261,9 +261,10 @@ def async_report(result: dict[str, Any]) -> tuple[str, float]:
     text = (
         f"{info}\n\n" + "\n".join(rows) + "\n\n"
         f"Blocked / synchronous save, per round: median **{ratio:.1%}** (best {min(ratios):.1%}, worst "
-        f"{max(ratios):.1%}; goal: at most 10 %). The copy of what only an optimizer step changes (parameters, "
-        "optimizer state) runs on the background thread during the next forward and backward; the next "
-        "`optimizer.step()` waits for what is left of it (a step pre-hook). The training step's own slowdown "
+        f"{max(ratios):.1%}; goal: at most 10 %). The whole copy to CPU memory is made before `save_state` "
+        "returns (a copy deferred to the next step was tried and reverted: a script that changes parameters in "
+        "place between a save and the next step got a torn checkpoint); only writing and publishing run in the "
+        "background. The training step's own slowdown "
         "while the copy runs beside it (memory bandwidth and a core shared with the copy) is the row above the "
         "ratio's; the step is a batch of 8 through the model. The first asynchronous save of a run also allocates the CPU "
         f"copies: it blocked {result['first_async'][0]:.2f} s (published after {result['first_async'][1]:.2f} s); "
