@@ -76,9 +76,7 @@ def save_state(
         finally:
             del _WRITING[kernel]
         records.update(_gather_records(kernel, unclaimed, own))
-        nobody = sorted(set(items) - set(records))
-        if nobody:
-            raise CheckpointError(f"save_state: nobody wrote checkpoint item(s) {nobody}")
+        _check_all_written(items, records)
         if asynchronous:
             start_async(kernel, items, records, target, tmp, index, packed or {})
         else:
@@ -123,9 +121,7 @@ def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | N
             if items[key].per_rank:
                 rec = dataclasses.replace(rec, extra={**rec.extra, "ranks": [kernel.process_index]})
             records[key] = rec
-        nobody = sorted(set(items) - set(records))
-        if nobody:
-            raise CheckpointError(f"save_state: nobody wrote checkpoint item(s) {nobody}")
+        _check_all_written(items, records)
         _publish(kernel, items, records, target, tmp, index)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,6 +155,12 @@ def _as_accelerate_saves(item: Item) -> Item:
     if item.kind == "dataloader" and callable(getattr(item.obj, "pass_start_state", None)):
         return dataclasses.replace(item, obj=_PassStart(item.obj))
     return item
+
+
+def _check_all_written(items: Mapping[str, Item], records: Mapping[str, ItemRecord]) -> None:
+    nobody = sorted(set(items) - set(records))
+    if nobody:
+        raise CheckpointError(f"save_state: nobody wrote checkpoint item(s) {nobody}")
 
 
 @dataclass
