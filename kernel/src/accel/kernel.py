@@ -906,7 +906,9 @@ def distributed_type(kernel: Kernel) -> Any:
 class PartialState:
     """Accelerate's ``PartialState``/``AcceleratorState`` facts of one Kernel, read-only (see the module)."""
 
-    __slots__ = ("__dict__", "_kernel")  # the Kernel stays out of __dict__: two views compare by their (empty) dicts
+    # the Kernel stays out of __dict__ (empty: Accelerate's test scripts compare state.__dict__ across a pickle);
+    # two views are equal when they view the same Kernel (__eq__)
+    __slots__ = ("__dict__", "_kernel")
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         kernel = active_kernel()
