@@ -243,3 +243,22 @@ def test_elastic_restart_resumes_from_latest_checkpoint(tmp_path: Path, ddp_refe
     assert (tmp_path / "killed").exists()
     assert "resumed from proj/checkpoints/checkpoint_1 at step 16" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert_same_training_state(ddp_reference, tmp_path / "e.pt")
+
+
+def test_a_late_process_is_released_and_a_save_on_every_process_after_a_main_alone_save_pairs(
+    tmp_path: Path,
+) -> None:
+    """The meeting before save_state under load (CI found both): a process more than the join window behind the
+    main one gets one warning and is released (no hang, the next steps pair), and a save of every process right
+    after one the main process made alone is collective (it is not paired with the earlier save)."""
+    out = tmp_path / "out"
+    proc = run([str(ACCEL), "launch", "-q", "-n", "2", str(SCRIPTS / "save_slots.py"), str(out)], tmp_path, 240)
+    late = [line for line in proc.stderr.splitlines() if "came more than 0.3 s" in line]
+    assert len(late) == 1 and "process 1" in late[0] and "save_join_timeout" in late[0], proc.stderr
+    for name in ("late", "alone"):
+        assert read_manifest(out / name)["items"]["rng"]["extra"]["ranks"] == [0], name
+    both = read_manifest(out / "both")
+    assert {"rng_rank0.safetensors", "rng_rank1.safetensors"} <= set(both["files"])
+    assert "ranks" not in both["items"]["rng"]["extra"]
+    times = [json.loads((out / f"times.rank{r}.json").read_text()) for r in (0, 1)]
+    assert 2.9 < times[1]["late"] < 60, times  # ten windows of 0.3 s, then released

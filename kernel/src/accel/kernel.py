@@ -22,6 +22,7 @@ from typing import Any, cast
 import pluggy
 import torch
 
+from accel import forksafe
 from accel.compat import (
     AccelerateMembersMixin,
     DataLoaderConfiguration,
@@ -187,6 +188,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
                 if message:
                     warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
         self._loader_check_due = self.num_processes > 1
+        if self.num_processes > 1:  # a DataLoader worker forked beside the process group's threads
+            forksafe.install()
         self.device: torch.device = hook.accel_device(kernel=self)
         self.collectives = hook.accel_collectives(kernel=self)
         if self.settings["debug"] and self.num_processes > 1:  # accel/debug.py: each collective checked first

@@ -30,7 +30,7 @@ from accel.checkpoint.manifest import (
     is_complete,
     numbered_checkpoints,
 )
-from accel.checkpoint.solo import SOLO, meet
+from accel.checkpoint.solo import LATE, SOLO, meet
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
 from accel.options import KERNEL
@@ -46,7 +46,7 @@ def save_state(
     kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None
 ) -> Path:
     """See :meth:`accel.kernel.Kernel.save_state`."""
-    if meet(kernel, output_dir) == SOLO:
+    if meet(kernel, output_dir) in (SOLO, LATE):
         return _save_alone(kernel, output_dir)
     finish_pending(kernel)  # an asynchronous save still in flight is published (or its error raised) first
     if asynchronous is None:
@@ -97,8 +97,8 @@ def save_state(
 def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) -> Path:
     """A save reached by the main process alone, in a run whose state is replicated (:mod:`accel.checkpoint.solo`):
     the main process writes every shared item and its own per-process items (their records list the processes
-    that wrote them, ``extra["ranks"]``) and publishes, with no collective; a process that came too late writes
-    nothing. Always synchronous."""
+    that wrote them, ``extra["ranks"]``) and publishes, with no collective; a process that came too late
+    (:data:`~accel.checkpoint.solo.LATE`) writes nothing. Always synchronous."""
     if not kernel.is_main_process:
         return Path(os.fspath(output_dir or "")).absolute()
     if pending_save(kernel) is not None:

@@ -2,17 +2,29 @@
 ``if accelerator.is_main_process: accelerator.save_state(path)``.
 
 Every process entering ``save_state`` first meets the others through the process group's key-value store (the
-c10d store behind ``torch.distributed``'s default group; no collective): each process other than the main one sets a
-key numbered by how often it called save_state (not by the target, which may differ per process), then reads the main process's decision; the main
+c10d store behind ``torch.distributed``'s default group; no collective). Meetings are numbered by *slot*: the
+number of meetings every process has settled so far (a collective save, or a process that came too late), the same
+on every process whatever each passes as the target and however many saves the main process made alone in between.
+Each process other than the main one sets its key in the current slot and waits for the slot's decision; the main
 process waits at most ``save_join_timeout`` seconds for those keys (:data:`REFUSE_FACTOR` times as long where its
-being alone is refused) and decides:
+being alone is refused) and then:
 
-- ``"all"``: every process came; the collective save follows (atomic publish, kill -9 safety, asynchronous saves);
-- ``"solo"``: it is alone and the run's state is replicated (no plugin implements ``accel_save_state``): it writes
-  everything shared plus its own per-process items, and publishes, with no collective; a late process learns the
-  decision from the store and writes nothing;
-- refused: it is alone and a plugin writes state itself (a sharded strategy, whose save is a collective), or the save
-  numbers its checkpoint automatically (collective in Accelerate too): every process that came raises one line.
+- every process came: it decides :data:`ALL` (one ``compare_set`` on the slot's decision key); the collective save
+  follows (atomic publish, kill -9 safety, asynchronous saves) and the slot is settled;
+- it is alone and the run's state is replicated (no plugin implements ``accel_save_state``): :data:`SOLO`, it writes
+  everything shared plus its own per-process items and publishes, with no collective. The slot stays open (a save
+  the main process makes alone is not one the others make), and the main process marks it "passed alone";
+- it is alone and a plugin writes state itself (a sharded strategy, whose save is a collective), or the save
+  numbers its checkpoint automatically (collective in Accelerate too): refused, one line; the slot stays open and
+  is marked the same way.
+
+A process that finds the slot marked "passed alone" waits :data:`REFUSE_FACTOR` join windows for the main process
+to come back to it (a save on every process right after one the main process made alone), then settles the slot as
+:data:`LATE` itself: it came too late for the save the main process made without it. After a solo save it logs
+that its random states are not in the checkpoint and goes on; after a refusal it raises the same line. Either way
+no process is left waiting: the one that came late is released within those windows, and the main process skips
+the settled slot at its next save. A process that waits for a main process that never comes raises after the
+store's timeout.
 
 A run without a c10d store (one process, or a strategy whose collectives are not torch.distributed's) skips the
 meeting and saves collectively, as before.
@@ -20,9 +32,10 @@ meeting and saves collectively, as before.
 
 from __future__ import annotations
 
-import itertools
+import logging
 import os
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from accel.checkpoint.items import _component_name
@@ -32,13 +45,12 @@ from accel.options import KERNEL
 if TYPE_CHECKING:
     from accel.checkpoint.items import CheckpointKernel
 
-ALL, SOLO, REFUSED = "all", "solo", "refused:"
-#: where being alone is refused, the main process waits this many join windows before it says so
+ALL, SOLO, LATE, REFUSED = "all", "solo", "late", "refused:"
+#: where being alone is refused, the main process waits this many join windows before it says so; a process that
+#: finds its slot passed by the main process alone waits as long for it to come back
 REFUSE_FACTOR = 10
-#: save_state calls on this process, numbering the meeting keys (module-wide: keys stay unique across Kernels of one
-#: process group). Not keyed by the target: processes may each pass their own directory (Accelerate's test scripts
-#: save to a per-process temporary directory), and the collective save writes to the main process's.
-_CALLS = itertools.count()
+#: meetings settled on this process (module-wide: slots stay unique across Kernels of one process group)
+_SLOT = [0]
 
 
 def state_writers(kernel: CheckpointKernel) -> list[str]:
@@ -61,56 +73,98 @@ def _default_store() -> Any:
 
 
 def meet(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | None) -> str:
-    """How this ``save_state`` goes: :data:`ALL` or :data:`SOLO` (see the module's docstring); raises
-    :class:`UsageError` (one line) where the main process is alone and the save must be collective."""
+    """How this ``save_state`` goes: :data:`ALL`, :data:`SOLO` (the main process saves alone) or :data:`LATE` (this
+    process came after the main process saved alone: it writes nothing); raises :class:`UsageError` (one line) where
+    the main process is alone and the save must be collective, on every process that came."""
     if kernel.num_processes == 1:
         return ALL
     store = _default_store()
     if store is None:
         return ALL
-    base = f"accel/save_state/{next(_CALLS)}"
     window = float(kernel.settings.get("save_join_timeout", 5.0))
     if kernel.is_main_process:
-        decision = _decide(kernel, store, base, window, output_dir is None)
-        store.set(f"{base}/decision", decision)
-    else:
-        store.set(f"{base}/{kernel.process_index}", "1")
-        try:
-            decision = store.get(f"{base}/decision").decode()  # waits for the main process (the store's timeout)
-        except RuntimeError as exc:  # torch.distributed.DistStoreError: the main process never came
-            raise UsageError(
-                f"save_state: process {kernel.process_index} waited for the main process, which did not call it "
-                f"({type(exc).__name__}); call save_state on every process, or on the main process alone"
-            ) from None
-    if decision.startswith(REFUSED):
-        raise UsageError(decision[len(REFUSED) :])
-    return decision
+        return _main(kernel, store, window, output_dir is None)
+    return _other(kernel, store, window)
 
 
-def _decide(kernel: CheckpointKernel, store: Any, base: str, window: float, automatic: bool) -> str:
-    """The main process: wait up to ``window`` seconds for the other processes' keys, or, where being alone is an
-    error (a refusal stops the run, a solo save does not), :data:`REFUSE_FACTOR` times as long; then decide."""
+def _base() -> str:
+    return f"accel/save_state/{_SLOT[0]}"
+
+
+def _main(kernel: CheckpointKernel, store: Any, window: float, automatic: bool) -> str:
+    while store.check([f"{_base()}/decision"]):  # settled by processes that came after a save made alone
+        _SLOT[0] += 1
+    base = _base()
     keys = [f"{base}/{rank}" for rank in range(1, kernel.num_processes)]
     writers = state_writers(kernel)
     refuse = bool(writers) or automatic
     waited = window * (REFUSE_FACTOR if refuse else 1)
     if _arrived(store, keys, waited):
-        return ALL
-    absent = [rank for rank, key in enumerate(keys, 1) if not store.check([key])]
+        decision = store.compare_set(f"{base}/decision", "", ALL).decode()
+        _SLOT[0] += 1
+        if decision == ALL:
+            return ALL
+        # the others gave up on this slot a moment ago (LATE): the main process is alone after all
+    absent = [rank for rank, key in enumerate(keys, 1) if not store.check([key])] or list(range(1, len(keys) + 1))
     where = (
         f"save_state: process(es) {', '.join(map(str, absent))} did not call it within {waited:g} s (save_join_timeout)"
     )
+    decision = SOLO
     if writers:
-        return (
+        decision = (
             f"{REFUSED}{where}; save_state is collective under {', '.join(writers)}: call it on every process, not "
             "inside `if is_main_process`"
         )
-    if automatic:
-        return (
+    elif automatic:
+        decision = (
             f"{REFUSED}{where}; with automatic checkpoint naming save_state is collective (as in Accelerate): call "
             "it on every process, not inside `if is_main_process`"
         )
+    store.set(f"{_base()}/alone", decision)
+    if decision.startswith(REFUSED):
+        raise UsageError(decision[len(REFUSED) :])
     return SOLO
+
+
+def _other(kernel: CheckpointKernel, store: Any, window: float) -> str:
+    base = _base()
+    store.set(f"{base}/{kernel.process_index}", "1")
+    decision_key, alone_key = f"{base}/decision", f"{base}/alone"
+    patience = window * REFUSE_FACTOR
+    timeout = getattr(store, "timeout", timedelta(minutes=30)).total_seconds()
+    start = time.monotonic()
+    alone_since: float | None = None
+    pause = 0.0002
+    while not store.check([decision_key]):
+        now = time.monotonic()
+        if alone_since is None and store.check([alone_key]):
+            alone_since = now
+        if alone_since is not None and now - alone_since >= patience:
+            store.compare_set(decision_key, "", LATE)  # settles the slot unless the main process just did
+            break
+        if now - start >= timeout:
+            raise UsageError(
+                f"save_state: process {kernel.process_index} waited {timeout:g} s for the main process, which did not "
+                "call it; call save_state on every process, or on the main process alone"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    decision = store.get(decision_key).decode()
+    _SLOT[0] += 1
+    if decision != LATE:
+        return decision
+    alone = store.get(alone_key).decode()
+    if alone.startswith(REFUSED):
+        raise UsageError(
+            f"save_state: process {kernel.process_index} came after the main process had given up on it ("
+            f"{alone[len(REFUSED) :]}); raise save_join_timeout where processes reach save_state far apart"
+        )
+    logging.getLogger("accel.checkpoint").warning(
+        f"save_state: process {kernel.process_index} came more than {window:g} s (save_join_timeout) after the main "
+        "process, which saved alone: this process's random states are not in that checkpoint; raise "
+        "save_join_timeout where processes reach save_state far apart"
+    )
+    return LATE
 
 
 def _arrived(store: Any, keys: list[str], seconds: float) -> bool:
