@@ -25,20 +25,28 @@ def test_installed_exactly_on_the_affected_releases() -> None:
 
 
 @pytest.mark.skipif(not (forksafe.AFFECTED and LINUX64), reason="only CPython 3.11.0-3.11.7 on 64-bit Linux")
-def test_the_wait_sees_the_lock_taken_and_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    lock = forksafe._head_lock()
-    assert lock is not None
-    assert forksafe._wait_until_free(lock)
-    acquire, release = ctypes.pythonapi.PyThread_acquire_lock, ctypes.pythonapi.PyThread_release_lock
-    acquire.argtypes, release.argtypes = [ctypes.c_void_p, ctypes.c_int], [ctypes.c_void_p]
-    monkeypatch.setattr(forksafe, "MAX_WAIT", 0.05)
-    assert acquire(lock, 0)  # held here (nothing in between may start a thread): the wait gives up, says so
+def test_the_wait_reads_a_cpython_lock_taken_and_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a lock of CPython's own kind (``PyThread_allocate_lock``; HEAD_LOCK itself is never taken here: a lock
+    held across a GIL hand-over is the deadlock the first version of the hook made)."""
+    head = forksafe._head_lock()
+    assert head is not None and not forksafe._held(head)
+    api = ctypes.pythonapi
+    api.PyThread_allocate_lock.restype = ctypes.c_void_p
+    api.PyThread_acquire_lock.argtypes, api.PyThread_acquire_lock.restype = (
+        [ctypes.c_void_p, ctypes.c_int],
+        ctypes.c_int,
+    )
+    api.PyThread_release_lock.argtypes = api.PyThread_free_lock.argtypes = [ctypes.c_void_p]
+    lock = api.PyThread_allocate_lock()
     try:
-        held = forksafe._wait_until_free(lock)
+        assert not forksafe._held(lock) and forksafe._wait_until_free(lock)
+        assert api.PyThread_acquire_lock(lock, 0) == 1
+        monkeypatch.setattr(forksafe, "MAX_WAIT", 0.05)
+        assert forksafe._held(lock) and not forksafe._wait_until_free(lock)  # gives up after MAX_WAIT, says so
+        api.PyThread_release_lock(lock)
+        assert not forksafe._held(lock) and forksafe._wait_until_free(lock)
     finally:
-        release(lock)
-    assert not held
-    assert forksafe._wait_until_free(lock)
+        api.PyThread_free_lock(lock)
 
 
 @pytest.mark.multiprocess

@@ -10,16 +10,18 @@ more often on a loaded machine (the suite saw it in 2 of ~1,400 tests; a 2-proce
 a 2-worker DataLoader hung in 1 of 2 runs of 150 rounds).
 
 :func:`install` adds an ``os.register_at_fork(before=...)`` hook on the affected versions: before each fork it
-waits until that lock is free (trying it without blocking, the GIL released between tries, so the thread holding
-it finishes), then lets the fork go on. Python 3.11.8 and later, and 3.12, re-create the lock first and need none.
+waits until that lock is free (reading the semaphore behind it, never taking it; the GIL released between
+reads, so the thread holding it finishes), then lets the fork go on. Python 3.11.8 and later, and 3.12, re-create the lock first and need none.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import time
+from typing import Any
 
 #: CPython 3.11 releases that take the lock before re-creating it (3.11.8 fixed it)
 AFFECTED = (3, 11) <= sys.version_info[:3] < (3, 11, 8)
@@ -30,6 +32,14 @@ _MUTEX_OFFSET = 32
 MAX_WAIT = 2.0
 
 _installed = False
+
+
+@functools.cache
+def _sem_getvalue() -> Any:
+    """libc's ``sem_getvalue(sem_t *, int *)``."""
+    function = ctypes.CDLL(None).sem_getvalue
+    function.argtypes, function.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    return function
 
 
 def _head_lock() -> int | None:
@@ -44,20 +54,23 @@ def _head_lock() -> int | None:
     return lock or None
 
 
+def _held(lock: int) -> bool:
+    """Whether a thread holds ``lock`` (a CPython lock is a POSIX semaphore on Linux: 1 free, 0 held). Read with
+    ``sem_getvalue``, never taken: a lock taken here could be held across a GIL hand-over, and a thread that holds
+    the GIL and waits for this lock (one deleting its thread state) would then wait forever."""
+    value = ctypes.c_int(1)
+    _sem_getvalue()(lock, ctypes.byref(value))
+    return value.value <= 0
+
+
 def _wait_until_free(lock: int) -> bool:
     """Wait (at most :data:`MAX_WAIT` s) until no thread holds ``lock``; whether it was free."""
-    acquire = ctypes.pythonapi.PyThread_acquire_lock
-    acquire.argtypes, acquire.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
-    release = ctypes.pythonapi.PyThread_release_lock
-    release.argtypes, release.restype = [ctypes.c_void_p], None
     deadline = time.monotonic() + MAX_WAIT
-    while True:
-        if acquire(lock, 0):  # not blocking: taken and at once given back
-            release(lock)
-            return True
+    while _held(lock):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.0005)  # releases the GIL: the thread holding the lock goes on and gives it back
+    return True
 
 
 def install() -> bool:
@@ -68,6 +81,7 @@ def install() -> bool:
     lock = _head_lock()
     if lock is None:
         return False
+    _sem_getvalue()  # looked up now, not in the middle of a fork
     os.register_at_fork(before=lambda: _wait_until_free(lock))
     _installed = True
     return True
