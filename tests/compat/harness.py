@@ -14,7 +14,6 @@ import os
 import random
 import re
 import socket
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -151,16 +150,15 @@ def _per_rank(out: Path, stream: str) -> str:
 
 
 def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> Run:
+    """Run ``cmd`` in ``out`` with :func:`accel.testing.run_tree`: past the deadline (or when processes outlive
+    it) every process of the run prints its Python stacks before it is killed, and the result says so (exit -9)."""
+    from accel.testing import RunLeftovers, RunTimeout, run_tree
+
     try:
-        proc = subprocess.run(cmd, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-
-        def text(b: Any) -> str:
-            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-
-        stdout = text(exc.stdout) + _per_rank(out, "stdout")
-        stderr = text(exc.stderr) + _per_rank(out, "stderr")
-        return Run(cmd, -9, stdout, stderr + f"\n[timed out after {timeout} s]", out)
+        proc = run_tree(cmd, env=env, cwd=out, timeout=timeout)
+    except (RunTimeout, RunLeftovers) as exc:
+        stdout, stderr = _per_rank(out, "stdout"), _per_rank(out, "stderr")
+        return Run(cmd, -9, stdout, f"{exc}\n{stderr}\n[timed out after {timeout} s]", out)
     stdout, stderr = proc.stdout + _per_rank(out, "stdout"), proc.stderr + _per_rank(out, "stderr")
     return Run(cmd, proc.returncode, stdout, stderr, out)
 

@@ -165,10 +165,14 @@ def preflight(num_processes: int, num_nodes: int, handed: Mapping[str, str]) -> 
     activate_plan(plugins, values, sources, env)
 
 
-def _worker(function: Callable[..., Any], parent: int, *args: Any) -> Any:
+def _worker(function: Callable[..., Any], parent: int, forked: bool, *args: Any) -> Any:
     """Each launched process: die with the launching process, leave its terminal's process group (Ctrl-C goes to
     the launching process, which stops everyone), and take the signals' usual meaning back (a forked process
-    inherits torch's and accel's handlers)."""
+    inherits torch's and accel's handlers). A forked process runs torch with one intra-op thread, as torchrun's
+    processes (``OMP_NUM_THREADS=1``) and DataLoader workers do: GNU OpenMP's thread pool does not survive a fork,
+    and a forked process whose parent had used it hung in its first multi-threaded op."""
+    if forked and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     die_with_parent(parent)
     try:
         os.setsid()
@@ -265,7 +269,7 @@ def notebook_launcher(
         raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.SIGTERM)
 
     entry = functools.update_wrapper(
-        functools.partial(_worker, function, os.getpid()),
+        functools.partial(_worker, function, os.getpid(), method == "fork"),
         function,
         assigned=("__module__", "__name__", "__qualname__"),
         updated=(),

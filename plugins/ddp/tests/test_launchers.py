@@ -106,6 +106,40 @@ def test_notebook_launcher_from_a_plain_python_process(tmp_path: Path) -> None:
     assert "start method fork" in proc.stdout
 
 
+def test_forked_processes_of_a_parent_that_used_torch_threads_do_not_hang(tmp_path: Path) -> None:
+    """GNU OpenMP's thread pool does not survive a fork: a launched process whose parent had run a multi-threaded op
+    hung in its first one (the CHANGELOG's former known issue). Forked processes run with one intra-op thread, as
+    torchrun's and DataLoader workers do. run_tree: a hang ends at the deadline with every process's stacks."""
+    from accel.testing import run_tree
+
+    script = tmp_path / "threads.py"
+    script.write_text(
+        textwrap.dedent("""
+        import json
+        import torch
+        from accel import debug_launcher
+
+        def work():
+            a = torch.randn(800, 800)
+            for _ in range(5):
+                a = (a @ a).tanh()
+            return torch.get_num_threads()
+
+        if __name__ == "__main__":
+            torch.set_num_threads(2)
+            a = torch.randn(2000, 2000)
+            (a @ a).sum()  # the parent's OpenMP pool is up
+            print("RESULT " + json.dumps(debug_launcher(work, num_processes=2)))
+    """)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update(ACCEL_HOME=str(tmp_path), ACCEL_PLUGINS="ddp")
+    proc = run_tree([sys.executable, str(script)], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "start method fork" in proc.stdout
+    assert "RESULT [1, 1]" in proc.stdout, proc.stdout
+
+
 def test_one_process_runs_in_this_process_with_the_settings() -> None:
     def here() -> tuple[int, str]:
         return os.getpid(), json.loads(os.environ["ACCEL_CONFIG"])["mixed_precision"]
