@@ -553,7 +553,10 @@ def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: fl
     batches, so the data is sharded over the ``data_parallel_size`` shards; each process holds the parameters of
     its stage(s) only, so the weights are checked by name against full-batch gradient descent, the processes
     holding a parameter must agree on it, and together they must hold all of them; gradients are compared between
-    the processes holding the same parameters (the data-parallel replicas of a stage)."""
+    the processes holding the same parameters (the data-parallel replicas of a stage): they must agree after the
+    micro-batches that synchronise; on the others they may agree too, since torch's ``PipelineStage`` reduces a
+    stage's gradients over the data-parallel group at the end of every schedule step (one micro-batch here), and a
+    sharded (FSDP2) gradient gathered whole is one tensor on every replica."""
     from accel.testing.strategy_check import SAMPLES, make_data, reference_state
 
     expected = reference_state("pipeline")
@@ -602,7 +605,7 @@ def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: fl
                 f"after micro-batch {i}'s pipeline step the user's module held no gradients: the pipeline's "
                 "backward must leave them in the stage's parameters"
             )
-        check_gradient_sync(replicas)
+        check_gradient_sync(replicas, unsynced_may_agree=True)
 
 
 def _same(a: list[float], b: list[float]) -> bool:
@@ -611,7 +614,9 @@ def _same(a: list[float], b: list[float]) -> bool:
     return all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-7) for x, y in zip(a, b, strict=True))
 
 
-def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool = True) -> None:
+def check_gradient_sync(
+    reports: list[dict[str, Any]], gradients_visible: bool = True, unsynced_may_agree: bool = False
+) -> None:
     """Under ``kernel.accumulate``, each process keeps its own gradients on the micro-batches that do not
     synchronise (they saw other samples, so they differ), and all hold the same gradients after the micro-batch
     that does. Micro-batches where the user's module holds no gradients (kept in a strategy's buffers) are not
@@ -632,7 +637,7 @@ def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool =
         agree = all(_same(g, grads[0]) for g in grads[1:])
         if sync:
             assert agree, f"micro-batch {i} synchronises, yet the {n} processes hold different gradients after it"
-        else:
+        elif not unsynced_may_agree:
             assert not agree, (
                 f"micro-batch {i} does not synchronise (kernel.sync_gradients is False inside accumulate()), yet "
                 f"the {n} processes hold identical gradients after it: the strategy synchronised gradients on "
