@@ -508,7 +508,7 @@ def check_sharding(reports: list[dict[str, Any]], samples: int) -> None:
 def check_training(reports: list[dict[str, Any]], n: int, tolerance: float, gradients_visible: bool) -> None:
     """The reports of ``accel.testing.strategy_check`` from ``n`` processes: sharded data, the weights of
     full-batch gradient descent everywhere, working collectives, gradients synchronised on sync steps only."""
-    from accel.testing.strategy_check import SAMPLES, make_data, reference_weights
+    from accel.testing.strategy_check import SAMPLES, reference_weights
 
     expected = reference_weights()
     assert sorted(r["process_index"] for r in reports) == list(range(n))
@@ -537,14 +537,21 @@ def check_training(reports: list[dict[str, Any]], n: int, tolerance: float, grad
         assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), (
             "processes ended with different weights"
         )
-        assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-        for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
-            assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
-        assert r["reduce_sum"] == n * (n + 1) / 2
-        assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
-        assert r["broadcast"] == [0.0, 0.0]
+        check_collectives(r, n)
     assert reports[0]["state_dict_keys"] == ["bias", "weight"]
     check_gradient_sync(reports, gradients_visible)
+
+
+def check_collectives(r: dict[str, Any], n: int) -> None:
+    """One process's report: gather_for_metrics gave each sample once; reduce, gather and broadcast over all ``n``."""
+    from accel.testing.strategy_check import SAMPLES, make_data
+
+    assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
+    for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
+        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
+    assert r["reduce_sum"] == n * (n + 1) / 2
+    assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
+    assert r["broadcast"] == [0.0, 0.0]
 
 
 def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: float) -> None:
@@ -557,7 +564,7 @@ def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: fl
     micro-batches that synchronise; on the others they may agree too, since torch's ``PipelineStage`` reduces a
     stage's gradients over the data-parallel group at the end of every schedule step (one micro-batch here), and a
     sharded (FSDP2) gradient gathered whole is one tensor on every replica."""
-    from accel.testing.strategy_check import SAMPLES, make_data, reference_state
+    from accel.testing.strategy_check import SAMPLES, reference_state
 
     expected = reference_state("pipeline")
     assert sorted(r["process_index"] for r in reports) == list(range(n))
@@ -588,12 +595,7 @@ def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: fl
             for g, w in zip(got, expected[name], strict=True):
                 assert math.isclose(g, w, rel_tol=tolerance, abs_tol=tolerance), (name, got, expected[name])
             assert _same(held.setdefault(name, got), got), f"processes holding {name!r} ended with different values"
-        assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-        for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
-            assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
-        assert r["reduce_sum"] == n * (n + 1) / 2
-        assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
-        assert r["broadcast"] == [0.0, 0.0]
+        check_collectives(r, n)
     assert sorted(held) == sorted(expected), f"the processes together hold {sorted(held)}, not {sorted(expected)}"
     assert sorted(reports[0]["state_dict_keys"]) == sorted(expected), reports[0]["state_dict_keys"]
     stages: dict[tuple[str, ...], list[dict[str, Any]]] = {}  # the data-parallel replicas of each stage
