@@ -436,6 +436,10 @@ class StrategyConformance(_LaunchSettingsChecks, _PluginChecks):
     gradients_visible: bool = True
     #: Seconds the two-process training may take (a backend that compiles ops on first use needs more).
     timeout: float = 240
+    #: The model strategy_check trains: "linear" (one nn.Linear), or "pipeline" for a strategy that splits layers
+    #: into pipeline stages (launch_args giving pp > 1): a two-layer ``layers`` stack trained through
+    #: ``model(x, labels=y).loss``, checked as :func:`check_training` describes for pipelines.
+    model: str = "linear"
 
     def environment(self, tmp_path: Path) -> dict[str, str]:
         """Environment variables the launched processes need (e.g. where a backend builds its ops)."""
@@ -457,7 +461,15 @@ class StrategyConformance(_LaunchSettingsChecks, _PluginChecks):
     def test_trains_like_one_process(self, tmp_path: Path) -> None:
         out = tmp_path / "out"
         run_launch(
-            ["--plugin", self.name, *self.launch_args, "-m", "accel.testing.strategy_check", str(out)],
+            [
+                "--plugin",
+                self.name,
+                *self.launch_args,
+                "-m",
+                "accel.testing.strategy_check",
+                str(out),
+                *(["--model", self.model] if self.model != "linear" else []),
+            ],
             num_processes=self.num_processes,
             registered=self.registered(),
             home=tmp_path / "home",
@@ -465,7 +477,10 @@ class StrategyConformance(_LaunchSettingsChecks, _PluginChecks):
             timeout=self.timeout,
         )
         reports = [json.loads((out / f"process{i}.json").read_text()) for i in range(self.num_processes)]
-        check_training(reports, self.num_processes, self.tolerance, self.gradients_visible)
+        if self.model == "pipeline":
+            check_pipeline_training(reports, self.num_processes, self.tolerance)
+        else:
+            check_training(reports, self.num_processes, self.tolerance, self.gradients_visible)
 
 
 def check_sharding(reports: list[dict[str, Any]], samples: int) -> None:
@@ -493,7 +508,7 @@ def check_sharding(reports: list[dict[str, Any]], samples: int) -> None:
 def check_training(reports: list[dict[str, Any]], n: int, tolerance: float, gradients_visible: bool) -> None:
     """The reports of ``accel.testing.strategy_check`` from ``n`` processes: sharded data, the weights of
     full-batch gradient descent everywhere, working collectives, gradients synchronised on sync steps only."""
-    from accel.testing.strategy_check import SAMPLES, make_data, reference_weights
+    from accel.testing.strategy_check import SAMPLES, reference_weights
 
     expected = reference_weights()
     assert sorted(r["process_index"] for r in reports) == list(range(n))
@@ -522,14 +537,77 @@ def check_training(reports: list[dict[str, Any]], n: int, tolerance: float, grad
         assert len(r["all_weights"]) == n and all(w == r["all_weights"][0] for w in r["all_weights"]), (
             "processes ended with different weights"
         )
-        assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
-        for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
-            assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
-        assert r["reduce_sum"] == n * (n + 1) / 2
-        assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
-        assert r["broadcast"] == [0.0, 0.0]
+        check_collectives(r, n)
     assert reports[0]["state_dict_keys"] == ["bias", "weight"]
     check_gradient_sync(reports, gradients_visible)
+
+
+def check_collectives(r: dict[str, Any], n: int) -> None:
+    """One process's report: gather_for_metrics gave each sample once; reduce, gather and broadcast over all ``n``."""
+    from accel.testing.strategy_check import SAMPLES, make_data
+
+    assert len(r["gathered_targets"]) == SAMPLES, "gather_for_metrics must return each sample once"
+    for got, want in zip(r["gathered_targets"], sorted(float(v) for v in make_data()[1].flatten()), strict=True):
+        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6), "gather_for_metrics lost or mixed samples"
+    assert r["reduce_sum"] == n * (n + 1) / 2
+    assert r["gather_ranks"] == [float(i + 1) for i in range(n)]
+    assert r["broadcast"] == [0.0, 0.0]
+
+
+def check_pipeline_training(reports: list[dict[str, Any]], n: int, tolerance: float) -> None:
+    """:func:`check_training` for a strategy running ``strategy_check --model pipeline`` with pp > 1 (see
+    docs/design.md, "The conformance kit under pipeline parallelism"): the processes of one pipeline read the same
+    batches, so the data is sharded over the ``data_parallel_size`` shards; each process holds the parameters of
+    its stage(s) only, so the weights are checked by name against full-batch gradient descent, the processes
+    holding a parameter must agree on it, and together they must hold all of them; gradients are compared between
+    the processes holding the same parameters (the data-parallel replicas of a stage): they must agree after the
+    micro-batches that synchronise; on the others they may agree too, since torch's ``PipelineStage`` reduces a
+    stage's gradients over the data-parallel group at the end of every schedule step (one micro-batch here), and a
+    sharded (FSDP2) gradient gathered whole is one tensor on every replica."""
+    from accel.testing.strategy_check import SAMPLES, reference_state
+
+    expected = reference_state("pipeline")
+    assert sorted(r["process_index"] for r in reports) == list(range(n))
+    dp = reports[0]["data_parallel_size"]
+    assert dp < n, f"data_parallel_size {dp} with {n} processes: the strategy did not build a pipeline (pp > 1)"
+    shares: dict[str, dict[str, Any]] = {}  # one report per distinct data shard
+    for r in reports:
+        shares.setdefault(json.dumps(sorted(r["epoch_targets"])), r)
+    assert len(shares) == dp, (
+        f"the {n} processes trained on {len(shares)} different shares of the data, expected one per data-parallel "
+        f"shard ({dp}): the processes of one pipeline must read the same batches"
+    )
+    check_sharding(list(shares.values()), SAMPLES)
+    held: dict[str, list[float]] = {}
+    for r in reports:
+        assert r["num_processes"] == n and r["is_main_process"] == (r["process_index"] == 0)
+        assert r["optimizer_steps"] == 3, f"{r['optimizer_steps']} optimizer steps, expected 3 (one per epoch)"
+        assert r["unwrapped_is_original"], (
+            f"unwrap_model(prepared) returned a {r['unwrapped_type']}, not the module passed to prepare() (pruned "
+            "in place to this process's stages)"
+        )
+        for name, got in r["named_weights"].items():
+            assert name in expected, f"process {r['process_index']} holds {name!r}, not a parameter of the model"
+            assert not _same(got, r["initial_named_weights"][name]), (
+                f"{name!r} kept its initial weights through training on process {r['process_index']}: the "
+                "pipeline's gradients did not reach the user's module, or the optimizer did not step it"
+            )
+            for g, w in zip(got, expected[name], strict=True):
+                assert math.isclose(g, w, rel_tol=tolerance, abs_tol=tolerance), (name, got, expected[name])
+            assert _same(held.setdefault(name, got), got), f"processes holding {name!r} ended with different values"
+        check_collectives(r, n)
+    assert sorted(held) == sorted(expected), f"the processes together hold {sorted(held)}, not {sorted(expected)}"
+    assert sorted(reports[0]["state_dict_keys"]) == sorted(expected), reports[0]["state_dict_keys"]
+    stages: dict[tuple[str, ...], list[dict[str, Any]]] = {}  # the data-parallel replicas of each stage
+    for r in reports:
+        stages.setdefault(tuple(r["named_weights"]), []).append(r)
+    for replicas in stages.values():
+        for i, step in enumerate(replicas[0]["micro_steps"]):
+            assert step["grads"] is not None, (
+                f"after micro-batch {i}'s pipeline step the user's module held no gradients: the pipeline's "
+                "backward must leave them in the stage's parameters"
+            )
+        check_gradient_sync(replicas, unsynced_may_agree=True)
 
 
 def _same(a: list[float], b: list[float]) -> bool:
@@ -538,7 +616,9 @@ def _same(a: list[float], b: list[float]) -> bool:
     return all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-7) for x, y in zip(a, b, strict=True))
 
 
-def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool = True) -> None:
+def check_gradient_sync(
+    reports: list[dict[str, Any]], gradients_visible: bool = True, unsynced_may_agree: bool = False
+) -> None:
     """Under ``kernel.accumulate``, each process keeps its own gradients on the micro-batches that do not
     synchronise (they saw other samples, so they differ), and all hold the same gradients after the micro-batch
     that does. Micro-batches where the user's module holds no gradients (kept in a strategy's buffers) are not
@@ -559,7 +639,7 @@ def check_gradient_sync(reports: list[dict[str, Any]], gradients_visible: bool =
         agree = all(_same(g, grads[0]) for g in grads[1:])
         if sync:
             assert agree, f"micro-batch {i} synchronises, yet the {n} processes hold different gradients after it"
-        else:
+        elif not unsynced_may_agree:
             assert not agree, (
                 f"micro-batch {i} does not synchronise (kernel.sync_gradients is False inside accumulate()), yet "
                 f"the {n} processes hold identical gradients after it: the strategy synchronised gradients on "

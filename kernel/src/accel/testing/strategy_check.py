@@ -1,6 +1,7 @@
 """Worker of :class:`accel.testing.conformance.StrategyConformance`'s training test.
 
-``accel launch -n N [--plugin NAME] -m accel.testing.strategy_check OUT_DIR``: trains a linear model on a fixed
+``accel launch -n N [--plugin NAME] -m accel.testing.strategy_check OUT_DIR [--model pipeline]``: trains a linear
+model (or, with ``--model pipeline``, a two-layer linear stack a pipeline-parallel strategy splits into stages) on a fixed
 data set with gradient accumulation, exercises the collectives, and writes ``OUT_DIR/process<i>.json``. Built so
 that the result does not depend on how batches are spread over processes: one optimizer step per epoch whose
 gradient is the full-batch gradient, so the final weights equal :func:`reference_weights`.
@@ -34,25 +35,58 @@ def make_data() -> Any:
     return x, y
 
 
-def make_model() -> Any:
+#: ``--model`` values: ``linear`` (the default, one nn.Linear) and ``pipeline`` (:func:`stack`)
+MODELS = ("linear", "pipeline")
+
+
+def stack() -> Any:
+    """Two linear layers in a ``layers`` nn.Sequential (what a pipeline splits into stages), Hugging Face-style:
+    ``forward(x, labels=...)`` returns an output with ``.loss`` and ``loss_function(output, labels)`` is the MSE
+    the last stage computes. Linear, so full-batch gradient descent stays as exact as the single Linear's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, FEATURES), torch.nn.Linear(FEATURES, 1))
+
+        def loss_function(self, out: Any, labels: Any) -> Any:
+            return torch.nn.functional.mse_loss(out, labels)
+
+        def forward(self, x: Any, labels: Any = None) -> Any:
+            out = self.layers(x)
+            return SimpleNamespace(logits=out, loss=None if labels is None else self.loss_function(out, labels))
+
+    return Stack()
+
+
+def make_model(model: str = "linear") -> Any:
     import torch
 
     torch.manual_seed(0)
-    return torch.nn.Linear(FEATURES, 1)
+    return stack() if model == "pipeline" else torch.nn.Linear(FEATURES, 1)
 
 
-def reference_weights() -> list[float]:
-    """Full-batch gradient descent on one process, without accel: what every strategy must reproduce."""
+def reference_state(model: str = "linear") -> dict[str, list[float]]:
+    """Full-batch gradient descent on one process, without accel: the final parameters, by name."""
     import torch
 
     x, y = make_data()
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    net = make_model(model)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
     for _ in range(EPOCHS):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        out = net(x) if model == "linear" else net(x).logits
+        torch.nn.functional.mse_loss(out, y).backward()
         opt.step()
-    return [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+    return {name: [float(v) for v in p.detach().flatten()] for name, p in net.named_parameters()}
+
+
+def reference_weights(model: str = "linear") -> list[float]:
+    """:func:`reference_state` flattened: what every strategy must reproduce."""
+    return [v for values in reference_state(model).values() for v in values]
 
 
 def whole(tensor: Any) -> Any:
@@ -83,17 +117,27 @@ def main(argv: list[str]) -> int:
     from accel import Kernel
 
     out = argv[0]
+    kind = argv[argv.index("--model") + 1] if "--model" in argv else "linear"
+    if kind not in MODELS:
+        raise SystemExit(f"strategy_check --model {kind}: expected one of {', '.join(MODELS)}")
+    pipeline = kind == "pipeline"
     kernel = Kernel(gradient_accumulation_steps=ACCUMULATION)
     n = kernel.num_processes
-    if SAMPLES % (n * ACCUMULATION):
-        raise SystemExit(f"strategy_check needs a process count dividing {SAMPLES // ACCUMULATION}, got {n}")
+    # with pipeline parallelism the processes of one pipeline read the same batches: the data is sharded over the
+    # data-parallel dimension only
+    shards = kernel.data_parallel_size if pipeline else n
+    if SAMPLES % (shards * ACCUMULATION):
+        raise SystemExit(f"strategy_check needs a process count dividing {SAMPLES // ACCUMULATION}, got {shards}")
     x, y = make_data()
     # ACCUMULATION micro-batches per process per epoch: each optimizer step sees every sample once.
-    loader = DataLoader(TensorDataset(x, y), batch_size=SAMPLES // (n * ACCUMULATION))
-    evaluation = DataLoader(TensorDataset(x, y), batch_size=5)  # uneven: tests even_batches + gather_for_metrics
-    original = make_model()
+    loader = DataLoader(TensorDataset(x, y), batch_size=SAMPLES // (shards * ACCUMULATION))
+    # uneven batches test even_batches + gather_for_metrics; a pipeline splits each batch into microbatches, so
+    # its batches stay even (4 rows: a multiple of the default microbatch count of 2 or 4 stages)
+    evaluation = DataLoader(TensorDataset(x, y), batch_size=4 if pipeline else 5)
+    original = make_model(kind)
     user_class = type(original)  # a sharding strategy may swap in a subclass of it (FSDP2's FSDPLinear), in place
-    initial = [float(v) for v in torch.cat([p.detach().flatten() for p in original.parameters()])]
+    initial_named = {name: [float(v) for v in p.detach().flatten()] for name, p in original.named_parameters()}
+    initial = [v for values in initial_named.values() for v in values]
     optimizer = torch.optim.SGD(original.parameters(), lr=LR)
     model, optimizer, loader, evaluation = kernel.prepare(original, optimizer, loader, evaluation)
     steps = 0
@@ -104,7 +148,10 @@ def main(argv: list[str]) -> int:
             if epoch == 0:
                 epoch_targets.extend(float(v) for v in yb.flatten().cpu())
             with kernel.accumulate(model):
-                loss = torch.nn.functional.mse_loss(model(xb), yb)
+                if pipeline:  # the prepared model runs the pipeline step and returns the loss
+                    loss = model(xb, labels=yb).loss
+                else:
+                    loss = torch.nn.functional.mse_loss(model(xb), yb)
                 kernel.backward(loss)
                 micro_steps.append(
                     {"sync": kernel.sync_gradients, "grads": local_gradients(kernel.unwrap_model(model))}
@@ -116,19 +163,25 @@ def main(argv: list[str]) -> int:
     model.eval()
     with torch.no_grad():
         for xb, yb in evaluation:
-            model(xb)
+            model(xb, labels=yb) if pipeline else model(xb)
             targets.append(kernel.gather_for_metrics(yb).cpu())
     unwrapped = kernel.unwrap_model(model)
-    with torch.no_grad():  # the module unwrap_model returns is the one that was trained: it computes the same
-        probe = x[:4].to(kernel.device)
-        same_outputs = bool(torch.allclose(model(probe).float(), unwrapped(probe).float(), rtol=1e-4, atol=1e-5))
-    weights = torch.cat([whole(p.detach()).float().flatten().cpu() for p in unwrapped.parameters()])
+    same_outputs = None  # a pipeline process holds its stage's layers only: the module cannot compute alone
+    if not pipeline:
+        with torch.no_grad():  # the module unwrap_model returns is the one that was trained: it computes the same
+            probe = x[:4].to(kernel.device)
+            same_outputs = bool(torch.allclose(model(probe).float(), unwrapped(probe).float(), rtol=1e-4, atol=1e-5))
+    named = {name: whole(p.detach()).float().flatten().cpu() for name, p in unwrapped.named_parameters()}
+    weights = torch.cat(list(named.values()))
     state_dict_keys = sorted(kernel.get_state_dict(model).keys())  # on every process: gathering may be a collective
     rank = torch.tensor([float(kernel.process_index + 1)], device=kernel.device)
     shared = torch.full((2,), float(kernel.process_index), device=kernel.device)
     report = {
         "process_index": kernel.process_index,
         "num_processes": n,
+        "model": kind,
+        "data_parallel_size": shards,
+        "named_weights": {name: [float(v) for v in w] for name, w in named.items()},
         "local_process_index": kernel.local_process_index,
         "is_main_process": kernel.is_main_process,
         "device": str(kernel.device),
@@ -138,6 +191,7 @@ def main(argv: list[str]) -> int:
         "unwrapped_is_original": unwrapped is original and isinstance(unwrapped, user_class),
         "unwrapped_computes_like_prepared": same_outputs,
         "initial_weights": initial,
+        "initial_named_weights": initial_named,
         "micro_steps": micro_steps,
         "epoch_targets": epoch_targets,
         "all_weights": [list(map(float, w)) for w in kernel.gather_object([weights.tolist()])],

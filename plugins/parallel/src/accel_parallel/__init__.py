@@ -474,13 +474,14 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points), bool(seq))
 
 
-def check_plan(plan: MeshPlan, world: int, where: str) -> None:
+def check_plan(plan: MeshPlan, world: int, where: str, machines: int = 1) -> None:
     if plan.world != world:
+        spread = f" (num_machines {machines})" if machines > 1 else ""  # the setting that multiplied the processes
         raise UsageError(
             f"{where}: parallelism_config sizes {'pp=' + str(plan.pp) + ' x ' if plan.pp > 1 else ''}"
             f"dp_replicate={plan.sizes[0]} x dp_shard={plan.sizes[1]} "
             f"x cp={plan.sizes[2]} x tp={plan.sizes[3]} = {plan.world}, but the run has {world} "
-            f"process(es); make the product equal the number of processes (--num_processes {plan.world})"
+            f"process(es){spread}; make the product equal the number of processes (--num_processes {plan.world})"
         )
 
 
@@ -541,7 +542,7 @@ def accel_activate(settings: Settings) -> object | None:
             sources={**settings.sources, **{k: "megatron_lm_config" for k in mapped}},
         )
     where = "accel launch" if settings.phase == "launch" else "Kernel()"
-    check_plan(plan, settings.world_size, where)
+    check_plan(plan, settings.world_size, where, int(settings.get("num_machines") or 1))
     if plan.size("cp") > 1:
         why = cp_refusal(settings, nvidia_gpus(settings.env) is not None)
         if why:
