@@ -19,12 +19,21 @@ from __future__ import annotations
 
 import argparse
 import resource
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from accel import Kernel
+
+
+def say(line: str) -> None:
+    """One line in one write: `accel launch` runs its processes unbuffered (python -u), where print() writes the
+    text and the newline separately, and two processes' lines on one pipe could then run together (seen in a full
+    run: "returned 0returned 1")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -48,7 +57,7 @@ def main() -> None:
     if kernel.process_index == args.limit_rank:
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.limit, resource.RLIM_INFINITY))
     kernel.save_state(Path(args.dir) / "ck", asynchronous=True)
-    print(f"returned {kernel.process_index}", flush=True)
+    say(f"returned {kernel.process_index}")
     if args.mode == "exit":
         return  # the atexit handler finishes the save
     try:
@@ -57,7 +66,7 @@ def main() -> None:
         else:
             kernel.end_training()
     except Exception as exc:
-        print(f"error {kernel.process_index}: {type(exc).__name__}: {exc}", flush=True)
+        say(f"error {kernel.process_index}: {type(exc).__name__}: {exc}")
     kernel.end_training()
 
 
