@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -130,25 +131,16 @@ def _other(kernel: CheckpointKernel, store: Any, window: float) -> str:
     base = _base()
     store.set(f"{base}/{kernel.process_index}", "1")
     decision_key, alone_key = f"{base}/decision", f"{base}/alone"
-    patience = window * REFUSE_FACTOR
     timeout = getattr(store, "timeout", timedelta(minutes=30)).total_seconds()
     start = time.monotonic()
-    alone_since: float | None = None
-    pause = 0.0002
-    while not store.check([decision_key]):
-        now = time.monotonic()
-        if alone_since is None and store.check([alone_key]):
-            alone_since = now
-        if alone_since is not None and now - alone_since >= patience:
-            store.compare_set(decision_key, "", LATE)  # settles the slot unless the main process just did
-            break
-        if now - start >= timeout:
-            raise UsageError(
-                f"save_state: process {kernel.process_index} waited {timeout:g} s for the main process, which did not "
-                "call it; call save_state on every process, or on the main process alone"
-            )
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
+    if not _until(lambda: store.check([decision_key]) or store.check([alone_key]), timeout):
+        raise UsageError(
+            f"save_state: process {kernel.process_index} waited {timeout:g} s for the main process, which did not "
+            "call it; call save_state on every process, or on the main process alone"
+        )
+    patience = min(window * REFUSE_FACTOR, max(0.0, timeout - (time.monotonic() - start)))
+    if not _until(lambda: store.check([decision_key]), patience):  # the main process passed this slot alone
+        store.compare_set(decision_key, "", LATE)  # settles the slot unless the main process just did
     decision = store.get(decision_key).decode()
     _SLOT[0] += 1
     if decision != LATE:
@@ -168,11 +160,16 @@ def _other(kernel: CheckpointKernel, store: Any, window: float) -> str:
 
 
 def _arrived(store: Any, keys: list[str], seconds: float) -> bool:
-    """Whether every key is set within ``seconds`` (polling ``store.check``: a timed-out ``store.wait`` prints
-    c10d's socket warnings on stderr)."""
+    """Whether every key is set within ``seconds``."""
+    return _until(lambda: store.check(keys), seconds)
+
+
+def _until(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (polled with a growing pause: a timed-out ``store.wait``
+    prints c10d's socket warnings on stderr)."""
     deadline = time.monotonic() + seconds
     pause = 0.0002
-    while not store.check(keys):
+    while not condition():
         if time.monotonic() >= deadline:
             return False
         time.sleep(pause)
