@@ -153,9 +153,20 @@ class _AsyncSave:
             self.published = True
         except BaseException as exc:
             self.publish_error = exc
-        finally:
-            if not self.published:
-                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def discard(self, peers_done: bool) -> None:
+        """On the main process, once its thread has ended: remove the temporary directory of a save that was not
+        published, but only after every other process has stopped writing into it (a process still writing would
+        otherwise re-create files there, or fail on the missing directory). ``peers_done``: a collective said every
+        process's files are written or failed; else (at exit) wait for their markers until the deadline."""
+        if self.published:
+            return
+        if not peers_done:
+            markers = [self.tmp / _MARKER.format(rank) for rank in range(1, self.world)]
+            deadline = self.deadline if self.deadline is not None else time.monotonic() + PEER_WAIT_S
+            while not all(m.is_file() for m in markers) and time.monotonic() < deadline and self.tmp.is_dir():
+                time.sleep(0.01)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def _wait_for_peers(self) -> None:
         """Wait for every other process's marker (its files are written); raise the error one reports."""
@@ -191,6 +202,7 @@ class _AsyncSave:
         if self.rank == 0:
             self.deadline = time.monotonic() + PEER_WAIT_S
             self.thread.join()
+            self.discard(peers_done=False)
         error = self.write_error or self.publish_error
         if error is not None:
             _LOST.append(self.target)
@@ -281,6 +293,7 @@ def finish_pending(kernel: KernelView, at_exit: bool = False, release: bool = Fa
     if job.rank == 0:
         job.deadline = time.monotonic() + (0.0 if failed else PEER_WAIT_S)  # failed: stop waiting for markers
         job.thread.join()
+        job.discard(peers_done=True)  # the gather above: every process's background write has ended
     publish = None if failed or job.publish_error is None else _one_line(job.publish_error)
     publish = kernel.collectives.broadcast_object(publish, 0)
     where = f"asynchronous save_state to {job.target} failed on process"
