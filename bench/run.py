@@ -461,7 +461,7 @@ ASYNC_SIZES_MIB = (64, 256, 1024, 2048)  # issue 30: the checkpoint's size, 64 M
 def checkpoint_async(repeats: int) -> str:
     """bench/checkpoint.py --async-save, one process per checkpoint size (the largest holds 2 GiB three times:
     the model with Adam's state, the kept CPU copies and the page cache of the files)."""
-    from checkpoint import async_report
+    from checkpoint import async_ratios, async_report
 
     rows = [
         "| checkpoint | synchronous save (median s) | blocked (median s) | blocked / synchronous, median "
@@ -477,19 +477,21 @@ def checkpoint_async(repeats: int) -> str:
         )
         text, ratio = async_report(got)
         r = got["rounds"]
-        ratios = [(a[0] + a[3]) / s for a, s in zip(r["async"], r["sync"], strict=True)]
         mib = got["checkpoint_bytes"] / 2**20
-        target(
-            f"asynchronous save, {mib:.0f} MiB checkpoint: time the training loop is blocked",
-            "<= 10 % of the synchronous save",
-            f"{ratio:.1%} (median of per-round ratios; rounds {min(ratios):.1%}-{max(ratios):.1%})",
-            ratio <= 0.10,
-        )
-        rows.append(
-            f"| {mib:.0f} MiB | {statistics.median(r['sync']):.3f} "
-            f"| {statistics.median([a[0] + a[3] for a in r['async']]):.3f} | {ratio:.1%} "
-            f"| {min(ratios):.1%} - {max(ratios):.1%} |"
-        )
+        for mode, title in (("overlap", "async_save_overlap"), ("async", "default, copy before return")):
+            ratios = async_ratios(got, mode)
+            median = statistics.median(ratios)
+            target(
+                f"asynchronous save ({title}), {mib:.0f} MiB checkpoint: time the training loop is blocked",
+                "<= 10 % of the synchronous save",
+                f"{median:.1%} (median of per-round ratios; rounds {min(ratios):.1%}-{max(ratios):.1%})",
+                median <= 0.10 if mode == "overlap" else "n/a (floor: one memory copy)",
+            )
+            rows.append(
+                f"| {mib:.0f} MiB, {title} | {statistics.median(r['sync']):.3f} "
+                f"| {statistics.median([a[0] + a[3] for a in r[mode]]):.3f} | {median:.1%} "
+                f"| {min(ratios):.1%} - {max(ratios):.1%} |"
+            )
         details.append(f"#### {mib:.0f} MiB\n\n{text}")
     return "\n".join(rows) + "\n\n" + "\n\n".join(details)
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from accel import Kernel, ProjectConfiguration
+from accel import CheckpointError, Kernel, ProjectConfiguration
 from accel.checkpoint import _SAVERS, is_complete, numbered_checkpoints, pending_save, read_manifest
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -68,10 +68,11 @@ def job_of(kernel: Kernel) -> Any:
     return None if saver is None else saver.job
 
 
-def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["copy-before-return", "overlap"])
+def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path, overlap: bool) -> None:
     # in the middle of gradient accumulation (gradients saved too), mid-epoch, Adam state, a scheduler, tied
     # weights, a registered object: every file, the manifest included, is byte-for-byte the synchronous one's
-    kernel, model, opt, dl, counter = setup(accum=2, width=1024, depth=8)  # copies that take a while
+    kernel, model, opt, dl, counter = setup(accum=2, width=1024, depth=8, async_save_overlap=overlap)
     it = iter(dl)
     for _ in range(3):
         x, _y = next(it)
@@ -81,7 +82,13 @@ def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path) -> No
     kernel.save_state(tmp_path / "sync")
     kernel.save_state(tmp_path / "async", asynchronous=True)
     assert pending_save(kernel) == (tmp_path / "async").absolute()
-    opt.optimizer.step()  # the copy was made before save_state returned: a step right after cannot reach the files
+    job = job_of(kernel)
+    # overlap: the parameters' and Adam's copies were left to the background thread (the step below waits for
+    # them); otherwise everything was copied before save_state returned
+    deferred = {stem for stem, *_ in job.to_verify}
+    assert deferred == ({"model", "optimizer"} if overlap else set()), deferred
+    opt.optimizer.step()  # a step right after the call cannot reach the files
+    assert job.verified.is_set() and job.changed is None
     kernel.wait_for_save()
     assert pending_save(kernel) is None
     a, b = files(tmp_path / "sync"), files(tmp_path / "async")
@@ -89,6 +96,40 @@ def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path) -> No
     different = [name for name in a if a[name] != b[name]]
     print(f"{len(a)} files compared, different: {different}")
     assert not different
+    kernel.end_training()
+
+
+def test_overlap_a_change_in_place_before_the_next_step_fails_the_save_in_one_line(tmp_path: Path) -> None:
+    # async_save_overlap: a tensor the copy was left for, changed in place by anything but the optimizer's step
+    # before that step (here Adam's last state), must not be written torn: the save fails in one line, nothing is
+    # published, and the next save is fine
+    kernel, model, opt, _dl, _counter = setup(width=1024, depth=8, async_save_overlap=True)
+    step(kernel, model, opt)
+    kernel.save_state(tmp_path / "ck", asynchronous=True)
+    last = list(opt.optimizer.state.values())[-1]["exp_avg_sq"]
+    last.add_(1.0)
+    with pytest.raises(CheckpointError, match=r"exp_avg_sq.* was changed in place .* call kernel.wait_for_save\(\)"):
+        kernel.wait_for_save()
+    assert not (tmp_path / "ck").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ck.")]
+    kernel.save_state(tmp_path / "again", asynchronous=True)
+    step(kernel, model, opt)  # the step waits for the copy and checks: nothing changed
+    kernel.wait_for_save()
+    assert is_complete(tmp_path / "again")
+    kernel.end_training()
+
+
+def test_overlap_a_parameter_rebound_after_the_call_keeps_the_state_at_the_call(tmp_path: Path) -> None:
+    # `param.data = other` gives the parameter new memory: the copy reads the memory it had at the call
+    kernel, model, opt, _dl, _counter = setup(width=1024, depth=8, async_save_overlap=True)
+    step(kernel, model, opt)
+    before = model[3].weight.detach().clone()
+    kernel.save_state(tmp_path / "ck", asynchronous=True)
+    model[3].weight.data = torch.zeros_like(model[3].weight)
+    kernel.wait_for_save()
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    assert torch.equal(saved["3.weight"], before)
     kernel.end_training()
 
 

@@ -57,8 +57,11 @@ class Run:
         asynchronous: bool,
         check: bool = False,
         warm: WarmPython | None = None,
+        overlap: bool = False,
     ):
         env = run_env(tmp_path)
+        if overlap:  # the async_save_overlap option (ckpt_crash.py then steps its optimizer before changing weights)
+            env["ACCEL_ASYNC_SAVE_OVERLAP"] = "1"
         cmd = [sys.executable, str(SCRIPT), str(project)]
         if nprocs > 1:
             cmd = [str(ACCEL), "launch", "-q", "-n", str(nprocs), "--plugin", "ddp", *cmd[1:]]
@@ -158,13 +161,15 @@ def visible(project: Path) -> tuple[list[str], list[str]]:
     return complete, hidden
 
 
-def kill_trials(tmp_path: Path, nprocs: int, asynchronous: bool, victims: list[str], seed: int) -> None:
+def kill_trials(
+    tmp_path: Path, nprocs: int, asynchronous: bool, victims: list[str], seed: int, overlap: bool = False
+) -> None:
     rng = random.Random(seed)
     project = tmp_path / "proj"
     # one process: each run is forked from a Python that imported torch once (tests/warm_python.py); two: accel launch
     warm = WarmPython(tmp_path / "warm", run_env(tmp_path)) if nprocs == 1 else None
     try:
-        _trials(tmp_path, project, nprocs, asynchronous, victims, rng, warm)
+        _trials(tmp_path, project, nprocs, asynchronous, victims, rng, warm, overlap)
     finally:
         if warm is not None:
             warm.close()
@@ -178,13 +183,14 @@ def _trials(
     victims: list[str],
     rng: random.Random,
     warm: WarmPython | None,
+    overlap: bool = False,
 ) -> None:
-    mode = "asynchronous" if asynchronous else "synchronous"
+    mode = ("asynchronous, overlapped copy" if overlap else "asynchronous") if asynchronous else "synchronous"
     confirmed = 0  # the newest step whose checkpoint is known to be published
     inside = 0
     hangs = []
     for trial, victim in enumerate(victims):
-        run = Run(tmp_path, project, nprocs, asynchronous, warm=warm)
+        run = Run(tmp_path, project, nprocs, asynchronous, warm=warm, overlap=overlap)
         run.wait_for(lambda run=run: len(run.values("resumed")) >= nprocs and len(run.pids()) >= nprocs)
         resumed = min(run.values("resumed"))
         assert resumed >= confirmed, f"trial {trial}: resumed from step {resumed}, but step {confirmed} was published"
@@ -207,7 +213,7 @@ def _trials(
             f"end: {saved}); run ended with {rc}{' after HANGING 90 s' if hung else ''}; visible: {complete} "
             f"(all complete), hidden leftovers: {hidden or 'none'}"
         )
-    final = Run(tmp_path, project, nprocs, asynchronous, check=True, warm=warm)
+    final = Run(tmp_path, project, nprocs, asynchronous, check=True, warm=warm, overlap=overlap)
     rc = final.proc.wait(timeout=300)
     time.sleep(0.5)
     assert rc == 0, "\n".join(final.lines[-20:] + final.err[-40:])
@@ -238,3 +244,9 @@ def test_kill_9_two_processes_sync_save(tmp_path: Path) -> None:
 @pytest.mark.timeout(1200)
 def test_kill_9_two_processes_async_save(tmp_path: Path) -> None:
     kill_trials(tmp_path, 2, True, ["rank 0", "rank 1", "all"], seed=4)
+
+
+def test_kill_9_one_process_async_save_with_overlapped_copy(tmp_path: Path) -> None:
+    # async_save_overlap: the parameters' and momentum's copy is made by the background thread while the script
+    # goes on; the next optimizer step waits for it, and only then does the script change them
+    kill_trials(tmp_path, 1, True, ["rank 0"] * 5, seed=5, overlap=True)

@@ -8,7 +8,8 @@ holds its step and prints ``resumed <step>`` (``resumed 0``: nothing to resume f
     python ckpt_crash.py PROJECT_DIR [--async] [--check]     (or under accel launch -n 2 --plugin ddp)
 
 ``--async``: ``save_state(asynchronous=True)`` (``saved <step>`` then means the copy is done; the save is published
-when the next one starts). ``--check``: resume, train one step, exit. Each process prints ``pid <rank> <pid>`` first.
+when the next one starts). With ``ACCEL_ASYNC_SAVE_OVERLAP=1`` the copy of the weights and momentum is made in the
+background, and the script steps its optimizer (which waits for it) before it changes them. ``--check``: resume, train one step, exit. Each process prints ``pid <rank> <pid>`` first.
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ def main() -> None:
             raise SystemExit("training after resuming gave non-finite parameters")
         kernel.end_training()
         return
+    overlap = bool(kernel.settings["async_save_overlap"])  # ACCEL_ASYNC_SAVE_OVERLAP=1
     while True:
         progress.step += 1
+        if overlap:  # the contract: change the trained tensors only after an optimizer step (which waits for the
+            opt.step()  # copy left to the background thread); no gradients, so this step changes nothing itself
         fill(model, opt, float(progress.step))
         kernel.save_state(asynchronous=args.asynchronous)
         print(f"saved {progress.step}", flush=True)

@@ -382,6 +382,17 @@ def core_options(options: Options) -> None:
         help="save_state() copies the state to CPU memory and writes it in the background (Kernel argument).",
     )
     add(
+        "async_save_overlap",
+        type="bool",
+        default=False,
+        cli=False,
+        env=("ACCEL_ASYNC_SAVE_OVERLAP",),
+        help="An asynchronous save_state() leaves the copy of parameters and optimizer state to the background thread, "
+        "during the next forward and backward; the next optimizer.step() waits for it. Do not change them in place "
+        "outside optimizer.step() before then (a change is caught and fails the save, except through .data) "
+        "(Kernel argument).",
+    )
+    add(
         "save_join_timeout",
         type="float",
         default=5.0,

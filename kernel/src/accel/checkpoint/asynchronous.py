@@ -1,6 +1,14 @@
 """Asynchronous ``save_state``: the kernel's items are copied to CPU memory on the calling thread (into buffers
 kept from one save to the next), then written, fsynced and published on a background thread (:class:`_AsyncSave`);
 the processes agree on the outcome at the next sync point (:func:`finish_pending`).
+
+With the ``async_save_overlap`` option, the copy of what only a prepared optimizer's step changes (the CPU tensors
+of the parameters the optimizers train, and their state) is made by the background thread instead, while the
+training loop runs the next forward and backward; every prepared optimizer's ``step`` waits for it (a step pre-hook)
+and then checks that none of those tensors was changed in place meanwhile (their version counters, read on the
+training thread, where every in-place op it issued has finished). A change found fails the save in one line, never
+a torn checkpoint. The contract, documented: do not write to those tensors through ``.data`` (which has a version
+counter of its own) between ``save_state`` and the next ``optimizer.step()`` or ``wait_for_save()``.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ class _Staging:
     def __init__(self) -> None:
         self.buffers: dict[tuple[str, str], torch.Tensor] = {}
         self.used: set[tuple[str, str]] = set()
+        #: overlap mode: the tensors whose copy may be left to the background thread, by data pointer
+        self.deferrable: dict[int, torch.Tensor] = {}
+        #: (file stem, name, CPU copy, source, owner, owner's version at the call) of the copies left to the thread
+        self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
 
     def copy(self, stem: str, name: str, t: torch.Tensor) -> torch.Tensor:
         key = (stem, name)
@@ -59,7 +71,12 @@ class _Staging:
             if buf is None:
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
             self.buffers[key] = buf
-        _copy_into(buf, t.detach())
+        src = t.detach()
+        owner = self.deferrable.get(src.data_ptr()) if src.device.type == "cpu" else None
+        if owner is not None and owner.shape == src.shape and owner.dtype == src.dtype and src.is_contiguous():
+            self.pending.append((stem, name, buf, src, owner, owner._version))
+        else:
+            _copy_into(buf, src)
         self.used.add(key)
         return buf
 
@@ -85,11 +102,44 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class _Saver:
-    """A Kernel's asynchronous saving: its staging buffers and the save in flight, if any."""
+    """A Kernel's asynchronous saving: its staging buffers, the save in flight, if any, and (overlap mode) the step
+    pre-hooks that make the optimizers wait for its deferred copies."""
 
     def __init__(self) -> None:
         self.staging = _Staging()
         self.job: _AsyncSave | None = None
+        self.hooks: list[Any] = []
+
+    def remove_hooks(self) -> None:
+        """On the training thread, never inside a step (torch iterates over the hooks while it runs them)."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
+
+
+def _optimizers(kernel: CheckpointKernel) -> list[torch.optim.Optimizer] | None:
+    """The torch optimizers under the kernel's prepared ones; None if one is not a torch optimizer (a plugin's
+    engine: its step may not run through torch's step hooks, so nothing is deferred)."""
+    out = []
+    for prepared in getattr(kernel, "_optimizers", ()):
+        inner = getattr(prepared, "optimizer", prepared)
+        if not isinstance(inner, torch.optim.Optimizer):
+            return None
+        out.append(inner)
+    return out
+
+
+def _trained_tensors(optimizers: list[torch.optim.Optimizer]) -> dict[int, torch.Tensor]:
+    """What only these optimizers' steps change, by data pointer: their parameters and state tensors (CPU)."""
+    found: dict[int, torch.Tensor] = {}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            found.update((p.data_ptr(), p) for p in group["params"] if p.device.type == "cpu")
+        for state in opt.state.values():
+            found.update(
+                (v.data_ptr(), v) for v in state.values() if isinstance(v, torch.Tensor) and v.device.type == "cpu"
+            )
+    return found
 
 
 _SAVERS: weakref.WeakKeyDictionary[Any, _Saver] = weakref.WeakKeyDictionary()
@@ -116,6 +166,13 @@ class _AsyncSave:
         self.target, self.tmp, self.index = target, tmp, index
         self.rank, self.world = kernel.process_index, kernel.num_processes
         self.packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] | None = packed
+        #: overlap mode: the copies left to this thread (see the module's doc); empty: everything was copied
+        self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+        self.to_verify: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+        self.copied = threading.Event()  # the deferred copies are made: optimizer steps may go on
+        self.verified = threading.Event()  # the training thread checked the sources were not changed meanwhile
+        self.changed: str | None = None  # what it found changed in place (the save fails)
+        self.step_waited = 0.0  # seconds optimizer steps waited for the copies (bench/checkpoint.py reports it)
         self.written = threading.Event()  # this process's files are on disk (or failed: write_error)
         self.write_error: BaseException | None = None
         self.publish_error: BaseException | None = None
@@ -127,10 +184,23 @@ class _AsyncSave:
         own: dict[str, list[str]] = {}
         time.sleep(0)  # hand the GIL back at once: save_state's thread.start() waits for it (else up to 5 ms)
         try:
+            try:
+                for _stem, _name, buf, src, _owner, _version in self.pending:
+                    _copy_into(buf, src)
+            finally:
+                self.pending = []
+                self.copied.set()
             assert self.packed is not None
             for key, (stem, doc, tensors) in self.packed.items():
                 own[key] = _write_packed(self.tmp, stem, doc, tensors, sync=False)
             fsync_all(self.tmp / f for files in own.values() for f in files)
+            self.verified.wait()
+            if self.changed is not None:
+                raise CheckpointError(
+                    f"{self.changed} was changed in place (not by a prepared optimizer's step) while the asynchronous "
+                    "save copied it (async_save_overlap); call kernel.wait_for_save() before changing parameters or "
+                    "optimizer states outside optimizer.step()"
+                )
             if self.rank != 0:
                 write_json(self.tmp / _MARKER.format(self.rank), {"files": own})
         except BaseException as exc:
@@ -168,6 +238,22 @@ class _AsyncSave:
                 time.sleep(0.01)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def verify(self) -> None:
+        """On the training thread (every in-place op it issued has finished, so their version counters are up to
+        date): wait for the deferred copies, then check that no source was changed in place since ``save_state``.
+        Idempotent; the background thread publishes nothing before it."""
+        if self.verified.is_set():
+            return
+        start = time.perf_counter()
+        self.copied.wait()
+        self.step_waited += time.perf_counter() - start
+        for stem, name, _buf, _src, owner, version in self.to_verify:
+            if owner._version != version:
+                self.changed = f"{stem}: tensor {name!r}"
+                break
+        self.to_verify = []
+        self.verified.set()
+
     def _wait_for_peers(self) -> None:
         """Wait for every other process's marker (its files are written); raise the error one reports."""
         found: dict[int, dict[str, list[str]]] = {}
@@ -198,6 +284,7 @@ class _AsyncSave:
         """At interpreter exit (no collectives any more): wait for this process's files; the main process also
         for the other processes' files (at most :data:`PEER_WAIT_S`), then publishes or abandons. A failure is
         one line on stderr."""
+        self.verify()
         self.written.wait()
         if self.rank == 0:
             self.deadline = time.monotonic() + PEER_WAIT_S
@@ -236,6 +323,10 @@ def snapshot(
     """The kernel's items of this process (the main process's, and every process's per-process ones) encoded, with
     CPU copies of their tensors in the kernel's staging buffers: ``{key: (file stem, document, tensors)}``."""
     saver = _SAVERS.setdefault(kernel, _Saver())
+    saver.remove_hooks()  # the previous save's (finished: save_state waited for it)
+    optimizers = _optimizers(kernel) if kernel.settings.get("async_save_overlap", False) else None
+    saver.staging.deferrable = _trained_tensors(optimizers) if optimizers else {}
+    saver.staging.pending = []
     packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] = {}
     for key, item in items.items():
         mine = item.per_rank or kernel.is_main_process
@@ -260,7 +351,15 @@ def start_async(
 ) -> None:
     """Start the background write of what :func:`snapshot` copied, and its publication with ``records``."""
     job = _AsyncSave(kernel, items, records, target, tmp, index, packed)
-    _SAVERS.setdefault(kernel, _Saver()).job = job
+    saver = _SAVERS.setdefault(kernel, _Saver())
+    saver.job = job
+    job.pending, job.to_verify = saver.staging.pending, list(saver.staging.pending)
+    saver.staging.pending, saver.staging.deferrable = [], {}
+    if job.pending:
+        saver.hooks = [opt.register_step_pre_hook(lambda *_: job.verify()) for opt in _optimizers(kernel) or ()]
+    else:
+        job.copied.set()
+        job.verified.set()
     job.thread.start()
 
 
@@ -287,6 +386,8 @@ def finish_pending(kernel: KernelView, at_exit: bool = False, release: bool = Fa
     if at_exit:
         job.finish_at_exit()
         return
+    job.verify()
+    saver.remove_hooks()
     job.written.wait()
     messages = kernel.collectives.all_gather_object(None if job.write_error is None else _one_line(job.write_error))
     failed = [(rank, message) for rank, message in enumerate(messages) if message is not None]
