@@ -140,11 +140,22 @@ class ParallelStrategy(ShardedStrategy):
             device=self.device,
             scale=kernel.scale_for_accumulation,
             parallelize=parallelize,
+            sync=lambda: kernel.sync_gradients,
+            pair_group=self.pp_pair_group,
         )
-        kept = dict(model.named_parameters(remove_duplicate=False))
-        for name, param in before.items():
-            if name not in kept:
+        kept = {id(p) for p in model.parameters()}  # by identity: a tied weight may keep only one of its names
+        for param in before.values():
+            if id(param) not in kept:
                 self.dropped[id(param)] = weakref.ref(param)
+
+    def pp_pair_group(self, a: int, b: int) -> Any:
+        """This process's group of the pp ranks ``a`` and ``b`` of its pipeline (None if it is neither);
+        **collective** (every process creates every pipeline's pair group)."""
+        import torch.distributed as dist
+
+        pairs = [[group[a], group[b]] for group in self.plan.groups("pp")]
+        mine, _ = dist.new_subgroups_by_enumeration(pairs)
+        return mine
 
     @hookimpl
     def accel_prepare_training(
@@ -170,8 +181,20 @@ class ParallelStrategy(ShardedStrategy):
 
     @hookimpl
     def accel_clip_grad_norm(self, kernel: KernelView, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
-        group = self.mesh["pp"].get_group() if self.plan.pp > 1 else None
-        return clip_grad_norm(parameters, max_norm, norm_type, group=group)
+        if self.plan.pp == 1:
+            return clip_grad_norm(parameters, max_norm, norm_type)
+        from torch.nn.utils import clip_grads_with_norm_
+
+        # the last stage's copy of a tied embedding is clipped, but its weight counts in the norm once (the
+        # first stage's copy, equal to it)
+        copies = {id(m.pipeline.tie.param) for m in self.pipelines.values() if m.pipeline.tie and m.pipeline.tie.copy}
+        norm = clip_grad_norm(
+            [p for p in parameters if id(p) not in copies], max_norm, norm_type, group=self.mesh["pp"].get_group()
+        )
+        copied = [p for p in parameters if id(p) in copies and p.grad is not None]
+        if copied:
+            clip_grads_with_norm_(copied, max_norm, norm)
+        return norm
 
     @hookimpl
     def accel_optimizer_step(self, kernel: KernelView, optimizer: Any) -> bool | None:
