@@ -26,7 +26,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
 
-KEYS = {"mlp": ("model", "optimizer"), "qwen2": ("model_1", "optimizer_1")}  # the checkpoint's item names
+KEYS = {
+    "mlp": ("model", "optimizer"),
+    "qwen2": ("model_1", "optimizer_1"),
+    "tied": ("model_2", "optimizer_2"),
+}  # the checkpoint's item names
 
 
 def block(n_in: int, n_out: int) -> nn.Module:
@@ -97,7 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--ref", action="store_true")
-    ap.add_argument("--models", default="mlp,qwen2")
+    ap.add_argument("--models", default="mlp,qwen2,tied")
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--resume", default="")
     ap.add_argument("--load", default="")

@@ -32,7 +32,7 @@ from accel_parallel.pipeline import split_layers, stage_ids
 HERE = Path(__file__).parent
 WORKER = HERE / "pipeline_worker.py"
 ACCEL = str(Path(sys.executable).parent / "accel")
-MODELS = ("mlp", "qwen2")
+MODELS = ("mlp", "qwen2", "tied")  # tied: a Qwen2 with tie_word_embeddings=True
 DECODERS = ("qwen2", "neox")  # the models sequence parallelism runs on (it needs a sequence dimension)
 
 Result = tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]
@@ -53,6 +53,8 @@ def assert_matches(got: Result, ref: Result, models: tuple[str, ...] = MODELS) -
         assert res["norms"][key] == pytest.approx(ref_res["norms"][key], rel=LOSS_TOL), key
         if key in res["eval_losses"]:
             assert res["eval_losses"][key] == pytest.approx(ref_res["eval_losses"][key], rel=LOSS_TOL), key
+            # the eval loop's accuracy from the logits (argmax, gather_for_metrics) is the one-process accuracy
+            assert res["accuracy"][key] == ref_res["accuracy"][key], key
         assert params[key].keys() == ref_params[key].keys()
         for name, value in ref_params[key].items():
             torch.testing.assert_close(params[key][name], value, rtol=0, atol=PARAM_TOL, msg=f"{key}.{name}")
@@ -132,7 +134,7 @@ def test_sizes_that_do_not_match_the_processes_are_one_line(tmp_path: Path) -> N
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
     """One process, kernel only (no plugin), the whole global batch each step."""
     tmp = tmp_path_factory.mktemp("ref")
-    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref", "--models", "mlp,qwen2,neox"], tmp)
+    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref", "--models", "mlp,qwen2,tied,neox"], tmp)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = result(tmp / "out", models=(*MODELS, "neox"))
     assert res[0]["world"] == 1 and res[0]["plugins"] == []
@@ -176,8 +178,8 @@ def test_one_process_loads_a_pp_2_x_tp_2_checkpoint(saved: Path, tmp_path: Path)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "args",
-    [pp(4, 2, dp_shard=2), pp(4, 4)],
-    ids=["pp2xdp2", "pp4"],
+    [pp(4, 2, dp_shard=2), pp(4, 4), pp(4, 2, dp_replicate=2)],
+    ids=["pp2xdp2", "pp4", "pp2xdpr2"],
 )
 def test_four_processes_match_one_process(args: list[str], reference: Result, tmp_path: Path) -> None:
     launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"))

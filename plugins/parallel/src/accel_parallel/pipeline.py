@@ -279,12 +279,18 @@ class Tie:
         dist.broadcast(self.param.data, group=self.group, group_src=0)
 
     def reduce_grads(self) -> None:
-        """Sum the two copies' gradients (their local shards: both are laid out alike, vocabulary along dim 0)."""
+        """Sum the two copies' gradients (their local shards: both weights are laid out alike, the vocabulary along
+        dim 0; a tensor-parallel embedding's gradient comes back replicated, and is sharded like its weight first)."""
         import torch.distributed as dist
 
-        grad = self.param.grad
-        if grad is not None:
-            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.group)
+        grad, param = self.param.grad, self.param
+        if grad is None:
+            return
+        if hasattr(grad, "to_local"):
+            if tuple(grad.placements) != tuple(param.placements):
+                grad = param.grad = grad.redistribute(param.device_mesh, param.placements)
+            grad = grad.to_local()
+        dist.all_reduce(grad, group=self.group)
 
 
 @dataclasses.dataclass

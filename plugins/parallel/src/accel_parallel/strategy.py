@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from accel.spi import KernelView, LaunchPlan, Settings, Topology, UsageError, hookimpl, launch_with_torchrun
 from accel.spi.sharded import ShardConfig, ShardedStrategy, clip_grad_norm, shard_model
@@ -15,6 +15,8 @@ from accel_parallel import FSDP_PREFIX, MeshPlan, cp_refusal
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from accel_parallel.pipeline import Tie
 
 
 class ParallelStrategy(ShardedStrategy):
@@ -25,6 +27,7 @@ class ParallelStrategy(ShardedStrategy):
         self.plan = plan
         self.pipelines: dict[int, nn.Module] = {}  # id(user's model) -> its PipelineModel (pp > 1)
         self.dropped: dict[int, Any] = {}  # id(original parameter) -> weakref, for parameters of other stages
+        self.ties: list[Tie] = []  # tied embeddings held by this process and another pipeline stage's
 
     # ---- launching ----------------------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class ParallelStrategy(ShardedStrategy):
                     shard_model(stage, config, mesh, self.device)
 
         n_stages = self.plan.pp * pipeline.stages_per_rank(self.plan.pp_schedule)
-        self.pipelines[id(model)] = pipeline.build(
+        wrapped = pipeline.build(
             model,
             pp_mesh=self.mesh["pp"],
             schedule=self.plan.pp_schedule,
@@ -143,6 +146,10 @@ class ParallelStrategy(ShardedStrategy):
             sync=lambda: kernel.sync_gradients,
             pair_group=self.pp_pair_group,
         )
+        self.pipelines[id(model)] = wrapped
+        tie = cast("pipeline.Pipeline", wrapped.pipeline).tie
+        if tie is not None:
+            self.ties.append(tie)
         kept = {id(p) for p in model.parameters()}  # by identity: a tied weight may keep only one of its names
         for param in before.values():
             if id(param) not in kept:
@@ -187,7 +194,7 @@ class ParallelStrategy(ShardedStrategy):
 
         # the last stage's copy of a tied embedding is clipped, but its weight counts in the norm once (the
         # first stage's copy, equal to it)
-        copies = {id(m.pipeline.tie.param) for m in self.pipelines.values() if m.pipeline.tie and m.pipeline.tie.copy}
+        copies = {id(tie.param) for tie in self.ties if tie.copy}
         norm = clip_grad_norm(
             [p for p in parameters if id(p) not in copies], max_norm, norm_type, group=self.mesh["pp"].get_group()
         )
