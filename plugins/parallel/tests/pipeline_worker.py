@@ -180,9 +180,11 @@ def main() -> None:
                 output = model(inputs, labels=targets)
                 if i == 0:
                     res["eval_losses"][key] = float(kernel.reduce(output.loss, "mean"))
+                if output.logits is None:  # --parallelism_config_pp_eval_logits false
+                    continue
                 preds, labels = kernel.gather_for_metrics((output.logits.argmax(-1), targets))
                 correct, total = correct + int((preds == labels).sum()), total + labels.numel()
-        res["accuracy"][key] = correct / total
+        res["accuracy"][key] = correct / total if total else None
         model.train()
     out.mkdir(parents=True, exist_ok=True)
     for key, (model, _, _) in prepared.items():

@@ -201,11 +201,14 @@ def test_schedules_match_one_process(schedule: str, reference: Result, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_user_split_points(reference: Result, tmp_path: Path) -> None:
-    args = pp(2, 2, "--parallelism_config_pp_split_points", "layers.1")
+def test_user_split_points_and_evaluation_without_logits(reference: Result, tmp_path: Path) -> None:
+    # and evaluation without the logits' broadcast: only the loss comes back (.logits is None)
+    args = pp(2, 2, "--parallelism_config_pp_split_points", "layers.1", "--parallelism_config_pp_eval_logits", "false")
     launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"), "--models", "mlp")
     res = result(tmp_path / "out", models=("mlp",))
     assert res[0]["local_numel"]["mlp"] in (16 * 32 + 32, 2212 - (16 * 32 + 32))  # stage 0 holds layers.0 only
+    assert res[0]["accuracy"] == {"mlp": None}
+    res[0]["accuracy"] = reference[0]["accuracy"]
     assert_matches(res, reference, ("mlp",))
 
 

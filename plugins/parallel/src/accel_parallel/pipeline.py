@@ -320,6 +320,7 @@ class Pipeline:
         self.name = ""  # the parallelism_config_pp_schedule value
         self.tie: Tie | None = None  # tied embeddings held by this process and another one
         self.sync: Callable[[], bool] = lambda: True  # whether this step ends with an optimizer step
+        self.eval_logits = True  # evaluation broadcasts the last stage's logits (parallelism_config_pp_eval_logits)
 
     def loss(self, out: Any, labels: Any) -> Any:
         """The loss of one microbatch, scaled for the microbatches and for the kernel's gradient accumulation (the
@@ -362,7 +363,7 @@ class Pipeline:
             mean = torch.zeros((), device=device)
         dist.broadcast(mean, group=self.group, group_src=self.last_rank)
         if not train:
-            return PipelineOutput(mean, self.broadcast(logits, device))
+            return PipelineOutput(mean, self.broadcast(logits, device) if self.eval_logits else None)
         loss = mean.detach().requires_grad_(True)
         loss.accel_pipeline_done = True  # type: ignore[attr-defined]  # kernel.backward has nothing left to do
         return PipelineOutput(loss)
@@ -428,6 +429,7 @@ def build(
     parallelize: Callable[[nn.Module, list[nn.Module]], None],
     sync: Callable[[], bool],
     pair_group: Callable[[int, int], Any],
+    eval_logits: bool = True,
 ) -> nn.Module:
     """Prune ``model`` to this process's stages, apply ``parallelize(model, stage_modules)`` (tensor parallel,
     FSDP), and return the :class:`PipelineModel` around it. ``sync()``: whether a training step ends with an
@@ -465,7 +467,7 @@ def build(
     stages = [pipelining.PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(modules, mine, strict=True)]
     pipeline = Pipeline(None, loss_fn, scale, group, last_rank, stages)
     pipeline.microbatches, pipeline.name = microbatches, schedule
-    pipeline.tie, pipeline.sync = tie, sync
+    pipeline.tie, pipeline.sync, pipeline.eval_logits = tie, sync, eval_logits
     sched_cls = getattr(pipelining, SCHEDULES[schedule])
     first_arg = stages if schedule in MULTI_STAGE else stages[0]
     pipeline.schedule = sched_cls(first_arg, microbatches, loss_fn=pipeline.loss, scale_grads=False)

@@ -145,6 +145,7 @@ class ParallelStrategy(ShardedStrategy):
             parallelize=parallelize,
             sync=lambda: kernel.sync_gradients,
             pair_group=self.pp_pair_group,
+            eval_logits=bool(self.settings["parallelism_config_pp_eval_logits"]),
         )
         self.pipelines[id(model)] = wrapped
         tie = cast("pipeline.Pipeline", wrapped.pipeline).tie
