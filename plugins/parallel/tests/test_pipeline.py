@@ -3,9 +3,15 @@ free ports) train an MLP (a ``layers`` nn.Sequential, user tensor-parallel plan)
 (its Hugging Face tp_plan) with AdamW, gradient accumulation 2 and clipping at 1.0 (active: the Qwen2 norm reaches
 1.14), on the same global batches as a 1-process run of the kernel alone (plugins/parallel/tests/pipeline_worker.py).
 
+Every run also trains a tiny Qwen2 with tied input/output embeddings (``tie_word_embeddings=True``: its embedding
+and head are on different processes, the Megatron way, see docs/parallelism.md), and evaluates each model: the loss of
+the first batch and the accuracy of ``logits.argmax(-1)`` over all batches with ``gather_for_metrics``, which must
+equal the one-process accuracy exactly (the logits differ from one process's by float32 rounding only, far below the
+gap between the two largest logits).
+
 Tolerances are those of plugins/parallel/tests/test_parallel.py (losses and clipping norms relative 1e-5, parameters absolute 1e-4,
 checkpoints bitwise). Measured: losses and norms within 5e-7 relative; parameters within 8.3e-6 (Qwen2, pp=2 x tp=2),
-4e-8 (MLP).
+3.5e-5 (tied Qwen2, pp=2 and pp=2 x tp=2; 2.4e-5 at pp=2 x dp_replicate=2), 4e-8 (MLP).
 
 Sequence parallelism (``parallelism_config_tp_sequence_parallel``) runs on the decoders only (Qwen2 and a tiny
 GPT-NeoX, clipping active: its norm reaches 1.75), dp_shard=2 x tp=2 and pp=2 x tp=2 (the latter from a
