@@ -315,6 +315,8 @@ def apply_tensor_parallel(
     size = mesh.size()
     for pattern, style in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not strict:  # a layer of another pipeline stage is a parameter-free placeholder here: left out
+            hits = [n for n in hits if any(True for _ in model.get_submodule(n).parameters())]
         if not hits and not strict:
             continue
         if not hits:
