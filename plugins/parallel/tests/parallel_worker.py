@@ -69,7 +69,7 @@ def data() -> tuple[TensorDataset, TensorDataset]:
 
 
 def full_state(kernel: Kernel, model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().float().contiguous() for k, v in kernel.get_state_dict(model).items()}
+    return {k: v.detach().cpu().float().clone() for k, v in kernel.get_state_dict(model).items()}  # tied: copies
 
 
 def main() -> None:

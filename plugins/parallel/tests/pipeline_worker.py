@@ -26,7 +26,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
 
-KEYS = {"mlp": ("model", "optimizer"), "qwen2": ("model_1", "optimizer_1")}  # the checkpoint's item names
+KEYS = {
+    "mlp": ("model", "optimizer"),
+    "qwen2": ("model_1", "optimizer_1"),
+    "tied": ("model_2", "optimizer_2"),
+}  # the checkpoint's item names
 
 
 def block(n_in: int, n_out: int) -> nn.Module:
@@ -75,7 +79,14 @@ def neox() -> nn.Module:
     return GPTNeoXForCausalLM(GPTNeoXConfig(**DECODER))
 
 
-BUILD = {"mlp": MLP, "qwen2": qwen2, "neox": neox}
+def tied() -> nn.Module:
+    """A tiny Qwen2 whose LM head is its input embedding (``tie_word_embeddings=True``)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**{**DECODER, "tie_word_embeddings": True}, num_key_value_heads=2))
+
+
+BUILD = {"mlp": MLP, "qwen2": qwen2, "neox": neox, "tied": tied}
 
 
 def data() -> dict[str, TensorDataset]:
@@ -90,7 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--ref", action="store_true")
-    ap.add_argument("--models", default="mlp,qwen2")
+    ap.add_argument("--models", default="mlp,qwen2,tied")
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--resume", default="")
     ap.add_argument("--load", default="")
@@ -105,7 +116,7 @@ def main() -> None:
     optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-2) for k, m in models.items()}
     per_process = GLOBAL_BATCH // kernel.data_parallel_size
     datasets = data()
-    datasets["neox"] = datasets["qwen2"]
+    datasets["neox"] = datasets["tied"] = datasets["qwen2"]
     prepared = {
         k: kernel.prepare(models[k], optimizers[k], DataLoader(datasets[k], batch_size=per_process)) for k in models
     }
@@ -158,12 +169,22 @@ def main() -> None:
                 if kernel.is_main_process:
                     save_file(state, str(out / f"{key}_at_save.safetensors"))
     res["losses"], res["norms"] = losses, norms
-    res["eval_losses"] = {}  # evaluation: forward only (the pipeline's eval), on the first batch of the data
-    for key, (model, _, _) in prepared.items() if not args.no_eval else ():
-        inputs, targets = next(iter(prepared[key][2]))
+    # evaluation: forward only (the pipeline's eval); the loss of the first batch, and the accuracy of the
+    # predictions (argmax of the logits) over the whole data, gathered with gather_for_metrics
+    res["eval_losses"], res["accuracy"] = {}, {}
+    for key, (model, _, loader) in prepared.items() if not args.no_eval else ():
         model.eval()
+        correct = total = 0
         with torch.no_grad():
-            res["eval_losses"][key] = float(kernel.reduce(model(inputs, labels=targets).loss, "mean"))
+            for i, (inputs, targets) in enumerate(loader):
+                output = model(inputs, labels=targets)
+                if i == 0:
+                    res["eval_losses"][key] = float(kernel.reduce(output.loss, "mean"))
+                if output.logits is None:  # --parallelism_config_pp_eval_logits false
+                    continue
+                preds, labels = kernel.gather_for_metrics((output.logits.argmax(-1), targets))
+                correct, total = correct + int((preds == labels).sum()), total + labels.numel()
+        res["accuracy"][key] = correct / total if total else None
         model.train()
     out.mkdir(parents=True, exist_ok=True)
     for key, (model, _, _) in prepared.items():

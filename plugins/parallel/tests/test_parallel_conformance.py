@@ -1,7 +1,8 @@
 """accel-plugin-parallel with pipeline parallelism runs the strategy conformance kit: ``strategy_check --model
-pipeline`` (a two-layer ``layers`` stack) on 2 real processes with ``--parallelism_config_pp_size 2`` (one stage
+pipeline`` (a four-layer ``layers`` stack) on 2 real processes with ``--parallelism_config_pp_size 2`` (one stage
 each, dp 1), checked by :func:`accel.testing.conformance.check_pipeline_training` against full-batch gradient
-descent on one process; and pp=2 x dp_shard=2 on 4 processes (training only). Measured: about 10 s and 13 s."""
+descent on one process; and, on 4 processes (training only), pp=2 x dp_shard=2, pp=4 (a layer per stage) and
+pp=2 x tp=2 (the stack's ``_tp_plan``). Measured: about 10 s for pp=2, 13 s for each 4-process class."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ class TestParallelPipelineShardedConformance(TestParallelPipelineConformance):
     test_every_launch_setting_is_honoured_or_refused = None  # type: ignore[assignment]
     test_listed_by_accel_plugins = None  # type: ignore[assignment]
     test_entry_point_module_is_cheap = None  # type: ignore[assignment]
+
+
+class TestParallelPipelineFourStagesConformance(TestParallelPipelineShardedConformance):
+    """pp=4 on 4 processes: one layer of the stack per stage (training only, as above)."""
+
+    launch_args = ("--parallelism_config_pp_size", "4")
+
+
+class TestParallelPipelineTensorParallelConformance(TestParallelPipelineShardedConformance):
+    """pp=2 x tp=2 on 4 processes: each stage's colwise/rowwise pair is split over 2 processes (training only)."""
+
+    launch_args = ("--parallelism_config_pp_size", "2", "--parallelism_config_tp_size", "2")

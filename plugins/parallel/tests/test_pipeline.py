@@ -3,9 +3,15 @@ free ports) train an MLP (a ``layers`` nn.Sequential, user tensor-parallel plan)
 (its Hugging Face tp_plan) with AdamW, gradient accumulation 2 and clipping at 1.0 (active: the Qwen2 norm reaches
 1.14), on the same global batches as a 1-process run of the kernel alone (plugins/parallel/tests/pipeline_worker.py).
 
+Every run also trains a tiny Qwen2 with tied input/output embeddings (``tie_word_embeddings=True``: its embedding
+and head are on different processes, the Megatron way, see docs/parallelism.md), and evaluates each model: the loss of
+the first batch and the accuracy of ``logits.argmax(-1)`` over all batches with ``gather_for_metrics``, which must
+equal the one-process accuracy exactly (the logits differ from one process's by float32 rounding only, far below the
+gap between the two largest logits).
+
 Tolerances are those of plugins/parallel/tests/test_parallel.py (losses and clipping norms relative 1e-5, parameters absolute 1e-4,
 checkpoints bitwise). Measured: losses and norms within 5e-7 relative; parameters within 8.3e-6 (Qwen2, pp=2 x tp=2),
-4e-8 (MLP).
+3.5e-5 (tied Qwen2, pp=2 and pp=2 x tp=2; 2.4e-5 at pp=2 x dp_replicate=2), 4e-8 (MLP).
 
 Sequence parallelism (``parallelism_config_tp_sequence_parallel``) runs on the decoders only (Qwen2 and a tiny
 GPT-NeoX, clipping active: its norm reaches 1.75), dp_shard=2 x tp=2 and pp=2 x tp=2 (the latter from a
@@ -32,7 +38,7 @@ from accel_parallel.pipeline import split_layers, stage_ids
 HERE = Path(__file__).parent
 WORKER = HERE / "pipeline_worker.py"
 ACCEL = str(Path(sys.executable).parent / "accel")
-MODELS = ("mlp", "qwen2")
+MODELS = ("mlp", "qwen2", "tied")  # tied: a Qwen2 with tie_word_embeddings=True
 DECODERS = ("qwen2", "neox")  # the models sequence parallelism runs on (it needs a sequence dimension)
 
 Result = tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]
@@ -53,6 +59,8 @@ def assert_matches(got: Result, ref: Result, models: tuple[str, ...] = MODELS) -
         assert res["norms"][key] == pytest.approx(ref_res["norms"][key], rel=LOSS_TOL), key
         if key in res["eval_losses"]:
             assert res["eval_losses"][key] == pytest.approx(ref_res["eval_losses"][key], rel=LOSS_TOL), key
+            # the eval loop's accuracy from the logits (argmax, gather_for_metrics) is the one-process accuracy
+            assert res["accuracy"][key] == ref_res["accuracy"][key], key
         assert params[key].keys() == ref_params[key].keys()
         for name, value in ref_params[key].items():
             torch.testing.assert_close(params[key][name], value, rtol=0, atol=PARAM_TOL, msg=f"{key}.{name}")
@@ -132,7 +140,7 @@ def test_sizes_that_do_not_match_the_processes_are_one_line(tmp_path: Path) -> N
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
     """One process, kernel only (no plugin), the whole global batch each step."""
     tmp = tmp_path_factory.mktemp("ref")
-    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref", "--models", "mlp,qwen2,neox"], tmp)
+    proc = run([sys.executable, str(WORKER), str(tmp / "out"), "--ref", "--models", "mlp,qwen2,tied,neox"], tmp)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = result(tmp / "out", models=(*MODELS, "neox"))
     assert res[0]["world"] == 1 and res[0]["plugins"] == []
@@ -176,8 +184,8 @@ def test_one_process_loads_a_pp_2_x_tp_2_checkpoint(saved: Path, tmp_path: Path)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "args",
-    [pp(4, 2, dp_shard=2), pp(4, 4)],
-    ids=["pp2xdp2", "pp4"],
+    [pp(4, 2, dp_shard=2), pp(4, 4), pp(4, 2, dp_replicate=2)],
+    ids=["pp2xdp2", "pp4", "pp2xdpr2"],
 )
 def test_four_processes_match_one_process(args: list[str], reference: Result, tmp_path: Path) -> None:
     launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"))
@@ -199,11 +207,14 @@ def test_schedules_match_one_process(schedule: str, reference: Result, tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_user_split_points(reference: Result, tmp_path: Path) -> None:
-    args = pp(2, 2, "--parallelism_config_pp_split_points", "layers.1")
+def test_user_split_points_and_evaluation_without_logits(reference: Result, tmp_path: Path) -> None:
+    # and evaluation without the logits' broadcast: only the loss comes back (.logits is None)
+    args = pp(2, 2, "--parallelism_config_pp_split_points", "layers.1", "--parallelism_config_pp_eval_logits", "false")
     launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"), "--models", "mlp")
     res = result(tmp_path / "out", models=("mlp",))
     assert res[0]["local_numel"]["mlp"] in (16 * 32 + 32, 2212 - (16 * 32 + 32))  # stage 0 holds layers.0 only
+    assert res[0]["accuracy"] == {"mlp": None}
+    res[0]["accuracy"] = reference[0]["accuracy"]
     assert_matches(res, reference, ("mlp",))
 
 

@@ -437,7 +437,7 @@ class StrategyConformance(_LaunchSettingsChecks, _PluginChecks):
     #: Seconds the two-process training may take (a backend that compiles ops on first use needs more).
     timeout: float = 240
     #: The model strategy_check trains: "linear" (one nn.Linear), or "pipeline" for a strategy that splits layers
-    #: into pipeline stages (launch_args giving pp > 1): a two-layer ``layers`` stack trained through
+    #: into pipeline stages (launch_args giving pp > 1): a four-layer ``layers`` stack trained through
     #: ``model(x, labels=y).loss``, checked as :func:`check_training` describes for pipelines.
     model: str = "linear"
 

@@ -1,7 +1,7 @@
 """Worker of :class:`accel.testing.conformance.StrategyConformance`'s training test.
 
 ``accel launch -n N [--plugin NAME] -m accel.testing.strategy_check OUT_DIR [--model pipeline]``: trains a linear
-model (or, with ``--model pipeline``, a two-layer linear stack a pipeline-parallel strategy splits into stages) on a fixed
+model (or, with ``--model pipeline``, a four-layer linear stack a pipeline-parallel strategy splits into stages) on a fixed
 data set with gradient accumulation, exercises the collectives, and writes ``OUT_DIR/process<i>.json``. Built so
 that the result does not depend on how batches are spread over processes: one optimizer step per epoch whose
 gradient is the full-batch gradient, so the final weights equal :func:`reference_weights`.
@@ -40,17 +40,22 @@ MODELS = ("linear", "pipeline")
 
 
 def stack() -> Any:
-    """Two linear layers in a ``layers`` nn.Sequential (what a pipeline splits into stages), Hugging Face-style:
-    ``forward(x, labels=...)`` returns an output with ``.loss`` and ``loss_function(output, labels)`` is the MSE
-    the last stage computes. Linear, so full-batch gradient descent stays as exact as the single Linear's."""
+    """Four linear layers in a ``layers`` nn.Sequential (what a pipeline splits into stages: up to 4),
+    Hugging Face-style: ``forward(x, labels=...)`` returns an output with ``.loss`` and ``loss_function(output,
+    labels)`` is the MSE the last stage computes; ``_tp_plan`` (colwise, rowwise pairs) for a tensor-parallel
+    dimension. Linear, so full-batch gradient descent stays as exact as the single Linear's."""
     from types import SimpleNamespace
 
     import torch
 
     class Stack(torch.nn.Module):
+        _tp_plan = {"layers.0": "colwise", "layers.1": "rowwise", "layers.2": "colwise", "layers.3": "rowwise"}
+
         def __init__(self) -> None:
             super().__init__()
-            self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, FEATURES), torch.nn.Linear(FEATURES, 1))
+            self.layers = torch.nn.Sequential(
+                *(torch.nn.Linear(FEATURES, FEATURES) for _ in range(3)), torch.nn.Linear(FEATURES, 1)
+            )
 
         def loss_function(self, out: Any, labels: Any) -> Any:
             return torch.nn.functional.mse_loss(out, labels)

@@ -43,6 +43,7 @@ FIELDS = (
     "pp_schedule",
     "pp_microbatches",
     "pp_split_points",
+    "pp_eval_logits",
     "tp_sequence_parallel",
 )
 #: ``parallelism_config_pp_schedule`` values (torch.distributed.pipelining schedules, see ``accel_parallel.pipeline``).
@@ -190,6 +191,16 @@ def accel_add_options(options: Options) -> None:
         cli=False,
         config_key="parallelism_config.parallelism_config_sp_backend",
         help="Accelerate's sequence-parallel backend (accepted, unused: sp_size is 1).",
+    )
+    options.add(
+        "parallelism_config_pp_eval_logits",
+        type="bool",
+        default=True,
+        config_key="parallelism_config.parallelism_config_pp_eval_logits",
+        env=("PARALLELISM_CONFIG_PP_EVAL_LOGITS",),
+        help="With pp > 1, evaluation (a call under torch.no_grad() or in eval mode) also returns the logits: "
+        "the last stage's output, broadcast to every process of the pipeline (batch x sequence x vocabulary "
+        "values per call). false: only the loss comes back.",
     )
     options.add(
         "parallelism_config_tp_sequence_parallel",

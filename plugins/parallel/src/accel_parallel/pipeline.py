@@ -251,9 +251,52 @@ def prune(model: nn.Module, lay: Layout, keep: set[int], first: bool, last: bool
 # ---- the prepared model -----------------------------------------------------------------------------------------
 
 
+def tied_embeddings(model: nn.Module) -> bool:
+    """Whether the model's LM head uses its input embedding's weight (Hugging Face's ``tie_word_embeddings``)."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if not callable(get_in) or not callable(get_out):
+        return False
+    embed, head = get_in(), get_out()
+    weight = getattr(embed, "weight", None)
+    return weight is not None and weight is getattr(head, "weight", None)
+
+
+class Tie:
+    """Tied input/output embeddings on two processes (the first stage's and the last stage's), the Megatron way:
+    each holds a copy of the weight, equal at the start (the first stage's is broadcast) and kept equal by summing
+    their gradients before each optimizer step (the one-process model sums the embedding's and the head's
+    gradients into its one weight). Both copies keep their names, as in a one-process state dict."""
+
+    def __init__(self, group: Any, param: Any, copy: bool):
+        self.group, self.param = group, param
+        self.copy = copy  # the last stage's copy: clipping leaves it out of the norm (the weight counts once)
+
+    def broadcast(self) -> None:
+        """The first stage's weight to the last stage (before tensor parallel and FSDP: whole tensors)."""
+        import torch.distributed as dist
+
+        dist.broadcast(self.param.data, group=self.group, group_src=0)
+
+    def reduce_grads(self) -> None:
+        """Sum the two copies' gradients (their local shards: both weights are laid out alike, the vocabulary along
+        dim 0; a tensor-parallel embedding's gradient comes back replicated, and is sharded like its weight first)."""
+        import torch.distributed as dist
+
+        grad, param = self.param.grad, self.param
+        if grad is None:
+            return
+        if hasattr(grad, "to_local"):
+            if tuple(grad.placements) != tuple(param.placements):
+                grad = param.grad = grad.redistribute(param.device_mesh, param.placements)
+            grad = grad.to_local()
+        dist.all_reduce(grad, group=self.group)
+
+
 @dataclasses.dataclass
 class PipelineOutput:
-    """What the prepared model returns: ``loss`` (the batch's mean loss, on every process of the pipeline)."""
+    """What the prepared model returns: ``loss`` (the batch's mean loss, on every process of the pipeline); in
+    evaluation also ``logits`` (the last stage's output, broadcast to every process of the pipeline)."""
 
     loss: torch.Tensor
     logits: Any = None
@@ -275,6 +318,9 @@ class Pipeline:
         self.group, self.last_rank, self.stages = group, last_rank, stages
         self.microbatches = 1
         self.name = ""  # the parallelism_config_pp_schedule value
+        self.tie: Tie | None = None  # tied embeddings held by this process and another one
+        self.sync: Callable[[], bool] = lambda: True  # whether this step ends with an optimizer step
+        self.eval_logits = True  # evaluation broadcasts the last stage's logits (parallelism_config_pp_eval_logits)
 
     def loss(self, out: Any, labels: Any) -> Any:
         """The loss of one microbatch, scaled for the microbatches and for the kernel's gradient accumulation (the
@@ -283,9 +329,9 @@ class Pipeline:
 
     def step(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], labels: Any, device: Any, train: bool = True
-    ) -> torch.Tensor:
+    ) -> PipelineOutput:
         """One schedule step (forward and backward of every microbatch; forward only without ``train``); the batch
-        loss, on every pp process."""
+        loss, on every pp process, and without ``train`` the logits too."""
         import torch
         import torch.distributed as dist
 
@@ -297,8 +343,11 @@ class Pipeline:
                 "default: the number of stages)"
             )
         losses: list[torch.Tensor] = []
+        logits = None
         if train:
             self.schedule.step(*args, target=labels, losses=losses, return_outputs=False, **kwargs)
+            if self.tie is not None and self.sync():
+                self.tie.reduce_grads()
         elif self.name == "zerobubble":
             raise UsageError(
                 "evaluation through the pipeline (a call under torch.no_grad() or in eval mode) is not supported "
@@ -306,7 +355,7 @@ class Pipeline:
                 "(\"can't steal_bwd_input if this stage doesn't have backward\"); use 1f1b, gpipe or interleaved1f1b"
             )
         else:
-            self.schedule.eval(*args, target=labels, losses=losses, **kwargs)
+            logits = self.schedule.eval(*args, target=labels, losses=losses, **kwargs)
         if losses:  # the loss function's values, summed over microbatches, without the accumulation scaling
             one = torch.ones((), device=device)
             mean = torch.stack([x.detach() for x in losses]).sum() * (one / self.scale(one))
@@ -314,10 +363,26 @@ class Pipeline:
             mean = torch.zeros((), device=device)
         dist.broadcast(mean, group=self.group, group_src=self.last_rank)
         if not train:
-            return mean
+            return PipelineOutput(mean, self.broadcast(logits, device) if self.eval_logits else None)
         loss = mean.detach().requires_grad_(True)
         loss.accel_pipeline_done = True  # type: ignore[attr-defined]  # kernel.backward has nothing left to do
-        return loss
+        return PipelineOutput(loss)
+
+    def broadcast(self, logits: Any, device: Any) -> torch.Tensor:
+        """The last stage's output (``None`` elsewhere) on every process of the pipeline: its shape and dtype,
+        then the tensor, from the last stage."""
+        import torch
+        import torch.distributed as dist
+
+        if logits is not None and hasattr(logits, "full_tensor"):
+            logits = logits.full_tensor()
+        meta: list[Any] = [None if logits is None else (tuple(logits.shape), logits.dtype)]
+        dist.broadcast_object_list(meta, group=self.group, group_src=self.last_rank)
+        if logits is None:
+            logits = torch.empty(meta[0][0], dtype=meta[0][1], device=device)
+        logits = logits.detach().contiguous()
+        dist.broadcast(logits, group=self.group, group_src=self.last_rank)
+        return logits
 
 
 def wrapper_class() -> type:
@@ -347,7 +412,7 @@ def wrapper_class() -> type:
                     "returned)"
                 )
             train = torch.is_grad_enabled() and self.training  # else forward only (evaluation)
-            return PipelineOutput(self.pipeline.step(args, kwargs, labels, self.device, train))
+            return self.pipeline.step(args, kwargs, labels, self.device, train)
 
     return PipelineModel
 
@@ -362,9 +427,15 @@ def build(
     device: torch.device,
     scale: Callable[[Any], Any],
     parallelize: Callable[[nn.Module, list[nn.Module]], None],
+    sync: Callable[[], bool],
+    pair_group: Callable[[int, int], Any],
+    eval_logits: bool = True,
 ) -> nn.Module:
     """Prune ``model`` to this process's stages, apply ``parallelize(model, stage_modules)`` (tensor parallel,
-    FSDP), and return the :class:`PipelineModel` around it. **Collective** over the whole mesh."""
+    FSDP), and return the :class:`PipelineModel` around it. ``sync()``: whether a training step ends with an
+    optimizer step (tied embeddings sum their gradients then); ``pair_group(a, b)``: this process's group of the
+    pp ranks ``a`` and ``b`` of its pipeline (collective: every process calls it). **Collective** over the whole
+    mesh."""
     import torch.distributed.pipelining as pipelining
 
     pp = pp_mesh.size()
@@ -377,15 +448,26 @@ def build(
     first, last = 0 in mine, n_stages - 1 in mine
     loss_fn = loss_function(model)
     model.to(device)
+    last_rank = next(r for r in range(pp) if n_stages - 1 in stage_ids(r, pp, schedule))
+    tie = None  # tied embeddings on two processes (on one, the model keeps its tie)
+    if tied_embeddings(model) and last_rank != 0:
+        pair = pair_group(0, last_rank)  # collective: every process
+        if pp_rank in (0, last_rank):
+            tie = Tie(pair, model.get_input_embeddings().weight, copy=pp_rank != 0)  # type: ignore[operator]
     prune(model, lay, keep, first, last)
+    if tie is not None:
+        tie.broadcast()
     cls = _module_class()
     modules = [cls(model, lay, *ranges[s], s == 0, s == n_stages - 1) for s in mine]
     parallelize(model, modules)
+    if tie is not None:  # the parameter tensor parallel / FSDP made of this process's copy
+        embed = model.get_input_embeddings() if first else model.get_output_embeddings()  # type: ignore[operator]
+        tie.param = embed.weight
     group = pp_mesh.get_group()
     stages = [pipelining.PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(modules, mine, strict=True)]
-    last_rank = next(r for r in range(pp) if n_stages - 1 in stage_ids(r, pp, schedule))
     pipeline = Pipeline(None, loss_fn, scale, group, last_rank, stages)
     pipeline.microbatches, pipeline.name = microbatches, schedule
+    pipeline.tie, pipeline.sync, pipeline.eval_logits = tie, sync, eval_logits
     sched_cls = getattr(pipelining, SCHEDULES[schedule])
     first_arg = stages if schedule in MULTI_STAGE else stages[0]
     pipeline.schedule = sched_cls(first_arg, microbatches, loss_fn=pipeline.loss, scale_grads=False)

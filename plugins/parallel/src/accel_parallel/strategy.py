@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from accel.spi import KernelView, LaunchPlan, Settings, Topology, UsageError, hookimpl, launch_with_torchrun
 from accel.spi.sharded import ShardConfig, ShardedStrategy, clip_grad_norm, shard_model
@@ -15,6 +15,8 @@ from accel_parallel import FSDP_PREFIX, MeshPlan, cp_refusal
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from accel_parallel.pipeline import Tie
 
 
 class ParallelStrategy(ShardedStrategy):
@@ -25,6 +27,7 @@ class ParallelStrategy(ShardedStrategy):
         self.plan = plan
         self.pipelines: dict[int, nn.Module] = {}  # id(user's model) -> its PipelineModel (pp > 1)
         self.dropped: dict[int, Any] = {}  # id(original parameter) -> weakref, for parameters of other stages
+        self.ties: list[Tie] = []  # tied embeddings held by this process and another pipeline stage's
 
     # ---- launching ----------------------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class ParallelStrategy(ShardedStrategy):
                     shard_model(stage, config, mesh, self.device)
 
         n_stages = self.plan.pp * pipeline.stages_per_rank(self.plan.pp_schedule)
-        self.pipelines[id(model)] = pipeline.build(
+        wrapped = pipeline.build(
             model,
             pp_mesh=self.mesh["pp"],
             schedule=self.plan.pp_schedule,
@@ -140,11 +143,27 @@ class ParallelStrategy(ShardedStrategy):
             device=self.device,
             scale=kernel.scale_for_accumulation,
             parallelize=parallelize,
+            sync=lambda: kernel.sync_gradients,
+            pair_group=self.pp_pair_group,
+            eval_logits=bool(self.settings["parallelism_config_pp_eval_logits"]),
         )
-        kept = dict(model.named_parameters(remove_duplicate=False))
-        for name, param in before.items():
-            if name not in kept:
+        self.pipelines[id(model)] = wrapped
+        tie = cast("pipeline.Pipeline", wrapped.pipeline).tie
+        if tie is not None:
+            self.ties.append(tie)
+        kept = {id(p) for p in model.parameters()}  # by identity: a tied weight may keep only one of its names
+        for param in before.values():
+            if id(param) not in kept:
                 self.dropped[id(param)] = weakref.ref(param)
+
+    def pp_pair_group(self, a: int, b: int) -> Any:
+        """This process's group of the pp ranks ``a`` and ``b`` of its pipeline (None if it is neither);
+        **collective** (every process creates every pipeline's pair group)."""
+        import torch.distributed as dist
+
+        pairs = [[group[a], group[b]] for group in self.plan.groups("pp")]
+        mine, _ = dist.new_subgroups_by_enumeration(pairs)
+        return mine
 
     @hookimpl
     def accel_prepare_training(
@@ -170,8 +189,20 @@ class ParallelStrategy(ShardedStrategy):
 
     @hookimpl
     def accel_clip_grad_norm(self, kernel: KernelView, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
-        group = self.mesh["pp"].get_group() if self.plan.pp > 1 else None
-        return clip_grad_norm(parameters, max_norm, norm_type, group=group)
+        if self.plan.pp == 1:
+            return clip_grad_norm(parameters, max_norm, norm_type)
+        from torch.nn.utils import clip_grads_with_norm_
+
+        # the last stage's copy of a tied embedding is clipped, but its weight counts in the norm once (the
+        # first stage's copy, equal to it)
+        copies = {id(tie.param) for tie in self.ties if tie.copy}
+        norm = clip_grad_norm(
+            [p for p in parameters if id(p) not in copies], max_norm, norm_type, group=self.mesh["pp"].get_group()
+        )
+        copied = [p for p in parameters if id(p) in copies and p.grad is not None]
+        if copied:
+            clip_grads_with_norm_(copied, max_norm, norm)
+        return norm
 
     @hookimpl
     def accel_optimizer_step(self, kernel: KernelView, optimizer: Any) -> bool | None:
@@ -284,6 +315,8 @@ def apply_tensor_parallel(
     size = mesh.size()
     for pattern, style in plan.items():
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not strict:  # a layer of another pipeline stage is a parameter-free placeholder here: left out
+            hits = [n for n in hits if any(True for _ in model.get_submodule(n).parameters())]
         if not hits and not strict:
             continue
         if not hits:
