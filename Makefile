@@ -53,10 +53,12 @@ test-fast: setup
 
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
 # their own venvs, then each plugin's folder collected with only that plugin installed (the quick tests of every
-# folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core machine, so CI does not run them), then the torch
-# matrix (the smoke tests on the declared floor, torch 2.7.0, and on the newest torch, 2.14.1, each in its own slim
-# venv: ≈10 min for both, cold, on 2 cores under a load of 3-7; docs/design.md "The torch matrix in CI").
-test-all: setup-slurm test test-xla test-ipex test-plugin-alone-smoke test-torch-matrix
+# folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core machine, so CI does not run them). The torch
+# matrix (`make test-torch-matrix`: the smoke tests on torch 2.7.0 and 2.14.1, each in its own slim venv) passes but
+# is not in CI yet: cold, both venvs and both smoke runs took 14.5 min here under a load average of 6-9 from other
+# work (≈9-10 min from the steps' times at a load of 3-7), over the 12 min set for it; to add it, append
+# `test-torch-matrix` to the line below (docs/design.md "The torch matrix in CI").
+test-all: setup-slurm test test-xla test-ipex test-plugin-alone-smoke
 
 # Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
 # venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test
@@ -187,8 +189,7 @@ compat-vs-accelerate: setup $(COMPAT_ACC_VENV)/.installed
 # thousands of modules at install (Python compiles what a test imports). A venv is reused while it holds its torch and
 # rebuilt otherwise. Both are CUDA builds (PyPI has no CPU build of these versions; ~5.5 GB each with the nvidia
 # libraries) run on the CPU. The XLA and IPEX plugins' own tests are left out: they run on the torch they need in their
-# own venvs above. Cost here (docs/design.md "The torch matrix in CI"): cold, floor ≈6 min and newest ≈7 min, venv
-# and smoke run together.
+# own venvs above.
 TORCH_MATRIX := floor newest
 TORCH_floor ?= 2.7.0
 TORCH_newest ?= 2.14.1
