@@ -6,7 +6,9 @@ than the margin.
 The budget is :data:`BUDGET` seconds of wall time, or the environment variable ``ACCEL_SUITE_BUDGET`` (``0`` or
 ``off``: no check); the session fails when it took longer than ``budget * (1 + margin)``, the margin being
 :data:`MARGIN` (a fraction) or ``ACCEL_SUITE_BUDGET_MARGIN``. A session that ran a single module is reported but never
-checked. docs/design.md "The test suite's time budget" says why these numbers.
+checked. Under pytest-xdist the controller alone times the session (the workers send it their reports): the total is
+the session's wall time and a module's seconds are the sum of its tests' durations on every worker.
+docs/design.md "The test suite's time budget" says why these numbers.
 """
 
 from __future__ import annotations
@@ -97,4 +99,7 @@ class SuiteBudget:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(SuiteBudget(), "accel-suite-budget")
+    # Under pytest-xdist (`-n N`) the controller receives every worker's test reports and prints the summary; a worker
+    # (it has ``workerinput``) neither times nor checks anything, so the total is the controller's wall time.
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(SuiteBudget(), "accel-suite-budget")

@@ -3,6 +3,8 @@ two small test modules, one of them slow; the budget is given through the enviro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from suite_budget import BUDGET
 
@@ -73,3 +75,22 @@ def test_a_bad_value_is_one_line(suite: pytest.Pytester, monkeypatch: pytest.Mon
     result.stderr.fnmatch_lines(
         ["ERROR: ACCEL_SUITE_BUDGET='15min' is not a number; give e.g. ACCEL_SUITE_BUDGET=900 (0 or off: none)"]
     )
+
+
+def test_under_xdist_the_controller_reports_the_whole_session(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `-n 2` the tests run in two worker processes; the controller still prints one summary counting every
+    module and fails the session over budget (the workers print and check nothing)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the workers import suite_budget too
+    result = suite.runpytest_subprocess("-n", "2")
+    assert result.ret == 0
+    lines = result.stdout.lines
+    assert sum("slowest modules:" in line for line in lines) == 1
+    first = next(i for i, line in enumerate(lines) if "slowest modules:" in line)
+    assert "2 modules" in lines[first]
+    assert "2 tests  test_slow.py" in lines[first + 1] and "1 tests  test_quick.py" in lines[first + 2]
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "0.05")
+    over = suite.runpytest_subprocess("-n", "2")
+    assert over.ret == pytest.ExitCode.TESTS_FAILED
+    assert sum("budget exceeded" in line for line in over.stdout.lines) == 1
