@@ -30,9 +30,14 @@ docs: setup
 # runnable with only that plugin installed: `make test-plugin-alone`) and tests/ (cross-plugin and end-to-end suites).
 # plugins/xla/tests and plugins/ipex/tests need their own torch and run in test-xla / test-ipex. With the 25 slowest
 # tests (--durations=25); tests/suite_budget.py prints the total and the 10 slowest modules and fails the run when it
-# took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off).
+# took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off). The tests run on PYTEST_WORKERS pytest-xdist
+# workers (much of the suite waits on process start-up, rendezvous and subprocess I/O, so 2 workers on 2 cores save
+# time); --dist loadfile gives each worker whole modules, so a module's shared fixtures (a launch several tests read,
+# a Slurm cluster, an MLflow server) are still built once. PYTEST_WORKERS=0: one process, as before.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 test: setup
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest $(XDIST) --durations=25
 
 # What CI runs first (.ci/run): ruff (lint rules and formatting; configured in pyproject.toml) on all the Python code,
 # mypy on the kernel, the plugins and tools/, then the import rules (lint-imports: plugins import only accel.spi, the
@@ -49,7 +54,7 @@ lint: setup
 	exit $$status
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then the XLA and IPEX plugins in
 # their own venvs, then each plugin's folder collected with only that plugin installed (the quick tests of every

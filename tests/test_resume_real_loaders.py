@@ -4,13 +4,16 @@ the same step. The batches it trains on (sample ids and augmented values) and it
 those of the first run. Samples are augmented in the dataset with python's, numpy's and torch's generators, the
 model has dropout. Variants: num_workers 0/1/2 with and without persistent workers, map-style and iterable datasets,
 shuffling, a WeightedRandomSampler and a DistributedSampler the script makes itself, one process and two (ddp on
-gloo), and Accelerate's documented resume (load_state, then skip_first_batches with the position).
+gloo), and Accelerate's documented resume (load_state, then skip_first_batches with the position). The variants of
+one process share their runs (issue 29): one run saves every variant in turn, a second one resumes every variant,
+each variant with its own seeds, checkpoint and records, and each is still asserted by its own test.
 
 The in-process tests at the end show each mechanism on its own, quickly."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,14 +34,16 @@ ACCEL = Path(sys.executable).parent / "accel"
 STEPS, SAVE_AT = "30", "17"  # 13 batches an epoch with one process, 7 with two: the save is mid-epoch either way
 
 
-def run(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess[str]:
+def run(
+    tmp_path: Path, processes: int, *args: str, check: bool = True, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     cmd = (
         [sys.executable, str(SCRIPT)]
         if processes == 1
         else [str(ACCEL), "launch", "-q", "-n", str(processes), str(SCRIPT)]
     )
-    proc = run_tree([*cmd, *args], env=launch_env(tmp_path), cwd=tmp_path, timeout=240)
-    if proc.returncode != 0:
+    proc = run_tree([*cmd, *args], env=launch_env(tmp_path), cwd=tmp_path, timeout=timeout)
+    if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd + list(args))} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
@@ -49,17 +54,19 @@ def records(tmp_path: Path, name: str, processes: int) -> list[dict[str, Any]]:
     return [json.loads((tmp_path / f"{name}.rank{r}.json").read_text()) for r in range(processes)]
 
 
-def save_then_resume(tmp_path: Path, processes: int, *variant: str) -> tuple[str, str]:
-    """Run with a save at SAVE_AT, then resume in a new process; assert both end the same. The stderr of both."""
-    first = run(tmp_path, processes, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--out", "a", *variant)
-    second = run(tmp_path, processes, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b", *variant)
-    for a, b in zip(records(tmp_path, "a", processes), records(tmp_path, "b", processes), strict=True):
+SAVE = ("--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--out", "a")
+RESUME = ("--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b")
+
+
+def assert_same_end(tmp_path: Path, processes: int, first: str, second: str) -> None:
+    """The resumed run (records ``second``) trained on the uninterrupted run's batches after SAVE_AT, bit for bit,
+    and ended with the same parameters."""
+    for a, b in zip(records(tmp_path, first, processes), records(tmp_path, second, processes), strict=True):
         tail = a["batches"][int(SAVE_AT) :]
         assert len(tail) == len(b["batches"]) == int(STEPS) - int(SAVE_AT)
         for step, (x, y) in enumerate(zip(tail, b["batches"], strict=True), int(SAVE_AT) + 1):
             assert x == y, f"step {step}: uninterrupted {x}, resumed {y}"
         assert a["params"] == b["params"]
-    return first.stderr, second.stderr
 
 
 ONE_PROCESS = {
@@ -79,11 +86,47 @@ ONE_PROCESS = {
 }
 
 
+Runs = tuple[Path, str, str]  # the folder, the saving run's stderr, the resumed run's stderr
+
+
+def batched_runs(tmp: Path, variants: dict[str, tuple[str, ...]]) -> Runs:
+    """Every variant saved, then resumed, in two runs in all: the script runs the variants in turn (``--variants``),
+    each from its own seeds with its own checkpoint and records (``ck-<name>``, ``a-<name>`` and ``b-<name>``), so
+    no variant is resumed in the process that saved it (records identical to a run of the variant alone)."""
+    (tmp / "variants.json").write_text(json.dumps({name: list(args) for name, args in variants.items()}))
+    first = run(tmp, 1, *SAVE, "--variants", "variants.json", check=False, timeout=400)
+    second = run(tmp, 1, *RESUME, "--variants", "variants.json", check=False, timeout=400)
+    return tmp, first.stderr, second.stderr
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return batched_runs(tmp_path_factory.mktemp("one_process"), ONE_PROCESS)
+
+
+def resumed_exactly(runs: Runs, variant: str) -> str:
+    """Assert that ``variant`` ran without an error and resumed exactly; its stderr in the saving run."""
+    tmp, first, second = runs
+    saved, resumed = variant_stderr(first, variant), variant_stderr(second, variant)
+    assert "Traceback" not in saved + resumed, f"--- saving run\n{saved}\n--- resumed run\n{resumed}"
+    assert_same_end(tmp, 1, f"a-{variant}", f"b-{variant}")
+    return saved
+
+
+def variant_stderr(stderr: str, name: str) -> str:
+    """What the script printed on stderr while it ran variant ``name`` (after its ``=== variant`` line)."""
+    parts = re.split(r"^=== variant (\S+)\n", stderr, flags=re.MULTILINE)
+    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert name in sections, f"variant {name} never started:\n{stderr[-6000:]}"
+    return sections[name]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess  # DataLoader workers and a second process for the resumed run
+@pytest.mark.timeout(900)  # the first test also runs the module's two runs of every variant
 @pytest.mark.parametrize("variant", sorted(ONE_PROCESS))
-def test_exact_resume_one_process(tmp_path: Path, variant: str) -> None:
-    saved, _ = save_then_resume(tmp_path, 1, *ONE_PROCESS[variant])
+def test_exact_resume_one_process(one_process_runs: Runs, variant: str) -> None:
+    saved = resumed_exactly(one_process_runs, variant)
     if "iterable" in variant:  # no index to resume at: the batches seen are read again; the save says so
         assert "RuntimeWarning: save_state: the prepared dataloader over AugmentedStream is an iterable" in saved
     else:
@@ -103,7 +146,10 @@ TWO_PROCESSES = {
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("variant", sorted(TWO_PROCESSES))
 def test_exact_resume_two_processes_ddp(tmp_path: Path, variant: str) -> None:
-    save_then_resume(tmp_path, 2, *TWO_PROCESSES[variant])
+    """One launch per variant: in a shared 2-process launch the second variant hung (not investigated)."""
+    run(tmp_path, 2, *SAVE, *TWO_PROCESSES[variant])
+    run(tmp_path, 2, *RESUME, *TWO_PROCESSES[variant])
+    assert_same_end(tmp_path, 2, "a", "b")
 
 
 @pytest.mark.slow

@@ -44,6 +44,12 @@ def wait_for_pids(piddir: Path, count: int, launcher: subprocess.Popen[str], tim
     raise AssertionError(f"the workers did not start: {launcher.communicate()}")
 
 
+# How long the workers may take to end once their launcher did: they end at once (a signal, or the parent-death
+# signal), but on a loaded machine (the suite on several xdist workers beside other work) a process can wait seconds
+# for a CPU; the wait returns as soon as they are gone, so a wide bound costs nothing when the test passes.
+GONE = 20
+
+
 def gone_within(pids: list[int], seconds: float) -> list[int]:
     """The pids still running after ``seconds`` (killed afterwards, so nothing outlives the test)."""
     deadline = time.monotonic() + seconds
@@ -114,7 +120,7 @@ def test_accel_launch_signal_ends_the_run_with_one_line(tmp_path, how, processes
     lines = [line for line in err.splitlines() if line.strip()]
     assert launcher.returncode == code, err
     assert len(lines) == 1 and words in lines[0] and f"(exit code {code})" in lines[0], err
-    assert gone_within(pids, 5) == []
+    assert gone_within(pids, GONE) == []
 
 
 @pytest.mark.parametrize("processes", [2, 1], ids=["torchrun-2", "one-process"])
@@ -127,7 +133,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path, group, processes):
     else:
         launcher.kill()
     launcher.communicate(timeout=30)
-    assert gone_within(pids, 5) == [], "workers still running after their launcher was killed"
+    assert gone_within(pids, GONE) == [], "workers still running after their launcher was killed"
 
 
 DEBUG_SCRIPT = textwrap.dedent("""
@@ -167,7 +173,7 @@ def test_debug_launcher_ctrl_c(tmp_path):
     assert err.strip().splitlines()[-1] == (
         "KeyboardInterrupt: accel: stopped by Ctrl-C (SIGINT): the 2 process(es) ended (exit code 130)"
     ), err
-    assert gone_within(pids, 5) == []
+    assert gone_within(pids, GONE) == []
 
 
 def test_debug_launcher_sigterm(tmp_path):
@@ -180,7 +186,7 @@ def test_debug_launcher_sigterm(tmp_path):
     assert [line for line in err.splitlines() if line.strip()] == [
         "accel: stopped by SIGTERM: the 2 process(es) ended (exit code 143)"
     ], err
-    assert gone_within(pids, 5) == []
+    assert gone_within(pids, GONE) == []
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["launcher", "process-group"])
@@ -192,7 +198,7 @@ def test_debug_launcher_workers_die_with_a_killed_launcher(tmp_path, group):
     else:
         launcher.kill()
     launcher.communicate(timeout=30)
-    assert gone_within(pids, 5) == []
+    assert gone_within(pids, GONE) == []
 
 
 ROOT = TESTS.parent
@@ -231,4 +237,4 @@ def test_deepspeed_launch_signals(tmp_path, how):
     else:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.communicate(timeout=30)
-    assert gone_within(pids, 5) == []
+    assert gone_within(pids, GONE) == []

@@ -3,8 +3,10 @@ two small test modules, one of them slow; the budget is given through the enviro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from suite_budget import BUDGET
+from suite_budget import BUDGET, SERIAL_BUDGET
 
 pytest_plugins = ["pytester"]
 
@@ -25,7 +27,7 @@ def test_reports_total_and_slowest_modules_and_passes_within_budget(suite: pytes
     result = suite.runpytest()
     assert result.ret == 0
     result.stdout.re_match_lines(
-        [r"=+ suite time =+", rf"total \d+\.\d s wall, 2 modules \(budget {BUDGET:.0f} s \+ 20%"]
+        [r"=+ suite time =+", rf"total \d+\.\d s wall, 2 modules \(budget {SERIAL_BUDGET:.0f} s \+ 20%"]
     )
     lines = result.stdout.lines
     first = next(i for i, line in enumerate(lines) if "slowest modules:" in line)
@@ -73,3 +75,22 @@ def test_a_bad_value_is_one_line(suite: pytest.Pytester, monkeypatch: pytest.Mon
     result.stderr.fnmatch_lines(
         ["ERROR: ACCEL_SUITE_BUDGET='15min' is not a number; give e.g. ACCEL_SUITE_BUDGET=900 (0 or off: none)"]
     )
+
+
+def test_under_xdist_the_controller_reports_the_whole_session(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `-n 2` the tests run in two worker processes; the controller still prints one summary counting every
+    module and fails the session over budget (the workers print and check nothing)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # the workers import suite_budget too
+    result = suite.runpytest_subprocess("-n", "2")
+    assert result.ret == 0
+    lines = result.stdout.lines
+    assert sum("slowest modules:" in line for line in lines) == 1
+    first = next(i for i, line in enumerate(lines) if "slowest modules:" in line)
+    assert f"2 modules (budget {BUDGET:.0f} s + 20%" in lines[first]  # the budget of a run on several workers
+    assert "2 tests  test_slow.py" in lines[first + 1] and "1 tests  test_quick.py" in lines[first + 2]
+    monkeypatch.setenv("ACCEL_SUITE_BUDGET", "0.05")
+    over = suite.runpytest_subprocess("-n", "2")
+    assert over.ret == pytest.ExitCode.TESTS_FAILED
+    assert sum("budget exceeded" in line for line in over.stdout.lines) == 1
