@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -279,11 +280,14 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's python, numpy (if loaded) and torch CPU random states."""
+    """This process's python, numpy (if ``numpy.random`` is loaded) and torch CPU random states. numpy 2 loads
+    ``numpy.random`` on first use: until then nothing drew from its global generator, and reading its state (about
+    50 µs, numpy's own copy of the state) would load it; the prepared loader of an iterable dataset reads the states
+    before every batch it reads ahead."""
     states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        states["numpy"] = np.random.get_state()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        states["numpy"] = np_random.get_state()
     return states
 
 
@@ -345,21 +349,21 @@ class IterableDatasetShard(IterableDataset):
         return self._share()
 
     def _whole(self) -> Iterator[Any]:
-        """One process: every sample as it comes (no group to slice); the last short group completed as below."""
+        """One process: every sample as it comes (no group to slice); the last short group completed as below. The
+        parts are chained in C, so no Python code runs per sample (as with the dataset itself)."""
+        return itertools.chain.from_iterable(self._whole_parts())
+
+    def _whole_parts(self) -> Iterator[Iterable[Any]]:
         span = self.batch_size
         it = iter(self.dataset)
         first = list(itertools.islice(it, span))
-        yield from first
-        seen = len(first)
-        for item in it:
-            seen += 1
-            yield item
-        self.seen = seen
+        yield first
+        counter = itertools.count(len(first))  # counts the rest: zip draws from `it` first, so it stops with `it`
+        yield map(operator.itemgetter(0), zip(it, counter, strict=False))
+        seen = self.seen = next(counter)
         short = seen % span
         if short and not self.drop_last and self.even_batches:
-            filler = _cycle_any(first)
-            for _ in range(span - short):
-                yield next(filler)
+            yield itertools.islice(_cycle_any(first), span - short)
 
     def _share(self) -> Iterator[Any]:
         span = self.batch_size * self.num_processes
