@@ -46,10 +46,10 @@ class _Accumulate:
         state = kernel.gradient_state
         state.step += 1
         end = state.end_of_dataloader
-        state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
+        sync = state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
         if end:
             state.step = 0
-        if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
+        if not sync and self.models and kernel._hot.no_sync_needed:
             no_sync, inner = kernel._hot.no_sync, kernel._inner
             if len(self.models) == 1:
                 model = self.models[0]
