@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,16 @@ STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny mode
 def phases() -> dict[str, Callable[[int], Any]]:
     import step_loop
     import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):  # type: ignore[type-arg]
+        """An iterable dataset over the samples of a map-style one."""
+
+        def __init__(self, data: Any):
+            self.data = data
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(self.data)
 
     torch.set_num_threads(1)
     out: dict[str, Callable[[int], Any]] = {}
@@ -58,6 +68,17 @@ def phases() -> dict[str, Callable[[int], Any]]:
                 nothing, unplaced, False
             )
             out["parts|the user's DataLoader inside accumulate()"] = step_loop.runner(context, plain, False)
+            stream = DataLoader(Stream(plain.dataset), batch_size=plain.batch_size)
+            out["parts|iterate the user's iterable DataLoader"] = step_loop.runner(nothing, stream, False)
+            out["parts|iterate a prepared iterable DataLoader"] = step_loop.runner(
+                nothing, Kernel(cpu=True).prepare(DataLoader(Stream(plain.dataset), batch_size=plain.batch_size)), False
+            )
+    # DDP with accumulation: the ddp plugin in a world of one process (gloo), so its no_sync path runs on every
+    # other micro-step; the raw loop is a DistributedDataParallel on the same process group using no_sync() itself
+    args = argparse.Namespace(model="tiny", accum=2, clip=0.0, device="cpu", impl="accel", plugins=["ddp"])
+    step, loader, _ = step_loop.framework_loop(args)
+    out["DDP (one process), tiny MLP, accumulate(2)|raw"] = step_loop.runner(*step_loop.raw_loop(args, 2), False)
+    out["DDP (one process), tiny MLP, accumulate(2)|accel"] = step_loop.runner(step, loader, False)
     return out
 
 

@@ -122,6 +122,8 @@ def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
             from accel import DistributedDataParallelKwargs
 
             extra["kwargs_handlers"] = [DistributedDataParallelKwargs(**json.loads(args.ddp))]
+        if getattr(args, "plugins", None):  # bench/instructions.py: the ddp plugin in a world of one process
+            extra["plugins"] = args.plugins
         k: Any = Kernel(cpu=cpu, gradient_accumulation_steps=args.accum, **extra)
     else:
         from accelerate import Accelerator

@@ -324,3 +324,53 @@ def test_one_process_iterable_shard_takes_the_fast_path_to_the_same_samples(drop
         if drop_last:  # the general path leaves the short group out; the DataLoader drops that batch either way
             fast = fast[: len(fast) - len(fast) % 4]
         assert fast == general, (n, fast, general)
+
+
+def test_random_states_leave_numpy_random_alone_until_it_is_loaded() -> None:
+    """issue 30: the prepared loader of an iterable dataset reads the random states before every batch it reads
+    ahead. numpy 2 loads ``numpy.random`` on first use; until then nothing drew from its global generator, so its
+    state (50 µs a read) is not read, and reading the others does not load it. Once loaded, it is saved as before."""
+    code = (
+        "import sys, torch\n"
+        "from accel.sampling import rng_states\n"
+        "print('numpy' in rng_states(), 'numpy.random' in sys.modules)\n"
+        "import numpy.random\n"
+        "numpy.random.seed(3)\n"
+        "states = rng_states()\n"
+        "first = numpy.random.rand(5)\n"
+        "from accel.sampling import set_rng_states\n"
+        "set_rng_states(states)\n"
+        "print('numpy' in states, bool((numpy.random.rand(5) == first).all()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False", "True", "True"], out
+
+
+def test_numpy_state_read_through_its_words_is_numpy_own() -> None:
+    """issue 30: numpy's global state is read again only when its raw words changed or a cached gaussian was
+    pending (``randn`` uses that up without drawing); every read must equal ``numpy.random.get_state()``."""
+    np = pytest.importorskip("numpy")
+    from accel.sampling import _numpy_read, _numpy_state
+
+    def same(a: Any, b: Any) -> bool:
+        return bool(a[0] == b[0] and (a[1] == b[1]).all() and a[2:] == b[2:])
+
+    np.random.seed(1)
+    start = np.random.get_state()
+    steps = [
+        lambda: None,
+        lambda: np.random.rand(3),
+        lambda: None,
+        lambda: np.random.randn(),  # draws two gaussians, caches one
+        lambda: None,
+        lambda: np.random.randn(),  # uses the cached one: no words change
+        lambda: None,
+        lambda: np.random.seed(1),
+        lambda: np.random.randint(5),
+        lambda: np.random.set_state(start),
+        lambda: np.random.random(700),  # past the 624 words: numpy regenerates them
+    ]
+    for step in steps:
+        step()
+        assert same(_numpy_state(np.random), np.random.get_state())
+    assert _numpy_read.usable  # the words were read (not a full read every time)

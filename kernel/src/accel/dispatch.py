@@ -215,6 +215,9 @@ class HotHooks:
     #: True when only the kernel's own ``accel_optimizer_step`` and ``accel_zero_grad`` answer: a prepared
     #: optimizer then calls the user's ``optimizer.step()``/``zero_grad()`` itself.
     plain_optimizer: bool
+    #: False when nothing implements ``accel_unscale_gradients`` (and nobody watches hook calls): the kernel then
+    #: calls nothing for it (``clip_grad_norm_`` on every sync step).
+    unscale_needed: bool
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.no_sync_needed = not _kernel_only(pm, "accel_no_sync")
@@ -224,3 +227,4 @@ class HotHooks:
             setattr(self, name.removeprefix("accel_"), resolve_firstresult(pm, name))
         for name in HOT_BROADCAST_HOOKS:
             setattr(self, name.removeprefix("accel_"), resolve_each(pm, name))
+        self.unscale_needed = self.unscale_gradients is not _nothing

@@ -512,7 +512,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
             self._warn_unprepared_loaders()
         hot = self._hot
         if hot.plain_backward:  # only the kernel's default answers: its call, made here
-            loss = self.scale_for_accumulation(loss)
+            steps = self._accumulation_steps  # scale_for_accumulation, inlined (one Python call fewer per step)
+            if steps > 1:
+                loss = loss / steps
             if kwargs:
                 loss.backward(**kwargs)
             else:
@@ -601,8 +603,10 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         (the local gradients are partial there)."""
         if not self.gradient_state.sync_gradients:
             return None
-        self.unscale_gradients()
-        return self._hot.clip_grad_norm(
+        hot = self._hot
+        if hot.unscale_needed:  # unscale_gradients(), inlined; nothing to call where no plugin implements it
+            hot.unscale_gradients(kernel=self)
+        return hot.clip_grad_norm(
             kernel=self, parameters=list(parameters), max_norm=float(max_norm), norm_type=float(norm_type)
         )
 

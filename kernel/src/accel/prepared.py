@@ -23,6 +23,7 @@ class StepKernel(DataKernel, Protocol):
 
     _accumulation_steps: int
     _hot: HotHooks
+    _inner: dict[int, torch.nn.Module]
     step_scheduler_with_optimizer: bool
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
@@ -36,20 +37,29 @@ class _Accumulate:
 
     def __init__(self, kernel: StepKernel, models: tuple[torch.nn.Module, ...]):
         self.kernel, self.models = kernel, models
-        self.stack: contextlib.ExitStack[bool | None] | None = None
+        #: what was entered on this step: the strategy's ``no_sync`` context of the one model, or an ExitStack of
+        #: several models' contexts (``Kernel.no_sync`` made directly, without its generator-based wrapper)
+        self.stack: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> None:
         kernel = self.kernel
         state = kernel.gradient_state
         state.step += 1
         end = state.end_of_dataloader
-        state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
+        sync = state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
         if end:
             state.step = 0
-        if not state.sync_gradients and self.models and kernel._hot.no_sync_needed:
+        if not sync and self.models and kernel._hot.no_sync_needed:
+            no_sync, inner = kernel._hot.no_sync, kernel._inner
+            if len(self.models) == 1:
+                model = self.models[0]
+                context = no_sync(kernel=kernel, model=inner.get(id(model), model))
+                context.__enter__()
+                self.stack = context
+                return
             with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
                 for model in self.models:
-                    stack.enter_context(kernel.no_sync(model))
+                    stack.enter_context(no_sync(kernel=kernel, model=inner.get(id(model), model)))
                 self.stack = stack.pop_all()
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:

@@ -10,9 +10,12 @@ a stream; :class:`Padding`/:class:`PaddingCollate` give empty batches to process
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
+import operator
 import random
+import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -279,12 +282,57 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's python, numpy (if loaded) and torch CPU random states."""
+    """This process's python, numpy (if ``numpy.random`` is loaded) and torch CPU random states. numpy 2 loads
+    ``numpy.random`` on first use (torch's optimizers load it): until then nothing drew from its global generator,
+    and reading its state would load it. The prepared loader of an iterable dataset reads the states before every
+    batch it reads ahead, so numpy's is read through :func:`_numpy_state`."""
     states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    np = sys.modules.get("numpy")
-    if np is not None:
-        states["numpy"] = np.random.get_state()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        states["numpy"] = _numpy_state(np_random)
     return states
+
+
+class _NumpyRead:
+    """The last state read of numpy's global generator, and the generator's raw words (``key[624]``, ``pos``) then."""
+
+    generator: Any = None
+    words = b""
+    state: Any = None
+    usable = False  # the raw words are where this module expects them (checked once per generator)
+
+
+_numpy_read = _NumpyRead()
+_MT_WORDS = 625 * 4  # numpy's mt19937_state: uint32 key[624], int pos
+
+
+def _numpy_state(np_random: Any) -> Any:
+    """``numpy.random.get_state()``, which costs about 50 µs (numpy copies the 624 words of the state one by one).
+    When the generator's raw words (0.5 µs to copy, through its ``ctypes.state_address``) are those of the last read
+    and no cached gaussian was pending then, nothing has drawn from it since: the last read is returned. (Drawing
+    changes the words; a pending cached gaussian can be used up without drawing, so then it is read again.) Where
+    the words are not laid out as expected (checked against a full read once per generator), every call reads."""
+    getter = np_random.get_state
+    generator = getattr(getattr(getter, "__self__", None), "_bit_generator", None)
+    last = _numpy_read
+    if generator is None:
+        return getter()
+    if generator is not last.generator:
+        state = getter()
+        try:
+            words = ctypes.string_at(generator.ctypes.state_address, _MT_WORDS)
+            usable = state[0] == "MT19937" and words == state[1].tobytes() + struct.pack("i", state[2])
+        except (AttributeError, TypeError, ValueError, IndexError):
+            words, usable = b"", False
+        last.generator, last.words, last.state, last.usable = generator, words, state, usable
+        return state
+    if not last.usable:
+        return getter()
+    words = ctypes.string_at(generator.ctypes.state_address, _MT_WORDS)
+    if words == last.words and not last.state[3]:  # state[3]: has_gauss
+        return last.state
+    last.words, last.state = words, getter()
+    return last.state
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
@@ -345,21 +393,21 @@ class IterableDatasetShard(IterableDataset):
         return self._share()
 
     def _whole(self) -> Iterator[Any]:
-        """One process: every sample as it comes (no group to slice); the last short group completed as below."""
+        """One process: every sample as it comes (no group to slice); the last short group completed as below. The
+        parts are chained in C, so no Python code runs per sample (as with the dataset itself)."""
+        return itertools.chain.from_iterable(self._whole_parts())
+
+    def _whole_parts(self) -> Iterator[Iterable[Any]]:
         span = self.batch_size
         it = iter(self.dataset)
         first = list(itertools.islice(it, span))
-        yield from first
-        seen = len(first)
-        for item in it:
-            seen += 1
-            yield item
-        self.seen = seen
+        yield first
+        counter = itertools.count(len(first))  # counts the rest: zip draws from `it` first, so it stops with `it`
+        yield map(operator.itemgetter(0), zip(it, counter, strict=False))
+        seen = self.seen = next(counter)
         short = seen % span
         if short and not self.drop_last and self.even_batches:
-            filler = _cycle_any(first)
-            for _ in range(span - short):
-                yield next(filler)
+            yield itertools.islice(_cycle_any(first), span - short)
 
     def _share(self) -> Iterator[Any]:
         span = self.batch_size * self.num_processes

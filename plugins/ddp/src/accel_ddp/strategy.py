@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -161,9 +162,9 @@ class DDPStrategy(ProcessGroupComponent):
     def accel_no_sync(
         self, kernel: KernelView, model: torch.nn.Module
     ) -> contextlib.AbstractContextManager[Any] | None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        return model.no_sync() if isinstance(model, DistributedDataParallel) else None
+        # called on every accumulation micro-step: the class from a cache (a `from torch.nn.parallel import` here
+        # would run importlib's from-list handling each time)
+        return model.no_sync() if isinstance(model, _ddp_class()) else None
 
     @hookimpl
     def accel_sync_in_backward(
@@ -172,6 +173,13 @@ class DDPStrategy(ProcessGroupComponent):
         from torch.nn.parallel import DistributedDataParallel
 
         return _synced_backward(model) if isinstance(model, DistributedDataParallel) else None
+
+
+@functools.cache
+def _ddp_class() -> type[torch.nn.parallel.DistributedDataParallel]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
 
 
 @contextlib.contextmanager
