@@ -85,7 +85,7 @@ def test_async_save_writes_the_same_bytes_as_the_sync_save(tmp_path: Path, overl
     job = job_of(kernel)
     # overlap: the parameters' and Adam's copies were left to the background thread (the step below waits for
     # them); otherwise everything was copied before save_state returned
-    deferred = {stem for stem, *_ in job.to_verify}
+    deferred = {stem for stem, *_ in job.deferred}
     assert deferred == ({"model", "optimizer"} if overlap else set()), deferred
     opt.optimizer.step()  # a step right after the call cannot reach the files
     assert job.verified.is_set() and job.changed is None

@@ -30,6 +30,7 @@ import torch
 from accel.checkpoint.files import _Packer, _write_packed, fsync_all, read_json, write_json
 from accel.checkpoint.items import Item, _file_stem, _state_of
 from accel.checkpoint.manifest import _one_line, _publish
+from accel.checkpoint.solo import _until
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError
 
@@ -166,9 +167,9 @@ class _AsyncSave:
         self.target, self.tmp, self.index = target, tmp, index
         self.rank, self.world = kernel.process_index, kernel.num_processes
         self.packed: dict[str, tuple[str, Any, dict[str, torch.Tensor]]] | None = packed
-        #: overlap mode: the copies left to this thread (see the module's doc); empty: everything was copied
-        self.pending: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
-        self.to_verify: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+        #: overlap mode: the copies left to this thread (see the module's doc), until :meth:`verify` has checked
+        #: them; empty: everything was copied
+        self.deferred: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
         self.copied = threading.Event()  # the deferred copies are made: optimizer steps may go on
         self.verified = threading.Event()  # the training thread checked the sources were not changed meanwhile
         self.changed: str | None = None  # what it found changed in place (the save fails)
@@ -185,10 +186,9 @@ class _AsyncSave:
         time.sleep(0)  # hand the GIL back at once: save_state's thread.start() waits for it (else up to 5 ms)
         try:
             try:
-                for _stem, _name, buf, src, _owner, _version in self.pending:
+                for _stem, _name, buf, src, _owner, _version in self.deferred:
                     _copy_into(buf, src)
             finally:
-                self.pending = []
                 self.copied.set()
             assert self.packed is not None
             for key, (stem, doc, tensors) in self.packed.items():
@@ -234,8 +234,7 @@ class _AsyncSave:
         if not peers_done:
             markers = [self.tmp / _MARKER.format(rank) for rank in range(1, self.world)]
             deadline = self.deadline if self.deadline is not None else time.monotonic() + PEER_WAIT_S
-            while not all(m.is_file() for m in markers) and time.monotonic() < deadline and self.tmp.is_dir():
-                time.sleep(0.01)
+            _until(lambda: not self.tmp.is_dir() or all(m.is_file() for m in markers), deadline - time.monotonic())
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def verify(self) -> None:
@@ -247,11 +246,11 @@ class _AsyncSave:
         start = time.perf_counter()
         self.copied.wait()
         self.step_waited += time.perf_counter() - start
-        for stem, name, _buf, _src, owner, version in self.to_verify:
+        for stem, name, _buf, _src, owner, version in self.deferred:
             if owner._version != version:
                 self.changed = f"{stem}: tensor {name!r}"
                 break
-        self.to_verify = []
+        self.deferred = []
         self.verified.set()
 
     def _wait_for_peers(self) -> None:
@@ -353,9 +352,9 @@ def start_async(
     job = _AsyncSave(kernel, items, records, target, tmp, index, packed)
     saver = _SAVERS.setdefault(kernel, _Saver())
     saver.job = job
-    job.pending, job.to_verify = saver.staging.pending, list(saver.staging.pending)
+    job.deferred = saver.staging.pending
     saver.staging.pending, saver.staging.deferrable = [], {}
-    if job.pending:
+    if job.deferred:
         saver.hooks = [opt.register_step_pre_hook(lambda *_: job.verify()) for opt in _optimizers(kernel) or ()]
     else:
         job.copied.set()
