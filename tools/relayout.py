@@ -193,6 +193,20 @@ def mark(path: Path, tests: dict[str, tuple[str, ...]], apply: bool) -> bool:
     return changed
 
 
+def git_files() -> list[str]:
+    """The repository's tracked and untracked-but-not-ignored files, relative to ROOT."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    return out.stdout.splitlines()
+
+
+def glob_regex(pattern: str) -> str:
+    """``Path.glob``'s meaning of a pattern (``**/`` = any folders, ``*`` = within one name) as a regex."""
+    parts = re.split(r"(\*\*/|\*)", pattern)
+    return "".join({"**/": "(?:.*/)?", "*": "[^/]*"}.get(part, re.escape(part)) for part in parts)
+
+
 def git(*args: str, check: bool = True) -> None:
     subprocess.run(["git", *args], cwd=ROOT, check=check)
 
@@ -245,9 +259,11 @@ def main() -> int:
     # Old paths named in docs, comments and Makefiles; the lookbehind keeps the rewrite from matching a new path.
     refs = [(rf"(?<![\w/.-]){re.escape(old)}\b", new) for old, new in renamed.items()] + IMPORTS
     seen: set[Path] = set()
+    tracked = sorted(git_files())  # not ROOT.glob: that walks ignored venvs (bench/.venv-accelerate is 1 GB)
     for pattern in REFERENCE_GLOBS:
-        for file in sorted(ROOT.glob(pattern)):
-            skip = file == Path(__file__).resolve() or ".venv" in file.parts or "fixtures" in file.parts
+        matches = re.compile(glob_regex(pattern)).fullmatch
+        for file in (ROOT / name for name in tracked if matches(name)):
+            skip = file == Path(__file__).resolve() or "fixtures" in file.parts
             if file in seen or skip or not file.is_file():
                 continue
             seen.add(file)
