@@ -3,11 +3,13 @@
     python bench/dataloader.py [--rounds 5] [--workers 0 2 4] [--json]
 
 For each case (map-style or iterable dataset; with or without random augmentation in the dataset; ``num_workers``
-0, 2 or 4) one process iterates whole passes of the raw loader, of the prepared loader (``Kernel(cpu=True)``, one
-process), and of the prepared loader with ``Kernel(reseed_workers=False)`` (no per-batch worker
-seeds; with ``num_workers=0`` it is the same loader), alternating which goes first from round to round, so machine
-load falls on all alike. Reported: samples/s medians and the median of the per-round ratios to raw, with their
-range. A pass starts its worker processes afresh (``persistent_workers=False``, the default) in every variant.
+0, 2 or 4) one process runs rounds of one whole pass of the raw loader, of the prepared loader (``Kernel(cpu=True)``,
+one process), and of the prepared loader with ``Kernel(reseed_workers=False)`` (no per-batch worker seeds; with
+``num_workers=0`` or an iterable dataset it is the same loader). Without workers the passes are interleaved batch by
+batch (see :func:`interleaved_pass`); with workers each loader makes its pass alone (its workers started afresh,
+``persistent_workers=False``), the order alternating from round to round, and the CPU seconds of the process and its
+workers are counted too. Reported: samples/s medians, the median of the per-round ratios to raw with their range and
+middle half, and the median ratio of CPU time per sample.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -67,12 +70,44 @@ class StreamData(IterableDataset):  # type: ignore[type-arg]
             yield sample(i, self.augment)
 
 
-def one_pass(loader: Any) -> float:
-    start = time.perf_counter()
+def one_pass(loader: Any) -> tuple[float, float]:
+    """One whole pass: samples/s, and CPU seconds per sample of this process and its (joined) worker processes."""
+    start, before = time.perf_counter(), _cpu_seconds()
     n = 0
     for x, _ in loader:
         n += len(x)
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), (_cpu_seconds() - before) / n
+
+
+def _cpu_seconds() -> float:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def interleaved_pass(loaders: dict[str, Any]) -> dict[str, float]:
+    """One whole pass of every loader, their batches taken in turn (the order flips every batch), each loader's
+    samples/s from the time spent in its own ``iter()`` and ``next()`` calls. Over windows of 50 ms or more this
+    machine's speed drifts by +-30 % (a loader timed against itself in alternate passes); batch by batch, both
+    loaders see the same drift, and with workers, their worker processes run side by side."""
+    seconds = dict.fromkeys(loaders, 0.0)
+    samples = dict.fromkeys(loaders, 0)
+    iterators = {}
+    for name, loader in loaders.items():
+        start = time.perf_counter()
+        iterators[name] = iter(loader)
+        seconds[name] += time.perf_counter() - start
+    active, turn = list(loaders), 0
+    while active:
+        for name in active if turn % 2 == 0 else active[::-1]:
+            start = time.perf_counter()
+            batch = next(iterators[name], None)
+            seconds[name] += time.perf_counter() - start
+            if batch is None:
+                active.remove(name)
+            else:
+                samples[name] += len(batch[0])
+        turn += 1
+    return {name: samples[name] / seconds[name] for name in loaders}
 
 
 def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
@@ -89,18 +124,35 @@ def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
         off = Kernel(cpu=True, reseed_workers=False)
         loaders["no reseed"] = off.prepare(DataLoader(data, batch_size=BATCH, num_workers=workers, **shuffle))
     rates: dict[str, list[float]] = {name: [] for name in loaders}
+    cpu: dict[str, list[float]] = {name: [] for name in loaders}
     for loader in loaders.values():
         one_pass(loader)  # warm-up
+    interleaved_pass(loaders)
     for r in range(rounds):
-        order = list(loaders) if r % 2 == 0 else list(reversed(loaders))
-        for name in order:
-            rates[name].append(one_pass(loaders[name]))
+        names = list(loaders) if r % 2 == 0 else list(reversed(loaders))
+        if workers:  # each loader alone with its workers, one pass after the other
+            for name in names:
+                rate, cpu_s = one_pass(loaders[name])
+                rates[name].append(rate)
+                cpu[name].append(cpu_s)
+        else:
+            for name, rate in interleaved_pass({name: loaders[name] for name in names}).items():
+                rates[name].append(rate)
     out: dict[str, Any] = {"raw samples/s": statistics.median(rates["raw"])}
     for name in loaders:
         if name == "raw":
             continue
         ratios = sorted(a / b for a, b in zip(rates[name], rates["raw"], strict=True))
-        out[name] = {"ratio": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+        quartiles = statistics.quantiles(ratios, n=4)
+        cpu_ratios = [b / a for a, b in zip(cpu[name], cpu["raw"], strict=True)]
+        out[name] = {
+            "cpu ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
+            "ratio": statistics.median(ratios),
+            "min": ratios[0],
+            "max": ratios[-1],
+            "q1": quartiles[0],
+            "q3": quartiles[2],
+        }
     return out
 
 

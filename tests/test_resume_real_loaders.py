@@ -374,3 +374,35 @@ def test_numpy_state_read_through_its_words_is_numpy_own() -> None:
         step()
         assert same(_numpy_state(np.random), np.random.get_state())
     assert _numpy_read.usable  # the words were read (not a full read every time)
+
+
+def test_python_state_read_through_its_words_is_pythons_own() -> None:
+    """issue 30: python's global ``random`` state is read again only when its raw words changed; the cached gaussian
+    is taken as it is at each read (``gauss()`` uses it up without drawing). Every read must equal
+    ``random.getstate()``."""
+    import random
+
+    from accel.sampling import _python_read, _python_state
+
+    random.seed(1)
+    start = random.getstate()
+    steps = [
+        lambda: None,
+        lambda: random.random(),
+        lambda: None,
+        lambda: random.gauss(),  # draws two, caches one
+        lambda: None,
+        lambda: random.gauss(),  # uses the cached one: no words change
+        lambda: None,
+        lambda: random.seed(1),
+        lambda: random.randint(0, 5),
+        lambda: random.setstate(start),
+        lambda: random.getrandbits(32 * 700),  # past the 624 words: python regenerates them
+        lambda: random.seed(2),
+    ]
+    for step in steps:
+        step()
+        assert _python_state() == random.getstate()
+    assert _python_read.usable  # the words were read (not a full read every time)
+    reads = _python_read.state
+    assert _python_state() is reads  # unchanged: the last read, not a new one
