@@ -2,6 +2,7 @@
 step, through the Kernel, under whatever mesh ``accel launch --plugin parallel`` gives it (or alone, ``--ref``).
 
 Usage: parallel_worker.py OUT [--ref] [--save-at K] [--resume CKPT] [--load CKPT]
+       parallel_worker.py OUT --cases JSON (several runs, one after the other: see run_cases)
 
 Writes OUT/result.json (losses, parameter types, gathered evaluation indices, local sizes) and OUT/<model>.safetensors
 (final full parameters, and <model>_at_save.safetensors at the save step). ``--resume`` loads a checkpoint saved by

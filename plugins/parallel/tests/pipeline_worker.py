@@ -4,6 +4,7 @@ the kernel only). The loop is the same either way: ``loss = model(inputs, labels
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
 
 Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2,neox] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
+       pipeline_worker.py OUT --cases JSON (several runs, one after the other: see parallel_worker.run_cases)
 
 Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
 <model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and

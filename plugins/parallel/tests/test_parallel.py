@@ -14,9 +14,10 @@ the parameters move by up to 5.9e-2 over the run (measured), and a missing gradi
 accumulation or a lost shard changes the updates by that order.
 Resume on the same mesh and loading a checkpoint (on any mesh) are exact: compared bitwise.
 
-Launches (each process start costs seconds of ``import torch``/``transformers``): the checkpoint's run, then one
-launch of new processes that resumes from it and, as further cases on the same processes (each its own Kernel and
-mesh: ``launch_cases``), trains on the HSDP and tp=4 meshes and loads it.
+Launches (each process start costs seconds of ``import torch``/``transformers``): one launch of 4 processes runs
+the checkpoint's run, the resume from it and the HSDP and tp=4 runs that load it one after the other, as cases of
+``launch_cases`` (each its own Kernel, mesh, models, optimizers and loaders); new processes load the checkpoint in
+test_one_process_loads_a_2x2_checkpoint_equal_to_the_gathered_state.
 """
 
 from __future__ import annotations
@@ -116,24 +117,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 processes, dp_shard=2 x tp=2, a checkpoint after batch 4 of 6 (optimizer step 2 of 3)."""
-    tmp = tmp_path_factory.mktemp("2x2")
-    launch(tmp, *mesh(4, dp_shard=2, tp=2), str(WORKER), str(tmp / "out"), "--save-at", "4")
-    return tmp / "out"
-
-
-@pytest.fixture(scope="module")
-def after(saved: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """4 new processes (one launch, dp_shard=2 x tp=2 from its flags), one case after the other: resume from the
-    checkpoint of ``saved`` first, then on their own meshes (Kernel options) train and load that checkpoint."""
-    ckpt = str(saved / "ckpt")
+def four(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """4 processes (one launch, dp_shard=2 x tp=2 from its flags), one case after the other: a checkpoint after
+    batch 4 of 6 (optimizer step 2 of 3); then, each with a new Kernel, models, optimizers and loaders, resume from
+    it, and on their own meshes (Kernel options) train and load it."""
+    tmp = tmp_path_factory.mktemp("four")
+    ckpt = str(tmp / "out" / "2x2" / "ckpt")
     cases: list[Case] = [
+        ("2x2", {}, ["--save-at", "4"]),
         ("resume", {}, ["--save-at", "4", "--resume", ckpt]),
         ("hsdp", sizes(dp_replicate=2, dp_shard=2), ["--load", ckpt]),
         ("tp4", sizes(tp=4), ["--load", ckpt]),
     ]
-    return launch_cases(tmp_path_factory.mktemp("after"), mesh(4, dp_shard=2, tp=2), WORKER, cases)
+    return launch_cases(tmp, mesh(4, dp_shard=2, tp=2), WORKER, cases)
+
+
+@pytest.fixture(scope="module")
+def saved(four: Callable[[str], Path]) -> Path:
+    """4 processes, dp_shard=2 x tp=2, a checkpoint after batch 4 of 6 (optimizer step 2 of 3)."""
+    return four("2x2")
 
 
 def assert_matches(res: dict[str, Any], params: dict[str, dict[str, torch.Tensor]], ref: Result) -> None:
@@ -169,32 +171,32 @@ def test_dp_shard_2_x_tp_2_matches_one_process(saved: Path, reference: Result) -
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_on_the_same_mesh_is_bitwise(saved: Path, after: Callable[[str], Path]) -> None:
-    assert_bitwise(result(saved)[1], result(after("resume"))[1])
+def test_resume_on_the_same_mesh_is_bitwise(saved: Path, four: Callable[[str], Path]) -> None:
+    assert_bitwise(result(saved)[1], result(four("resume"))[1])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_hsdp_matches_one_process_and_loads_a_2x2_checkpoint(
-    after: Callable[[str], Path], saved: Path, reference: Result
+    four: Callable[[str], Path], saved: Path, reference: Result
 ) -> None:
-    res, params = result(after("hsdp"))
+    res, params = result(four("hsdp"))
     assert (res["world"], res["dp"], res["tp"]) == (4, 4, 1)
     assert res["mesh"] == {"dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}  # the case's mesh, not the launch's
     assert_matches(res, params, reference)
-    assert_bitwise(result(saved, "_at_save")[1], result(after("hsdp"), "_loaded")[1])
+    assert_bitwise(result(saved, "_at_save")[1], result(four("hsdp"), "_loaded")[1])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tp_4_matches_one_process_and_loads_a_2x2_checkpoint(
-    after: Callable[[str], Path], saved: Path, reference: Result
+    four: Callable[[str], Path], saved: Path, reference: Result
 ) -> None:
-    res, params = result(after("tp4"))
+    res, params = result(four("tp4"))
     assert (res["world"], res["dp"], res["tp"]) == (4, 1, 4)
     assert res["mesh"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 4}
     assert_matches(res, params, reference)
-    assert_bitwise(result(saved, "_at_save")[1], result(after("tp4"), "_loaded")[1])
+    assert_bitwise(result(saved, "_at_save")[1], result(four("tp4"), "_loaded")[1])
 
 
 @pytest.mark.slow

@@ -18,9 +18,10 @@ GPT-NeoX, clipping active: its norm reaches 1.75), dp_shard=2 x tp=2 and pp=2 x 
 ``megatron_lm_config`` with ``sequence_parallelism: true``). Measured: losses and norms within 4e-7 relative;
 parameters within 5.9e-6 (Qwen2), 2.6e-5 (GPT-NeoX).
 
-Launches (each process start costs seconds of ``import torch``/``transformers``): the 4-process meshes run one
-after the other in one launch (``FOUR``, cases of ``test_parallel.launch_cases``: each its own Kernel and mesh on the
-same processes), the 2-process ones in another (``TWO``); resuming and the one-process load start new processes.
+Launches (each process start costs seconds of ``import torch``/``transformers``): the 4-process runs of the plugin's
+flags (the checkpoint's run, the resume from it, the other meshes) run one after the other in one launch (fixture
+``four``: cases of ``test_parallel.launch_cases``, each its own Kernel, mesh, models, optimizers and loaders), the
+2-process ones in another (``TWO``); the one-process load and the Megatron YAML start processes of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +155,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 MESHES = {"pp2xdp2": {"pp": 2, "dp_shard": 2}, "pp4": {"pp": 4}, "pp2xdpr2": {"pp": 2, "dp_replicate": 2}}
 
-#: the 4-process cases (one launch, pp=2 x tp=2 from its flags): the first saves a checkpoint after batch 4 of 6
-#: (optimizer step 2 of 3); the others run on the same processes with their own mesh (Kernel options)
+#: the 4-process cases after the checkpoint's run and the resume from it (fixture ``four``): other meshes (Kernel
+#: options) on the same processes
 FOUR = [
-    ("pp2xtp2", {}, ["--save-at", "4"]),
     *((name, sizes(**mesh_sizes), []) for name, mesh_sizes in MESHES.items()),
     # pp=2 x tp=2 with sequence parallelism: test_an_accelerate_megatron_yaml_trains_on_four_processes
     ("sp", {**sizes(dp_shard=2, tp=2), "parallelism_config_tp_sequence_parallel": True}, ["--models", "qwen2,neox"]),
@@ -176,17 +177,22 @@ TWO = [
 
 
 @pytest.fixture(scope="module")
-def four(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return launch_cases(tmp_path_factory.mktemp("four"), pp(4, 2, tp=2), WORKER, FOUR)
+def four(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """4 processes (one launch, pp=2 x tp=2 from its flags), one case after the other: a checkpoint after batch 4
+    of 6 (optimizer step 2 of 3); the resume from it (a new Kernel, models, optimizers and loaders); ``FOUR``."""
+    tmp = tmp_path_factory.mktemp("four")
+    ckpt = str(tmp / "out" / "pp2xtp2" / "ckpt")
+    cases = [("pp2xtp2", {}, ["--save-at", "4"]), ("resume", {}, ["--save-at", "4", "--resume", ckpt]), *FOUR]
+    return launch_cases(tmp, pp(4, 2, tp=2), WORKER, cases)
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def two(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return launch_cases(tmp_path_factory.mktemp("two"), pp(2, 2), WORKER, TWO)
 
 
 @pytest.fixture(scope="module")
-def saved(four: Any) -> Path:
+def saved(four: Callable[[str], Path]) -> Path:
     """4 processes, pp=2 x tp=2, a checkpoint after batch 4 of 6 (optimizer step 2 of 3)."""
     return four("pp2xtp2")
 
@@ -203,10 +209,8 @@ def test_pp_2_x_tp_2_matches_one_process(saved: Path, reference: Result) -> None
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_on_the_same_pp_mesh_is_bitwise(saved: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    launch(tmp_path, *pp(4, 2, tp=2), str(WORKER), str(out), "--save-at", "4", "--resume", str(saved / "ckpt"))
-    assert_bitwise(result(saved)[1], result(out)[1])
+def test_resume_on_the_same_pp_mesh_is_bitwise(saved: Path, four: Callable[[str], Path]) -> None:
+    assert_bitwise(result(saved)[1], result(four("resume"))[1])
 
 
 @pytest.mark.slow
@@ -219,7 +223,7 @@ def test_one_process_loads_a_pp_2_x_tp_2_checkpoint(saved: Path, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", ["pp2xdp2", "pp4", "pp2xdpr2"])
-def test_four_processes_match_one_process(case: str, four: Any, reference: Result) -> None:
+def test_four_processes_match_one_process(case: str, four: Callable[[str], Path], reference: Result) -> None:
     res = result(four(case))
     expected = {
         k.removeprefix("parallelism_config_").removesuffix("_size"): v for k, v in sizes(**MESHES[case]).items()
@@ -231,7 +235,7 @@ def test_four_processes_match_one_process(case: str, four: Any, reference: Resul
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved1f1b", "zerobubble"])
-def test_schedules_match_one_process(schedule: str, two: Any, reference: Result) -> None:
+def test_schedules_match_one_process(schedule: str, two: Callable[[str], Path], reference: Result) -> None:
     res = result(two(schedule))
     assert res[0]["schedule"] == schedule
     assert_matches(res, reference)
@@ -240,7 +244,7 @@ def test_schedules_match_one_process(schedule: str, two: Any, reference: Result)
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_user_split_points_and_evaluation_without_logits(two: Any, reference: Result) -> None:
+def test_user_split_points_and_evaluation_without_logits(two: Callable[[str], Path], reference: Result) -> None:
     # and evaluation without the logits' broadcast: only the loss comes back (.logits is None)
     res = result(two("split"), models=("mlp",))
     assert res[0]["local_numel"]["mlp"] in (16 * 32 + 32, 2212 - (16 * 32 + 32))  # stage 0 holds layers.0 only
@@ -359,7 +363,9 @@ def test_sequence_parallel_styles_shard_the_norms_and_split_the_embedding_output
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sequence_parallel_dp_shard_2_x_tp_2_matches_one_process(four: Any, reference: Result) -> None:
+def test_sequence_parallel_dp_shard_2_x_tp_2_matches_one_process(
+    four: Callable[[str], Path], reference: Result
+) -> None:
     # pp=2 x tp=2 with sequence parallelism: test_an_accelerate_megatron_yaml_trains_on_four_processes
     res = result(four("sp"), models=DECODERS)
     assert res[0]["norm_seq"] == dict.fromkeys(DECODERS, 4)  # each norm ran on half of the 8-token sequences
