@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,11 @@ def run_cases(cases: list[Any], out: Path, ap: argparse.ArgumentParser, body: An
 
     dist.init_process_group("gloo")
     for name, options, argv in cases:
-        body(Kernel(gradient_accumulation_steps=2, **options), ap.parse_args([str(out / name), *argv]))
+        try:
+            body(Kernel(gradient_accumulation_steps=2, **options), ap.parse_args([str(out / name), *argv]))
+        except BaseException:
+            print(f"case {name} failed; the later cases did not run", file=sys.stderr, flush=True)
+            raise
     dist.destroy_process_group()
 
 
