@@ -93,11 +93,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    run(parser(), train)
+
+
+def run(ap: argparse.ArgumentParser, body: Any) -> None:
+    """``body(kernel, args)`` once, or for each of ``--cases``; 2 batches per optimizer step: no_sync on the first."""
+    args = ap.parse_args()
     if not args.cases:
-        train(Kernel(gradient_accumulation_steps=2), args)  # 2 batches per optimizer step: no_sync on the first
+        body(Kernel(gradient_accumulation_steps=2), args)
         return
-    run_cases(json.loads(args.cases), Path(args.out), parser(), train)
+    run_cases(json.loads(args.cases), Path(args.out), ap, body)
 
 
 def run_cases(cases: list[Any], out: Path, ap: argparse.ArgumentParser, body: Any) -> None:

@@ -27,7 +27,7 @@ from parallel_worker import (  # the same batches and gathered state, the same c
     VOCAB,
     full_state,
     mesh_of,
-    run_cases,
+    run,
 )
 from safetensors.torch import save_file
 from torch import nn
@@ -120,11 +120,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
-    if not args.cases:
-        train(Kernel(gradient_accumulation_steps=2), args)  # 2 batches per optimizer step
-        return
-    run_cases(json.loads(args.cases), Path(args.out), parser(), train)
+    run(parser(), train)  # as parallel_worker: 2 batches per optimizer step, --cases
 
 
 def train(kernel: Kernel, args: argparse.Namespace) -> None:
