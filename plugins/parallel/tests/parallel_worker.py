@@ -2,6 +2,7 @@
 step, through the Kernel, under whatever mesh ``accel launch --plugin parallel`` gives it (or alone, ``--ref``).
 
 Usage: parallel_worker.py OUT [--ref] [--save-at K] [--resume CKPT] [--load CKPT]
+       parallel_worker.py OUT --cases JSON (several runs, one after the other: see run_cases)
 
 Writes OUT/result.json (losses, parameter types, gathered evaluation indices, local sizes) and OUT/<model>.safetensors
 (final full parameters, and <model>_at_save.safetensors at the save step). ``--resume`` loads a checkpoint saved by
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -72,16 +75,55 @@ def full_state(kernel: Kernel, model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().float().clone() for k, v in kernel.get_state_dict(model).items()}  # tied: copies
 
 
-def main() -> None:
+def mesh_of(kernel: Kernel) -> dict[str, int]:
+    """The DeviceMesh the run's strategy built (dimension: size), or {} without one."""
+    strategy = next((c for c in kernel.components if hasattr(c, "mesh")), None)
+    return dict(zip(strategy.mesh.mesh_dim_names, strategy.mesh.shape, strict=True)) if strategy else {}
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--ref", action="store_true")
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--resume", default="")
     ap.add_argument("--load", default="")
+    ap.add_argument("--cases", default="", help="JSON [[name, Kernel options, worker arguments], ...]")
+    return ap
+
+
+def main() -> None:
+    run(parser(), train)
+
+
+def run(ap: argparse.ArgumentParser, body: Any) -> None:
+    """``body(kernel, args)`` once, or for each of ``--cases``; 2 batches per optimizer step: no_sync on the first."""
     args = ap.parse_args()
+    if not args.cases:
+        body(Kernel(gradient_accumulation_steps=2), args)
+        return
+    run_cases(json.loads(args.cases), Path(args.out), ap, body)
+
+
+def run_cases(cases: list[Any], out: Path, ap: argparse.ArgumentParser, body: Any) -> None:
+    """Several meshes in one launch, one after the other: each case is a Kernel of its own (the launch's settings,
+    with the case's options on top: other sizes, schedule...) on the one process group of the launch, which this
+    worker starts (so no case's ``end_training`` ends it); case NAME writes OUT/NAME. A failing case stops the
+    launch: the cases before it have written their results, the later ones have none."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    for name, options, argv in cases:
+        try:
+            body(Kernel(gradient_accumulation_steps=2, **options), ap.parse_args([str(out / name), *argv]))
+        except BaseException:
+            print(f"case {name} failed; the later cases did not run", file=sys.stderr, flush=True)
+            raise
+    dist.destroy_process_group()
+
+
+def train(kernel: Kernel, args: argparse.Namespace) -> None:
     out = Path(args.out)
-    kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step: no_sync on the first
     torch.manual_seed(0)
     models = {"mlp": MLP(), "llama": llama()}
     tp = kernel.num_processes // kernel.data_parallel_size
@@ -104,6 +146,7 @@ def main() -> None:
     if args.resume:
         kernel.load_state(args.resume)
         start = args.save_at
+    res["mesh"] = mesh_of(kernel)
     p0 = next(prepared["llama"][0].parameters())
     res["param_type"] = type(p0.data if not hasattr(p0, "_local_tensor") else p0).__name__
     res["local_numel"] = {

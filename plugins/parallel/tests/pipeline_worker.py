@@ -4,6 +4,7 @@ the kernel only). The loop is the same either way: ``loss = model(inputs, labels
 ``kernel.backward(loss)``, clipping, ``optimizer.step()``.
 
 Usage: pipeline_worker.py OUT [--ref] [--models mlp,qwen2,neox] [--save-at K] [--resume CKPT] [--load CKPT] [--no-eval]
+       pipeline_worker.py OUT --cases JSON (several runs, one after the other: see parallel_worker.run_cases)
 
 Writes OUT/result.json (losses, clipping norms) and OUT/<model>.safetensors (final full parameters, and
 <model>_at_save.safetensors at the save step). ``--load`` also builds fresh models, loads a checkpoint's models and
@@ -19,7 +20,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from parallel_worker import GLOBAL_BATCH, SEQ, STEPS, VOCAB, full_state  # the same batches and gathered state
+from parallel_worker import (  # the same batches and gathered state, the same cases
+    GLOBAL_BATCH,
+    SEQ,
+    STEPS,
+    VOCAB,
+    full_state,
+    mesh_of,
+    run,
+)
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -97,7 +106,7 @@ def data() -> dict[str, TensorDataset]:
     return {"mlp": TensorDataset(x, y), "qwen2": TensorDataset(ids, ids)}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--ref", action="store_true")
@@ -106,10 +115,17 @@ def main() -> None:
     ap.add_argument("--resume", default="")
     ap.add_argument("--load", default="")
     ap.add_argument("--no-eval", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--cases", default="", help="JSON [[name, Kernel options, worker arguments], ...]")
+    return ap
+
+
+def main() -> None:
+    run(parser(), train)  # as parallel_worker: 2 batches per optimizer step, --cases
+
+
+def train(kernel: Kernel, args: argparse.Namespace) -> None:
     out = Path(args.out)
     names = args.models.split(",")
-    kernel = Kernel(gradient_accumulation_steps=2)  # 2 batches per optimizer step
     torch.manual_seed(0)
     models = {k: BUILD[k]() for k in BUILD}  # all built, so that the random initial weights do not depend on --models
     models = {k: models[k] for k in names}
@@ -133,6 +149,8 @@ def main() -> None:
             for k, (m, _, _) in prepared.items()
         },
     }
+    res["mesh"] = mesh_of(kernel)
+    res["schedule"] = next((c.plan.pp_schedule for c in kernel.components if hasattr(c, "plan")), None)
     # the sequence length a decoder layer's second norm computes on here (the whole sequence, or with sequence
     # parallelism its 1/tp shard): the first one this process holds
     res["norm_seq"] = {}

@@ -13,6 +13,11 @@ without accumulation), 3e-8 (MLP). 1e-4 leaves room for other BLAS summation ord
 the parameters move by up to 5.9e-2 over the run (measured), and a missing gradient average, a skipped
 accumulation or a lost shard changes the updates by that order.
 Resume on the same mesh and loading a checkpoint (on any mesh) are exact: compared bitwise.
+
+Launches (each process start costs seconds of ``import torch``/``transformers``): one launch of 4 processes runs
+the checkpoint's run, the resume from it and the HSDP and tp=4 runs that load it one after the other, as cases of
+``launch_cases`` (each its own Kernel, mesh, models, optimizers and loaders); new processes load the checkpoint in
+test_one_process_loads_a_2x2_checkpoint_equal_to_the_gathered_state.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +68,33 @@ def mesh(n: int, **sizes: int) -> list[str]:
     ]
 
 
+def sizes(pp: int = 1, dp_replicate: int = 1, dp_shard: int = 1, cp: int = 1, tp: int = 1) -> dict[str, int]:
+    """A mesh as Kernel options: every size given, so that none comes from the launch's flags."""
+    given = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp}
+    return {f"parallelism_config_{dim}_size": size for dim, size in given.items()}
+
+
+Case = tuple[str, dict[str, Any], list[str]]  # name, Kernel options, worker arguments
+
+
+def launch_cases(tmp: Path, launch_args: list[str], worker: Path, cases: list[Case]) -> Callable[[str], Path]:
+    """One launch that runs several cases one after the other (``--cases``: each its own Kernel and mesh on the
+    launch's processes), instead of one launch per case: every process start costs seconds of ``import torch``.
+    Returns ``out(name)``, the directory of case ``name``, which fails with the launch's output when that case
+    wrote no result (it failed, or an earlier case stopped the launch)."""
+    out = tmp / "out"
+    proc = run([ACCEL, "launch", "-q", *launch_args, str(worker), str(out), "--cases", json.dumps(cases)], tmp)
+
+    def case_out(name: str) -> Path:
+        done = (out / name / "result.json").is_file()
+        assert done, (
+            f"case {name}: no result (launch exit {proc.returncode})\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}"
+        )
+        return out / name
+
+    return case_out
+
+
 Result = tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]
 
 
@@ -84,11 +117,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def four(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """4 processes (one launch, dp_shard=2 x tp=2 from its flags), one case after the other: a checkpoint after
+    batch 4 of 6 (optimizer step 2 of 3); then, each with a new Kernel, models, optimizers and loaders, resume from
+    it, and on their own meshes (Kernel options) train and load it."""
+    tmp = tmp_path_factory.mktemp("four")
+    ckpt = str(tmp / "out" / "2x2" / "ckpt")
+    cases: list[Case] = [
+        ("2x2", {}, ["--save-at", "4"]),
+        ("resume", {}, ["--save-at", "4", "--resume", ckpt]),
+        ("hsdp", sizes(dp_replicate=2, dp_shard=2), ["--load", ckpt]),
+        ("tp4", sizes(tp=4), ["--load", ckpt]),
+    ]
+    return launch_cases(tmp, mesh(4, dp_shard=2, tp=2), WORKER, cases)
+
+
+@pytest.fixture(scope="module")
+def saved(four: Callable[[str], Path]) -> Path:
     """4 processes, dp_shard=2 x tp=2, a checkpoint after batch 4 of 6 (optimizer step 2 of 3)."""
-    tmp = tmp_path_factory.mktemp("2x2")
-    launch(tmp, *mesh(4, dp_shard=2, tp=2), str(WORKER), str(tmp / "out"), "--save-at", "4")
-    return tmp / "out"
+    return four("2x2")
 
 
 def assert_matches(res: dict[str, Any], params: dict[str, dict[str, torch.Tensor]], ref: Result) -> None:
@@ -124,45 +171,32 @@ def test_dp_shard_2_x_tp_2_matches_one_process(saved: Path, reference: Result) -
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_on_the_same_mesh_is_bitwise(saved: Path, tmp_path: Path) -> None:
-    launch(
-        tmp_path,
-        *mesh(4, dp_shard=2, tp=2),
-        str(WORKER),
-        str(tmp_path / "out"),
-        "--save-at",
-        "4",
-        "--resume",
-        str(saved / "ckpt"),
-    )
-    assert_bitwise(result(saved)[1], result(tmp_path / "out")[1])
+def test_resume_on_the_same_mesh_is_bitwise(saved: Path, four: Callable[[str], Path]) -> None:
+    assert_bitwise(result(saved)[1], result(four("resume"))[1])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_hsdp_matches_one_process_and_loads_a_2x2_checkpoint(saved: Path, reference: Result, tmp_path: Path) -> None:
-    launch(
-        tmp_path,
-        *mesh(4, dp_replicate=2, dp_shard=2),
-        str(WORKER),
-        str(tmp_path / "out"),
-        "--load",
-        str(saved / "ckpt"),
-    )
-    res, params = result(tmp_path / "out")
+def test_hsdp_matches_one_process_and_loads_a_2x2_checkpoint(
+    four: Callable[[str], Path], saved: Path, reference: Result
+) -> None:
+    res, params = result(four("hsdp"))
     assert (res["world"], res["dp"], res["tp"]) == (4, 4, 1)
+    assert res["mesh"] == {"dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}  # the case's mesh, not the launch's
     assert_matches(res, params, reference)
-    assert_bitwise(result(saved, "_at_save")[1], result(tmp_path / "out", "_loaded")[1])
+    assert_bitwise(result(saved, "_at_save")[1], result(four("hsdp"), "_loaded")[1])
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_tp_4_matches_one_process_and_loads_a_2x2_checkpoint(saved: Path, reference: Result, tmp_path: Path) -> None:
-    launch(tmp_path, *mesh(4, tp=4), str(WORKER), str(tmp_path / "out"), "--load", str(saved / "ckpt"))
-    res, params = result(tmp_path / "out")
+def test_tp_4_matches_one_process_and_loads_a_2x2_checkpoint(
+    four: Callable[[str], Path], saved: Path, reference: Result
+) -> None:
+    res, params = result(four("tp4"))
     assert (res["world"], res["dp"], res["tp"]) == (4, 1, 4)
+    assert res["mesh"] == {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 4}
     assert_matches(res, params, reference)
-    assert_bitwise(result(saved, "_at_save")[1], result(tmp_path / "out", "_loaded")[1])
+    assert_bitwise(result(saved, "_at_save")[1], result(four("tp4"), "_loaded")[1])
 
 
 @pytest.mark.slow

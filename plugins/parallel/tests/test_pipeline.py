@@ -17,6 +17,11 @@ Sequence parallelism (``parallelism_config_tp_sequence_parallel``) runs on the d
 GPT-NeoX, clipping active: its norm reaches 1.75), dp_shard=2 x tp=2 and pp=2 x tp=2 (the latter from a
 ``megatron_lm_config`` with ``sequence_parallelism: true``). Measured: losses and norms within 4e-7 relative;
 parameters within 5.9e-6 (Qwen2), 2.6e-5 (GPT-NeoX).
+
+Launches (each process start costs seconds of ``import torch``/``transformers``): the 4-process runs of the plugin's
+flags (the checkpoint's run, the resume from it, the other meshes) run one after the other in one launch (fixture
+``four``: cases of ``test_parallel.launch_cases``, each its own Kernel, mesh, models, optimizers and loaders), the
+2-process ones in another (``TWO``); the one-process load and the Megatron YAML start processes of their own.
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_parallel import LOSS_TOL, PARAM_TOL, launch, mesh, run
+from test_parallel import LOSS_TOL, PARAM_TOL, launch, launch_cases, mesh, run, sizes
 
 from accel_parallel import MeshPlan
 from accel_parallel.pipeline import split_layers, stage_ids
@@ -147,12 +153,48 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Result:
     return res
 
 
+MESHES = {"pp2xdp2": {"pp": 2, "dp_shard": 2}, "pp4": {"pp": 4}, "pp2xdpr2": {"pp": 2, "dp_replicate": 2}}
+
+#: the 4-process cases after the checkpoint's run and the resume from it (fixture ``four``): other meshes (Kernel
+#: options) on the same processes
+FOUR = [
+    *((name, sizes(**mesh_sizes), []) for name, mesh_sizes in MESHES.items()),
+    # pp=2 x tp=2 with sequence parallelism: test_an_accelerate_megatron_yaml_trains_on_four_processes
+    ("sp", {**sizes(dp_shard=2, tp=2), "parallelism_config_tp_sequence_parallel": True}, ["--models", "qwen2,neox"]),
+]
+
+#: the 2-process cases (one launch, pp=2): each schedule, and user split points with evaluation without the logits
+TWO = [
+    *((s, {"parallelism_config_pp_schedule": s}, []) for s in ("gpipe", "interleaved1f1b")),
+    # zerobubble: evaluation refused (torch 2.13's ScheduleZBVZeroBubble.eval fails), training checked
+    ("zerobubble", {"parallelism_config_pp_schedule": "zerobubble"}, ["--no-eval"]),
+    (
+        "split",
+        {"parallelism_config_pp_split_points": ["layers.1"], "parallelism_config_pp_eval_logits": False},
+        ["--models", "mlp"],
+    ),
+]
+
+
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def four(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """4 processes (one launch, pp=2 x tp=2 from its flags), one case after the other: a checkpoint after batch 4
+    of 6 (optimizer step 2 of 3); the resume from it (a new Kernel, models, optimizers and loaders); ``FOUR``."""
+    tmp = tmp_path_factory.mktemp("four")
+    ckpt = str(tmp / "out" / "pp2xtp2" / "ckpt")
+    cases = [("pp2xtp2", {}, ["--save-at", "4"]), ("resume", {}, ["--save-at", "4", "--resume", ckpt]), *FOUR]
+    return launch_cases(tmp, pp(4, 2, tp=2), WORKER, cases)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    return launch_cases(tmp_path_factory.mktemp("two"), pp(2, 2), WORKER, TWO)
+
+
+@pytest.fixture(scope="module")
+def saved(four: Callable[[str], Path]) -> Path:
     """4 processes, pp=2 x tp=2, a checkpoint after batch 4 of 6 (optimizer step 2 of 3)."""
-    tmp = tmp_path_factory.mktemp("pp2tp2")
-    launch(tmp, *pp(4, 2, tp=2), str(WORKER), str(tmp / "out"), "--save-at", "4")
-    return tmp / "out"
+    return four("pp2xtp2")
 
 
 @pytest.mark.slow
@@ -167,10 +209,8 @@ def test_pp_2_x_tp_2_matches_one_process(saved: Path, reference: Result) -> None
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_on_the_same_pp_mesh_is_bitwise(saved: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    launch(tmp_path, *pp(4, 2, tp=2), str(WORKER), str(out), "--save-at", "4", "--resume", str(saved / "ckpt"))
-    assert_bitwise(result(saved)[1], result(out)[1])
+def test_resume_on_the_same_pp_mesh_is_bitwise(saved: Path, four: Callable[[str], Path]) -> None:
+    assert_bitwise(result(saved)[1], result(four("resume"))[1])
 
 
 @pytest.mark.slow
@@ -182,36 +222,31 @@ def test_one_process_loads_a_pp_2_x_tp_2_checkpoint(saved: Path, tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(
-    "args",
-    [pp(4, 2, dp_shard=2), pp(4, 4), pp(4, 2, dp_replicate=2)],
-    ids=["pp2xdp2", "pp4", "pp2xdpr2"],
-)
-def test_four_processes_match_one_process(args: list[str], reference: Result, tmp_path: Path) -> None:
-    launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"))
-    assert_matches(result(tmp_path / "out"), reference)
+@pytest.mark.parametrize("case", ["pp2xdp2", "pp4", "pp2xdpr2"])
+def test_four_processes_match_one_process(case: str, four: Callable[[str], Path], reference: Result) -> None:
+    res = result(four(case))
+    expected = {
+        k.removeprefix("parallelism_config_").removesuffix("_size"): v for k, v in sizes(**MESHES[case]).items()
+    }
+    assert res[0]["world"] == 4 and res[0]["mesh"] == expected  # the case's mesh, not the launch's
+    assert_matches(res, reference)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved1f1b", "zerobubble"])
-def test_schedules_match_one_process(schedule: str, reference: Result, tmp_path: Path) -> None:
-    # zerobubble: evaluation refused (torch 2.13's ScheduleZBVZeroBubble.eval fails), training checked
-    no_eval = ["--no-eval"] if schedule == "zerobubble" else []
-    args = pp(2, 2, "--parallelism_config_pp_schedule", schedule)
-    launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"), *no_eval)
-    res = result(tmp_path / "out")
+def test_schedules_match_one_process(schedule: str, two: Callable[[str], Path], reference: Result) -> None:
+    res = result(two(schedule))
+    assert res[0]["schedule"] == schedule
     assert_matches(res, reference)
-    assert bool(res[0]["eval_losses"]) != bool(no_eval)
+    assert bool(res[0]["eval_losses"]) != (schedule == "zerobubble")
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_user_split_points_and_evaluation_without_logits(reference: Result, tmp_path: Path) -> None:
+def test_user_split_points_and_evaluation_without_logits(two: Callable[[str], Path], reference: Result) -> None:
     # and evaluation without the logits' broadcast: only the loss comes back (.logits is None)
-    args = pp(2, 2, "--parallelism_config_pp_split_points", "layers.1", "--parallelism_config_pp_eval_logits", "false")
-    launch(tmp_path, *args, str(WORKER), str(tmp_path / "out"), "--models", "mlp")
-    res = result(tmp_path / "out", models=("mlp",))
+    res = result(two("split"), models=("mlp",))
     assert res[0]["local_numel"]["mlp"] in (16 * 32 + 32, 2212 - (16 * 32 + 32))  # stage 0 holds layers.0 only
     assert res[0]["accuracy"] == {"mlp": None}
     res[0]["accuracy"] = reference[0]["accuracy"]
@@ -328,10 +363,10 @@ def test_sequence_parallel_styles_shard_the_norms_and_split_the_embedding_output
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sequence_parallel_dp_shard_2_x_tp_2_matches_one_process(reference: Result, tmp_path: Path) -> None:
+def test_sequence_parallel_dp_shard_2_x_tp_2_matches_one_process(
+    four: Callable[[str], Path], reference: Result
+) -> None:
     # pp=2 x tp=2 with sequence parallelism: test_an_accelerate_megatron_yaml_trains_on_four_processes
-    args = [*mesh(4, dp_shard=2, tp=2), *SP, str(WORKER), str(tmp_path / "out"), "--models", ",".join(DECODERS)]
-    launch(tmp_path, *args)
-    res = result(tmp_path / "out", models=DECODERS)
+    res = result(four("sp"), models=DECODERS)
     assert res[0]["norm_seq"] == dict.fromkeys(DECODERS, 4)  # each norm ran on half of the 8-token sequences
     assert_matches(res, reference, DECODERS)
