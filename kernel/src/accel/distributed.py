@@ -80,14 +80,20 @@ def barrier_if_initialized() -> None:
 
 
 def destroy_process_group() -> None:
-    """Destroy the default process group and give its worker threads a moment to let go of finished work.
+    """Destroy the default process group, giving its worker threads a moment before and after to let go of
+    finished work.
 
-    gloo's worker threads drop finished work (which holds Python tensors) after the caller was woken up; if that
-    happens while the interpreter finalises, the thread cannot take the GIL and the process aborts with
-    "terminate called without an active exception" (seen about once in ten runs under load)."""
+    gloo's worker threads drop finished work (which holds Python tensors, so they take the GIL) after the caller
+    was woken up. If that happens while the interpreter finalises, the thread cannot take the GIL and the process
+    aborts with "terminate called without an active exception" (seen about once in ten runs under load): hence the
+    pause after. Before torch 2.8 (pytorch#154976) the group's destructor joins those threads *holding* the GIL, so
+    a thread still dropping the last collective's work waits for the GIL forever and the process hangs in
+    ``destroy_process_group`` (torch 2.7.0: 1 launch in ~7 of a 2-process gather + ``end_training``): hence the pause
+    before, with the GIL released, in which they finish."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        time.sleep(0.05)
         dist.destroy_process_group()
         time.sleep(0.05)
 
