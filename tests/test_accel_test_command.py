@@ -30,10 +30,17 @@ def accel_test(
     )
 
 
+@pytest.fixture(scope="module")
+def ddp_two_processes(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """`accel test -n 2` with ddp alone: one launch shared by the plain check and the ddp case of the strategy
+    table (the same command; a launch of 3 processes costs ~10 s of CPU)."""
+    return accel_test(["-n", "2"], tmp_path_factory.mktemp("ddp_two_processes"))
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_accel_test_two_cpu_processes_succeeds(tmp_path: Path) -> None:
-    result = accel_test(["-n", "2"], tmp_path)
+def test_accel_test_two_cpu_processes_succeeds(ddp_two_processes: subprocess.CompletedProcess[str]) -> None:
+    result = ddp_two_processes
     assert result.returncode == 0, result.stdout + result.stderr
     assert "accel test: success: 5 checks passed on each of 2 process(es)" in result.stdout
     assert "plugins: ddp:strategy" in result.stdout
@@ -109,14 +116,17 @@ STRATEGIES = [
     "plugin, flags, holders", STRATEGIES, ids=["-".join([p, *f[1::2]]) or p for p, f, _ in STRATEGIES]
 )
 def test_accel_test_passes_for_every_strategy_and_precision(
-    tmp_path: Path, plugin: str, flags: list[str], holders: int
+    request: pytest.FixtureRequest, tmp_path: Path, plugin: str, flags: list[str], holders: int
 ) -> None:
     """Before: `accel test --plugin fsdp -n 2` always failed (the self-check flattened FSDP2's sharded parameters:
     "This operation would remove or reshape sharded dimension 0"). The check now reads the full parameters through
     `kernel.get_state_dict` and compares the model's output on every process."""
     if not _installed(f"accel_{plugin}", *(["deepspeed"] if plugin == "deepspeed" else [])):
         pytest.skip(f"accel-plugin-{plugin} is not installed")
-    result = accel_test(["-n", "2", "--plugin", plugin, *flags], tmp_path, keep=(plugin, "amp"))
+    if plugin == "ddp" and not flags:  # ddp is the default strategy and "no" precision needs no amp: the same run
+        result = request.getfixturevalue("ddp_two_processes")
+    else:
+        result = accel_test(["-n", "2", "--plugin", plugin, *flags], tmp_path, keep=(plugin, "amp"))
     assert result.returncode == 0, result.stdout + result.stderr
     precision = flags[flags.index("--mixed_precision") + 1] if "--mixed_precision" in flags else "no"
     assert f"5 checks passed on each of 2 process(es) (device cpu, mixed precision {precision}" in result.stdout

@@ -144,15 +144,23 @@ def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path)
     assert len(missing) == 1 and "'rng' of process 1" in missing[0] and "not restored" in missing[0], resumed.stderr
 
 
-@pytest.mark.slow  # two process start-ups
-def test_automatic_numbering_continues_after_restart(tmp_path: Path) -> None:
+def warm_python(warm: WarmPython, tmp_path: Path, *args: str) -> str:
+    """``python ckpt_train.py ARGS`` in a fresh process forked from the warm Python; its stdout."""
+    child = warm.popen([str(TRAIN), *args], env=launch_env(tmp_path), cwd=tmp_path)
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, f"ckpt_train.py {' '.join(args)} exited with {child.returncode}:\n{out}\n{err}"
+    return out
+
+
+@pytest.mark.slow  # two runs (forks of one warm Python)
+def test_automatic_numbering_continues_after_restart(tmp_path: Path, warm: WarmPython) -> None:
     # first process: checkpoints at steps 4, 8, 12 -> checkpoint_0..2, total_limit=2 keeps 1 and 2
-    python(tmp_path, "--steps", "12", "--project", "proj", "--save-every", "4")
+    warm_python(warm, tmp_path, "--steps", "12", "--project", "proj", "--save-every", "4")
     folder = tmp_path / "proj" / "checkpoints"
     assert [p.name for _, p in numbered_checkpoints(folder)] == ["checkpoint_1", "checkpoint_2"]
     # a new process resumes from the latest and numbers on (Accelerate's #3306 would write checkpoint_0 again)
-    proc = python(tmp_path, "--steps", "20", "--project", "proj", "--save-every", "4")
-    assert "resumed from" in proc.stdout and "checkpoint_2 at step 12" in proc.stdout
+    stdout = warm_python(warm, tmp_path, "--steps", "20", "--project", "proj", "--save-every", "4")
+    assert "resumed from" in stdout and "checkpoint_2 at step 12" in stdout
     assert [p.name for _, p in numbered_checkpoints(folder)] == ["checkpoint_3", "checkpoint_4"]
     assert json.loads((folder / "checkpoint_4" / MANIFEST).read_text())["iteration"] == 4
 
