@@ -9,6 +9,8 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from accel.testing import run_launch
 
 SCRIPT = textwrap.dedent(
@@ -29,6 +31,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.multiprocess
 def test_a_new_kernel_after_end_training_gets_a_working_process_group(tmp_path: Path) -> None:
     script = tmp_path / "regroup.py"
     script.write_text(SCRIPT)
