@@ -4,9 +4,10 @@ the same step. The batches it trains on (sample ids and augmented values) and it
 those of the first run. Samples are augmented in the dataset with python's, numpy's and torch's generators, the
 model has dropout. Variants: num_workers 0/1/2 with and without persistent workers, map-style and iterable datasets,
 shuffling, a WeightedRandomSampler and a DistributedSampler the script makes itself, one process and two (ddp on
-gloo), and Accelerate's documented resume (load_state, then skip_first_batches with the position). The variants of
-one process share their runs (issue 29): one run saves every variant in turn, a second one resumes every variant,
-each variant with its own seeds, checkpoint and records, and each is still asserted by its own test.
+gloo), and Accelerate's documented resume (load_state, then skip_first_batches with the position). The variants
+share their runs (issue 29): one run (of one process, or a launch of two) saves every variant in turn, a second one
+resumes every variant, each variant with its own seeds, checkpoint and records (and, launched, its own process
+group), and each is still asserted by its own test.
 
 The in-process tests at the end show each mechanism on its own, quickly."""
 
@@ -89,13 +90,14 @@ ONE_PROCESS = {
 Runs = tuple[Path, str, str]  # the folder, the saving run's stderr, the resumed run's stderr
 
 
-def batched_runs(tmp: Path, variants: dict[str, tuple[str, ...]]) -> Runs:
-    """Every variant saved, then resumed, in two runs in all: the script runs the variants in turn (``--variants``),
-    each from its own seeds with its own checkpoint and records (``ck-<name>``, ``a-<name>`` and ``b-<name>``), so
-    no variant is resumed in the process that saved it (records identical to a run of the variant alone)."""
+def batched_runs(tmp: Path, variants: dict[str, tuple[str, ...]], processes: int = 1) -> Runs:
+    """Every variant saved, then resumed, in two runs (or launches of ``processes``) in all: the script runs the
+    variants in turn (``--variants``), each from its own seeds with its own checkpoint and records (``ck-<name>``,
+    ``a-<name>`` and ``b-<name>``) and its own Kernel, so no variant is resumed in the process that saved it
+    (records identical to a run of the variant alone)."""
     (tmp / "variants.json").write_text(json.dumps({name: list(args) for name, args in variants.items()}))
-    first = run(tmp, 1, *SAVE, "--variants", "variants.json", check=False, timeout=400)
-    second = run(tmp, 1, *RESUME, "--variants", "variants.json", check=False, timeout=400)
+    first = run(tmp, processes, *SAVE, "--variants", "variants.json", check=False, timeout=400)
+    second = run(tmp, processes, *RESUME, "--variants", "variants.json", check=False, timeout=400)
     return tmp, first.stderr, second.stderr
 
 
@@ -104,21 +106,22 @@ def one_process_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return batched_runs(tmp_path_factory.mktemp("one_process"), ONE_PROCESS)
 
 
-def resumed_exactly(runs: Runs, variant: str) -> str:
+def resumed_exactly(runs: Runs, variant: str, processes: int = 1) -> str:
     """Assert that ``variant`` ran without an error and resumed exactly; its stderr in the saving run."""
     tmp, first, second = runs
     saved, resumed = variant_stderr(first, variant), variant_stderr(second, variant)
     assert "Traceback" not in saved + resumed, f"--- saving run\n{saved}\n--- resumed run\n{resumed}"
-    assert_same_end(tmp, 1, f"a-{variant}", f"b-{variant}")
+    assert_same_end(tmp, processes, f"a-{variant}", f"b-{variant}")
     return saved
 
 
 def variant_stderr(stderr: str, name: str) -> str:
-    """What the script printed on stderr while it ran variant ``name`` (after its ``=== variant`` line)."""
+    """What the script printed on stderr while it ran variant ``name`` (after its ``=== variant`` line; the
+    sections of every process of a launch, which run the variants in step)."""
     parts = re.split(r"^=== variant (\S+)\n", stderr, flags=re.MULTILINE)
-    sections = dict(zip(parts[1::2], parts[2::2], strict=True))
-    assert name in sections, f"variant {name} never started:\n{stderr[-6000:]}"
-    return sections[name]
+    sections = [text for started, text in zip(parts[1::2], parts[2::2], strict=True) if started == name]
+    assert sections, f"variant {name} never started:\n{stderr[-6000:]}"
+    return "".join(sections)
 
 
 @pytest.mark.slow
@@ -142,14 +145,19 @@ TWO_PROCESSES = {
 }
 
 
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Two launches of 2 processes for every variant: each variant's Kernel ends (its process group destroyed) and
+    the next variant's starts a new group (plugins/ddp/tests/test_ddp_regroup.py: that used to hang)."""
+    return batched_runs(tmp_path_factory.mktemp("two_processes"), TWO_PROCESSES, processes=2)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.timeout(900)  # the first test also runs the module's two launches of every variant
 @pytest.mark.parametrize("variant", sorted(TWO_PROCESSES))
-def test_exact_resume_two_processes_ddp(tmp_path: Path, variant: str) -> None:
-    """One launch per variant: in a shared 2-process launch the second variant hung (not investigated)."""
-    run(tmp_path, 2, *SAVE, *TWO_PROCESSES[variant])
-    run(tmp_path, 2, *RESUME, *TWO_PROCESSES[variant])
-    assert_same_end(tmp_path, 2, "a", "b")
+def test_exact_resume_two_processes_ddp(two_process_runs: Runs, variant: str) -> None:
+    resumed_exactly(two_process_runs, variant, processes=2)
 
 
 @pytest.mark.slow

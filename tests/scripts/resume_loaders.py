@@ -12,11 +12,11 @@ first step of this run, and a digest of the final parameters.
 
     --variants V.json ...                      one run per variant of V.json ({name: [args]}), one after the other
                                                in this process, each with D-<name> and F-<name> and its own seeds
-Several variants in one process (tests/test_resume_real_loaders.py's one-process variants: two Python start-ups in
-all instead of two per variant). Each starts from the same seeds, as a new process would, under a fresh
-``warnings.catch_warnings()`` (its warnings are printed again, not once per process), after a line
-``=== variant <name>`` on stderr; an exception is printed there and the next variant runs (exit status 1 at the end).
-One process only: under `accel launch -n 2` the second variant hung (not investigated).
+Several variants in one process, or in each process of one launch (tests/test_resume_real_loaders.py: two
+start-ups in all instead of two per variant). Each starts from the same seeds, as a new process would, with a Kernel
+(and process group) of its own, under a fresh ``warnings.catch_warnings()`` (its warnings are printed again, not once
+per process), after a line ``=== variant <name>`` on stderr; an exception is printed there and the next variant runs
+(exit status 1 at the end).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import sys
 import traceback
@@ -148,8 +147,6 @@ def main() -> None:
         variants: dict[str, list[str]] = json.load(f)
     at = sys.argv.index("--variants")
     common = sys.argv[1:at] + sys.argv[at + 2 :]
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # the second variant of a 2-process launch hung (not investigated)
-        sys.exit("--variants: one process only (python resume_loaders.py, not under a launcher)")
     for name, extra in variants.items():
         print(f"=== variant {name}", file=sys.stderr, flush=True)
         one = parser().parse_args([*common, *extra])

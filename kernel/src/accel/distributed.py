@@ -312,22 +312,32 @@ def local_device(local_rank: int, cpu: bool) -> torch.device:
     return device
 
 
+#: Process groups this process has initialised through :func:`restart_store_args` (it numbers their store keys).
+_GROUPS_INITIALISED = 0
+
+
 def restart_store_args(env: Mapping[str, str], timeout: Any, prefix: str) -> dict[str, Any]:
-    """Extra ``init_process_group`` arguments after a torchrun restart (``--max_restarts``); none on the first round.
-    The agent keeps one store for every round, so the new group gets a key prefix of its own (``prefix/restart_N``):
-    restarted workers would otherwise read the dead group's addresses and fail to connect."""
+    """Extra ``init_process_group`` arguments when torchrun's agent store may still hold an earlier group's keys;
+    none for the first group of the first round. Call it once before each ``init_process_group``.
+
+    The agent keeps one store for the whole launch, and torch names a re-created default group as it named the
+    destroyed one, so its keys are those of the earlier group: after a torchrun restart (``--max_restarts``), and
+    in a process that initialises a group again (a second ``Kernel`` after ``end_training`` destroyed the first
+    one's group). A process would read the earlier group's addresses and fail, or hang, connecting (gloo waits
+    on a listener that is gone). So the new group gets a key prefix of its own: ``prefix/restart_N`` after a
+    restart, ``/group_K`` added for the K-th group of this process (K >= 1). Every process of the launch
+    initialises its groups in the same order, so they agree on K."""
+    global _GROUPS_INITIALISED
+    group, _GROUPS_INITIALISED = _GROUPS_INITIALISED, _GROUPS_INITIALISED + 1
     restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if restart == "0" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if (restart == "0" and group == 0) or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     import torch.distributed as dist
 
     world = int(env["WORLD_SIZE"])
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    return {
-        "store": dist.PrefixStore(f"{prefix}/restart_{restart}", store),
-        "rank": int(env["RANK"]),
-        "world_size": world,
-    }
+    name = f"{prefix}/restart_{restart}" + (f"/group_{group}" if group else "")
+    return {"store": dist.PrefixStore(name, store), "rank": int(env["RANK"]), "world_size": world}
 
 
 def world_of_one(env: MutableMapping[str, str]) -> None:
