@@ -213,7 +213,14 @@ def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processe
                 }
             )
         (out / f"plan{attempt}.json").write_text(json.dumps(plan, indent=1))
-        launch = Case("several.py", flags=remaining[0][1].flags, timeout=sum(case.timeout for _, case, _ in remaining))
+        # what every example's environment holds is there from the start (record/sitecustomize.py reads it then)
+        common = {k: v for k, v in remaining[0][1].env.items() if all(c.env.get(k) == v for _, c, _ in remaining)}
+        launch = Case(
+            "several.py",
+            flags=remaining[0][1].flags,
+            env=common,
+            timeout=sum(case.timeout for _, case, _ in remaining),
+        )
         cmd = [
             ACCEL,
             "launch",

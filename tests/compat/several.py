@@ -35,6 +35,8 @@ def run_one(entry: dict, rank: str) -> int:
     os.chdir(out)
     os.environ.update(entry["env"])
     sys.argv = [entry["script"], *entry["args"]]
+    saved_path = list(sys.path)
+    sys.path[0] = os.path.dirname(entry["script"])  # as `python <script>` has it
     sitecustomize.start(entry["env"]["COMPAT_RECORD"])
     code = 0
     with open(logs / f"rank{rank}.stdout", "w") as stdout, open(logs / f"rank{rank}.stderr", "w") as stderr:
@@ -57,6 +59,7 @@ def run_one(entry: dict, rank: str) -> int:
         os.dup2(saved_fds[1], 2)
     for fd in saved_fds:
         os.close(fd)
+    sys.path[:] = saved_path
     sitecustomize.flush()
     os.environ.clear()
     os.environ.update(saved_env)
