@@ -166,7 +166,12 @@ def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> R
 def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
     """``accel launch -n 2 [flags] tests/compat/<script> [args]`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
+    cmd = _launch_command(num_processes, out / "logs", case.flags, [str(HERE / case.script), *case.args])
+    return _finish(cmd, _env(out, case), out, case.timeout)
+
+
+def _launch_command(num_processes: int, logs: Path, flags: Sequence[str], script: Sequence[str]) -> list[str]:
+    return [
         ACCEL,
         "launch",
         "-n",
@@ -174,14 +179,12 @@ def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
         "--main_process_port",
         str(free_port()),
         "--log_dir",  # each process's output in its own files, not interleaved on one pipe (see _per_rank)
-        str(out / "logs"),
+        str(logs),
         "--tee",
         "0",
-        *case.flags,
-        str(HERE / case.script),
-        *case.args,
+        *flags,
+        *script,
     ]
-    return _finish(cmd, _env(out, case), out, case.timeout)
 
 
 def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processes: int = 2) -> dict[str, Run]:
@@ -221,21 +224,8 @@ def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processe
             env=common,
             timeout=sum(case.timeout for _, case, _ in remaining),
         )
-        cmd = [
-            ACCEL,
-            "launch",
-            "-n",
-            str(num_processes),
-            "--main_process_port",
-            str(free_port()),
-            "--log_dir",
-            str(out / f"logs{attempt}"),
-            "--tee",
-            "0",
-            *launch.flags,
-            str(HERE / "several.py"),
-            str(out / f"plan{attempt}.json"),
-        ]
+        script = [str(HERE / "several.py"), str(out / f"plan{attempt}.json")]
+        cmd = _launch_command(num_processes, out / f"logs{attempt}", launch.flags, script)
         launched = _finish(cmd, _env(out, launch), out, launch.timeout)
         done = 0
         for name, _, item_out in remaining:
