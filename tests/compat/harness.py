@@ -240,20 +240,22 @@ def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processe
             if all(code.exists() for code in codes):
                 returncode = max(int(code.read_text()) for code in codes)
                 done += 1
-                last = done == len(remaining)
-                if last and launched.returncode:  # the processes failed at their exit, after the last example
+                if done == len(remaining) and launched.returncode:  # the processes failed at exit, after the last
                     returncode = returncode or launched.returncode
                     stderr += f"\n--- the launch ({launched.returncode})\n{launched.stderr}"
                 runs[name] = Run(cmd, returncode, stdout, stderr, item_out)
+                if returncode:  # the processes ended after it: the next one never started
+                    break
                 continue
-            runs[name] = Run(
-                cmd,
-                launched.returncode or 1,
-                stdout + launched.stdout,
-                f"{stderr}\n--- the launch, ended in {name} ({launched.returncode})\n{launched.stderr}",
-                item_out,
-            )
-            done += 1
+            if logs.exists() or not done:  # the launch ended in this example (or before the first one)
+                runs[name] = Run(
+                    cmd,
+                    launched.returncode or 1,
+                    stdout + launched.stdout,
+                    f"{stderr}\n--- the launch, ended in {name} ({launched.returncode})\n{launched.stderr}",
+                    item_out,
+                )
+                done += 1
             break
         remaining = remaining[done:]
     return runs
