@@ -166,7 +166,12 @@ def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> R
 def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
     """``accel launch -n 2 [flags] tests/compat/<script> [args]`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [
+    cmd = _launch_command(num_processes, out / "logs", case.flags, [str(HERE / case.script), *case.args])
+    return _finish(cmd, _env(out, case), out, case.timeout)
+
+
+def _launch_command(num_processes: int, logs: Path, flags: Sequence[str], script: Sequence[str]) -> list[str]:
+    return [
         ACCEL,
         "launch",
         "-n",
@@ -174,14 +179,86 @@ def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
         "--main_process_port",
         str(free_port()),
         "--log_dir",  # each process's output in its own files, not interleaved on one pipe (see _per_rank)
-        str(out / "logs"),
+        str(logs),
         "--tee",
         "0",
-        *case.flags,
-        str(HERE / case.script),
-        *case.args,
+        *flags,
+        *script,
     ]
-    return _finish(cmd, _env(out, case), out, case.timeout)
+
+
+def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processes: int = 2) -> dict[str, Run]:
+    """Several examples (``(name, case, its own working directory)``, all with the same launch flags) one after
+    another in the processes of one ``accel launch -n 2 [flags] several.py <plan>`` (see ``several.py``): one
+    ``import torch``/transformers per process for all of them. Each gets its own :class:`Run` (its own output,
+    record, files and exit code). When an example fails, the launch ends there and the examples after it are started
+    again in a new launch, so one failure is that example's alone."""
+    flags = {tuple(case.flags) for _, case, _ in items}
+    if len(flags) > 1:
+        raise ValueError(f"run_several needs one set of launch flags, got {sorted(flags)}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Run] = {}
+    remaining = list(items)
+    for attempt in range(len(items)):
+        if not remaining:
+            break
+        plan = []
+        for name, case, item_out in remaining:
+            item_out.mkdir(parents=True, exist_ok=True)
+            env = {k: v for k, v in _env(item_out, case).items() if k.startswith("COMPAT_") or k == "ACCEL_HOME"}
+            plan.append(
+                {
+                    "name": name,
+                    "script": str(HERE / case.script),
+                    "args": list(case.args),
+                    "out": str(item_out),
+                    "env": {**env, **case.env},
+                }
+            )
+        (out / f"plan{attempt}.json").write_text(json.dumps(plan, indent=1))
+        # what every example's environment holds is there from the start (record/sitecustomize.py reads it then)
+        common = {k: v for k, v in remaining[0][1].env.items() if all(c.env.get(k) == v for _, c, _ in remaining)}
+        launch = Case(
+            "several.py",
+            flags=remaining[0][1].flags,
+            env=common,
+            timeout=sum(case.timeout for _, case, _ in remaining),
+        )
+        script = [str(HERE / "several.py"), str(out / f"plan{attempt}.json")]
+        cmd = _launch_command(num_processes, out / f"logs{attempt}", launch.flags, script)
+        launched = _finish(cmd, _env(out, launch), out, launch.timeout)
+        done = 0
+        for name, _, item_out in remaining:
+            logs = item_out / "several"
+            codes = [logs / f"rank{r}.exit" for r in range(num_processes)]
+            stdout, stderr = (
+                "".join(f.read_text(errors="replace") for f in sorted(logs.glob(f"rank*.{stream}")))
+                if logs.exists()
+                else ""
+                for stream in ("stdout", "stderr")
+            )
+            if all(code.exists() for code in codes):
+                returncode = max(int(code.read_text()) for code in codes)
+                done += 1
+                if done == len(remaining) and launched.returncode:  # the processes failed at exit, after the last
+                    returncode = returncode or launched.returncode
+                    stderr += f"\n--- the launch ({launched.returncode})\n{launched.stderr}"
+                runs[name] = Run(cmd, returncode, stdout, stderr, item_out)
+                if returncode:  # the processes ended after it: the next one never started
+                    break
+                continue
+            if logs.exists() or not done:  # the launch ended in this example (or before the first one)
+                runs[name] = Run(
+                    cmd,
+                    launched.returncode or 1,
+                    stdout + launched.stdout,
+                    f"{stderr}\n--- the launch, ended in {name} ({launched.returncode})\n{launched.stderr}",
+                    item_out,
+                )
+                done += 1
+            break
+        remaining = remaining[done:]
+    return runs
 
 
 def accelerate_environment(flags: Sequence[str]) -> dict[str, str]:

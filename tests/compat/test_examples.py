@@ -26,7 +26,7 @@ import torch
 
 import compat_offline
 from cases import CASES, write_ds_config
-from harness import Case, Run, accelerate_python, run_accel
+from harness import Case, Run, accelerate_python, run_accel, run_several
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 slow = pytest.mark.slow
@@ -38,17 +38,151 @@ def waiting(feature: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=f"waiting for {feature}")
 
 
-def run(name: str, tmp_path: Path, case: Case | None = None) -> Run:
-    case = case or CASES[name]
-    out = tmp_path / name
+def prepare(out: Path, case: Case) -> None:
+    """The example's input files in its working directory ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     if "pets" in case.args:
         compat_offline.make_pets(out / "pets")
     if "ds_config.json" in case.flags:
         write_ds_config(out)
+
+
+def run(name: str, tmp_path: Path, case: Case | None = None) -> Run:
+    case = case or CASES[name]
+    out = tmp_path / name
+    prepare(out, case)
     result = run_accel(case, out)
     assert result.returncode == 0, str(result)
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Examples run together: one launch for all the examples the selected tests read that share launch flags
+
+
+def resumed_from(full: str, step: str) -> Callable[[Path], Case]:
+    """The resumed run of ``full`` (an example with ``--checkpointing_steps`` and ``--output_dir ckpt``) from its
+    checkpoint ``step``, with the full run's other arguments."""
+
+    def make(full_out: Path) -> Case:
+        case = CASES[full]
+        args = list(case.args)
+        if "--with_tracking" in args:  # complete_nlp_example: the resumed run has no trackers
+            args = args[: args.index("--with_tracking")]
+        return Case(
+            case.script,
+            args=["--resume_from_checkpoint", str(full_out / "ckpt" / step), *args],
+            config=case.config,
+            train_size=case.train_size,
+        )
+
+    return make
+
+
+#: runs that resume from a checkpoint of another run (its name): launched after the runs they resume
+RESUMED: dict[str, tuple[str, Callable[[Path], Case]]] = {
+    "complete_nlp_example_resumed": ("complete_nlp_example", resumed_from("complete_nlp_example", "epoch_0")),
+    "complete_cv_example_resumed": ("complete_cv_example", resumed_from("complete_cv_example", "epoch_0")),
+    "checkpointing_resumed_step_3": ("checkpointing", resumed_from("checkpointing", "step_3")),
+    "checkpointing_resumed_step_9": ("checkpointing", resumed_from("checkpointing", "step_9")),
+}
+
+#: the runs each test reads (``{param}``: the test's parameter of that name)
+NEEDS: dict[str, list[str]] = {
+    "test_nlp_example": ["nlp_example"],
+    "test_nlp_example_mixed_precision": ["nlp_example", "nlp_example_{precision}"],
+    "test_complete_nlp_example_tracking_and_epoch_resume": ["complete_nlp_example", "complete_nlp_example_resumed"],
+    "test_checkpointing_resumes_mid_epoch_bitwise": ["checkpointing", "checkpointing_resumed_step_3"],
+    "test_checkpointing_resumes_in_second_epoch": ["checkpointing", "checkpointing_resumed_step_9"],
+    "test_cv_example": ["cv_example"],
+    "test_complete_cv_example_resume": ["complete_cv_example", "complete_cv_example_resumed"],
+    "test_gradient_accumulation": ["gradient_accumulation"],
+    "test_cross_validation": ["cross_validation"],
+    "test_ddp_comm_hook": ["{name}"],
+    "test_early_stopping": ["early_stopping"],
+    "test_local_sgd": ["local_sgd"],
+    "test_memory_find_executable_batch_size": ["memory"],
+    "test_automatic_gradient_accumulation": ["automatic_gradient_accumulation"],
+    "test_multi_process_metrics": ["multi_process_metrics"],
+    "test_profiler": ["profiler"],
+    "test_schedule_free": ["schedule_free"],
+    "test_tracking": ["tracking"],
+    "test_gradient_accumulation_for_autoregressive_models": ["gradient_accumulation_for_autoregressive_models"],
+    "test_nlp_example_fsdp": ["nlp_example_fsdp"],
+    "test_fsdp_with_peak_mem_tracking": ["fsdp_with_peak_mem_tracking"],
+    "test_phi2": ["phi2"],
+    "test_stable_diffusion": ["stable_diffusion"],
+    "test_distributed_image_generation": ["distributed_image_generation"],
+    "test_distributed_speech_generation": ["distributed_speech_generation"],
+}
+
+
+#: runs that go first in their launch, where the process is as fresh as one of their own: with trackers on,
+#: something outside complete_nlp_example's loop draws from Python's global `random` after set_seed, and after other
+#: examples in the same process it leaves another state in rng_rank*.json, whose sizes accel_manifest.json records
+#: (compared byte for byte with the resumed run's)
+FIRST = ("complete_nlp_example",)
+
+
+class Examples:
+    """The runs of the examples this module's selected tests read. The first test that asks for a run launches it
+    together with every other wanted run of the same launch flags (``harness.run_several``: one ``accel launch -n 2``,
+    one set of imports per process); the resumed runs go in a second launch, after the runs they resume. Each run
+    keeps its own output, record, files and exit code, so each test still fails on its own run's fault."""
+
+    def __init__(self, base: Path, wanted: Sequence[str]) -> None:
+        self.base = base
+        self.wanted = list(wanted)
+        self.runs: dict[str, Run] = {}
+        self.launches = 0
+
+    def case(self, name: str) -> Case:
+        if name in RESUMED:
+            full, make = RESUMED[name]
+            return make(self.base / full)
+        return CASES[name]
+
+    def __call__(self, name: str) -> Run:
+        if name not in self.runs:
+            self.launch(name)
+        result = self.runs[name]
+        assert result.returncode == 0, f"{name}: {result}"
+        return result
+
+    def launch(self, name: str) -> None:
+        resumed, flags = name in RESUMED, tuple(self.case(name).flags)
+        batch = [
+            n
+            for n in dict.fromkeys([*FIRST, *self.wanted, name])
+            if n in {*self.wanted, name}
+            and n not in self.runs
+            and (n in RESUMED) == resumed
+            and tuple(self.case(n).flags) == flags
+        ]
+        if resumed:
+            for n in batch:
+                if RESUMED[n][0] not in self.runs:
+                    self.launch(RESUMED[n][0])
+            self(RESUMED[name][0])  # the run it resumes failed: this one cannot start
+            batch = [n for n in batch if self.runs[RESUMED[n][0]].returncode == 0]
+        items = []
+        for n in batch:
+            case = self.case(n)
+            prepare(self.base / n, case)
+            items.append((n, case, self.base / n))
+        self.launches += 1
+        self.runs.update(run_several(items, self.base / f"launch{self.launches}"))
+
+
+@pytest.fixture(scope="module")
+def examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Examples:
+    wanted: list[str] = []
+    for item in request.session.items:
+        if item.getparent(pytest.Module) is request.node:
+            callspec = getattr(item, "callspec", None)
+            params = callspec.params if callspec is not None else {}
+            wanted += [n.format(**params) for n in NEEDS.get(getattr(item, "originalname", item.name), [])]
+    return Examples(tmp_path_factory.mktemp("examples"), list(dict.fromkeys(wanted)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -122,15 +256,8 @@ SCHEDULER_RULE = "Accelerate's scheduler-stepping rule by default (compat-core)"
 DATALOADER_CONFIGURATION = "accel.DataLoaderConfiguration (compat-core)"
 
 
-@pytest.fixture(scope="module")
-def nlp_fp32(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """nlp_example in full precision, run once for its own test and the mixed-precision tests that compare with it
-    (the run is deterministic and the tests only read it)."""
-    return run("nlp_example", tmp_path_factory.mktemp("nlp_fp32"))
-
-
-def test_nlp_example(nlp_fp32: Run) -> None:
-    result = nlp_fp32
+def test_nlp_example(examples: Examples) -> None:
+    result = examples("nlp_example")
     text_epochs(result)
     assert_learns(result.losses, 3)
     assert result.epochs()[-1]["accuracy"] > 0.8
@@ -139,11 +266,11 @@ def test_nlp_example(nlp_fp32: Run) -> None:
 
 @slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_nlp_example_mixed_precision(tmp_path: Path, precision: str, nlp_fp32: Run) -> None:
-    result = run(f"nlp_example_{precision}", tmp_path)
+def test_nlp_example_mixed_precision(precision: str, examples: Examples) -> None:
+    result = examples(f"nlp_example_{precision}")
     text_epochs(result)
     assert_learns(result.losses, 3)
-    fp32 = nlp_fp32
+    fp32 = examples("nlp_example")
     assert result.losses != fp32.losses  # it did run in reduced precision
     assert result.losses[:4] == pytest.approx(fp32.losses[:4], abs=5e-2)
     if precision == "bf16":  # no loss scaling: every step is taken
@@ -169,32 +296,15 @@ def assert_same_checkpoint(a: Path, b: Path, rng: bool = True) -> None:
 
 
 @slow
-def test_complete_nlp_example_tracking_and_epoch_resume(tmp_path: Path) -> None:
-    full = run("complete_nlp_example", tmp_path)
+def test_complete_nlp_example_tracking_and_epoch_resume(examples: Examples) -> None:
+    full = examples("complete_nlp_example")
     metrics = text_epochs(full)
     assert (full.out / "ckpt" / "epoch_2").is_dir()
     logged = tracker_rows(full.out / "logs")
     assert [row["epoch"] for row in logged] == [0, 1, 2]
     assert [row["accuracy"] for row in logged] == [m["accuracy"] for m in metrics]
     assert_lrs(full.lrs, nlp_lrs(256, drop_last=False))
-    case = CASES["complete_nlp_example"]
-    resumed = run(
-        "resumed",
-        tmp_path,
-        Case(
-            case.script,
-            args=[
-                "--resume_from_checkpoint",
-                str(full.out / "ckpt" / "epoch_0"),
-                "--checkpointing_steps",
-                "epoch",
-                "--output_dir",
-                "ckpt",
-            ],
-            config=case.config,
-            train_size=case.train_size,
-        ),
-    )
+    resumed = examples("complete_nlp_example_resumed")  # from epoch_0
     assert resumed.epochs() == metrics[1:]
     per_epoch = len(full.losses) // 3
     assert resumed.losses == full.losses[per_epoch:]
@@ -213,38 +323,14 @@ def tracker_rows(logs: Path) -> list[dict[str, Any]]:
     return [row.get("values", row) for row in rows if "accuracy" in row.get("values", row)]
 
 
-def resume_case(step: str, full: Run) -> Case:
-    case = CASES["checkpointing"]
-    return Case(
-        case.script,
-        args=[
-            "--resume_from_checkpoint",
-            str(full.out / "ckpt" / step),
-            "--checkpointing_steps",
-            "3",
-            "--output_dir",
-            "ckpt",
-        ],
-        config=case.config,
-        train_size=case.train_size,
-    )
-
-
-@pytest.fixture(scope="module")
-def checkpointing_full(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """The uninterrupted run of checkpointing.py, run once for both resume tests (each resumes into its own folder
-    and only reads this run's checkpoints)."""
-    return run("checkpointing", tmp_path_factory.mktemp("checkpointing_full"))
-
-
-def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path, checkpointing_full: Run) -> None:
+def test_checkpointing_resumes_mid_epoch_bitwise(examples: Examples) -> None:
     """Accelerate's documented mid-epoch resume (load_state, then skip_first_batches(train_dataloader, 3)) continues
     exactly where the uninterrupted run was: the same losses bit for bit, the same learning rates, the same metrics
     and byte-identical checkpoints afterwards. 224 rows, 16 a batch: 7 batches per process and epoch."""
-    full = checkpointing_full
+    full = examples("checkpointing")
     text_epochs(full)
     assert len(full.losses) == 21
-    resumed = run("resumed", tmp_path, resume_case("step_3", full))
+    resumed = examples("checkpointing_resumed_step_3")
     assert resumed.losses == full.losses[3:]
     assert resumed.record(1)["losses"] == full.record(1)["losses"][3:]
     assert resumed.lrs == full.lrs[3:]
@@ -254,11 +340,11 @@ def test_checkpointing_resumes_mid_epoch_bitwise(tmp_path: Path, checkpointing_f
 
 
 @slow
-def test_checkpointing_resumes_in_second_epoch(tmp_path: Path, checkpointing_full: Run) -> None:
+def test_checkpointing_resumes_in_second_epoch(examples: Examples) -> None:
     """step_9 is the third batch of the second epoch: the example computes starting_epoch=1, resume_step=2 and
     skips 2 batches of the second epoch."""
-    full = checkpointing_full
-    resumed = run("resumed", tmp_path, resume_case("step_9", full))
+    full = examples("checkpointing")
+    resumed = examples("checkpointing_resumed_step_9")
     assert resumed.losses == full.losses[9:]
     assert resumed.lrs == full.lrs[9:]
     assert resumed.epochs() == full.epochs()[1:]
@@ -284,8 +370,8 @@ def cv_lrs(epochs: int = 3, images: int = 64, batch: int = 8, lr: float = 0.1) -
     )
 
 
-def test_cv_example(tmp_path: Path) -> None:
-    result = run("cv_example", tmp_path)
+def test_cv_example(examples: Examples) -> None:
+    result = examples("cv_example")
     accuracy = result.epochs()
     assert len(accuracy) == 3 and all(0 <= a <= 100 for a in accuracy), result.stdout[-2000:]
     assert accuracy[-1] >= 50, accuracy  # 4 colour-coded breeds: chance is 25 %
@@ -293,29 +379,11 @@ def test_cv_example(tmp_path: Path) -> None:
 
 
 @slow
-def test_complete_cv_example_resume(tmp_path: Path) -> None:
-    full = run("complete_cv_example", tmp_path)
+def test_complete_cv_example_resume(examples: Examples) -> None:
+    full = examples("complete_cv_example")
     assert len(full.epochs()) == 3
     assert_lrs(full.lrs, cv_lrs())
-    case = CASES["complete_cv_example"]
-    resumed = run(
-        "resumed",
-        tmp_path,
-        Case(
-            case.script,
-            args=[
-                "--data_dir",
-                "pets",
-                "--resume_from_checkpoint",
-                str(full.out / "ckpt" / "epoch_0"),
-                "--checkpointing_steps",
-                "epoch",
-                "--output_dir",
-                "ckpt",
-            ],
-            config=case.config,
-        ),
-    )
+    resumed = examples("complete_cv_example_resumed")  # from epoch_0
     assert resumed.epochs() == full.epochs()[1:]
     assert resumed.lrs == full.lrs[len(full.lrs) // 3 :]
 
@@ -325,10 +393,10 @@ def test_complete_cv_example_resume(tmp_path: Path) -> None:
 # find_executable_batch_size, metrics, profiler, schedule-free, tracking
 
 
-def test_gradient_accumulation(tmp_path: Path) -> None:
+def test_gradient_accumulation(examples: Examples) -> None:
     """288 rows, 16 a batch: 9 micro-batches per process and epoch, accumulation 2: the optimizer steps at micro-steps
     2, 4, 6, 8 and at the end of the epoch (9)."""
-    result = run("gradient_accumulation", tmp_path)
+    result = examples("gradient_accumulation")
     text_epochs(result)
     assert len(result.losses) == 27
     syncs = ([False, True] * 4 + [True]) * 3
@@ -337,74 +405,74 @@ def test_gradient_accumulation(tmp_path: Path) -> None:
 
 
 @slow
-def test_cross_validation(tmp_path: Path) -> None:
-    result = run("cross_validation", tmp_path)
+def test_cross_validation(examples: Examples) -> None:
+    result = examples("cross_validation")
     assert "Average test metrics from all folds:" in result.stdout, result.stdout[-2000:]
     assert len(result.epochs()) == 2 * 3  # 2 folds x 3 epochs
 
 
 @slow
 @pytest.mark.parametrize("name", ["ddp_comm_hook", "ddp_comm_hook_power_sgd", "ddp_comm_hook_fp16_wrapper"])
-def test_ddp_comm_hook(tmp_path: Path, name: str) -> None:
-    result = run(name, tmp_path)
+def test_ddp_comm_hook(name: str, examples: Examples) -> None:
+    result = examples(name)
     text_epochs(result)
     assert_learns(result.losses, 3)
 
 
-def test_early_stopping(tmp_path: Path) -> None:
+def test_early_stopping(examples: Examples) -> None:
     """The callback fires on one process's loss; set_trigger/check_trigger make every process leave the epoch at
     the same step."""
-    result = run("early_stopping", tmp_path)
+    result = examples("early_stopping")
     text_epochs(result)
     losses0, losses1 = result.record(0)["losses"], result.record(1)["losses"]
     assert len(losses0) == len(losses1) < 3 * 8, (len(losses0), len(losses1))
 
 
 @slow
-def test_local_sgd(tmp_path: Path) -> None:
-    result = run("local_sgd", tmp_path)
+def test_local_sgd(examples: Examples) -> None:
+    result = examples("local_sgd")
     text_epochs(result)
     assert_learns(result.losses, 3)
 
 
 @slow
-def test_memory_find_executable_batch_size(tmp_path: Path) -> None:
-    result = run("memory", tmp_path)
+def test_memory_find_executable_batch_size(examples: Examples) -> None:
+    result = examples("memory")
     text_epochs(result)
     assert_lrs(result.lrs, nlp_lrs(256, drop_last=False))
 
 
 @slow
-def test_automatic_gradient_accumulation(tmp_path: Path) -> None:
-    result = run("automatic_gradient_accumulation", tmp_path)
+def test_automatic_gradient_accumulation(examples: Examples) -> None:
+    result = examples("automatic_gradient_accumulation")
     text_epochs(result)
     assert len(result.losses) == 3 * 4  # 256 rows, 32 a batch, no OOM on CPU: accumulation stays 1
 
 
 @slow
-def test_multi_process_metrics(tmp_path: Path) -> None:
+def test_multi_process_metrics(examples: Examples) -> None:
     """70 evaluation rows in batches of 32 over 2 processes: the example trims the duplicated samples by hand."""
-    result = run("multi_process_metrics", tmp_path)
+    result = examples("multi_process_metrics")
     text_epochs(result)
     assert_lrs(result.lrs, nlp_lrs(256, drop_last=False))
 
 
 @slow
-def test_profiler(tmp_path: Path) -> None:
-    result = run("profiler", tmp_path)
+def test_profiler(examples: Examples) -> None:
+    result = examples("profiler")
     traces = sorted((result.out / "traces").rglob("*.json"))
     assert len(traces) >= N, traces  # one trace per process
     assert "Self CPU time total" in result.stdout
 
 
-def test_schedule_free(tmp_path: Path) -> None:
-    result = run("schedule_free", tmp_path)
+def test_schedule_free(examples: Examples) -> None:
+    result = examples("schedule_free")
     text_epochs(result)
     assert_learns(result.losses, 3)
 
 
-def test_tracking(tmp_path: Path) -> None:
-    result = run("tracking", tmp_path)
+def test_tracking(examples: Examples) -> None:
+    result = examples("tracking")
     metrics = text_epochs(result)
     rows = tracker_rows(result.out / "logs")
     assert [row["accuracy"] for row in rows] == [m["accuracy"] for m in metrics]
@@ -415,8 +483,8 @@ def test_tracking(tmp_path: Path) -> None:
 
 
 @slow
-def test_gradient_accumulation_for_autoregressive_models(tmp_path: Path) -> None:
-    result = run("gradient_accumulation_for_autoregressive_models", tmp_path)
+def test_gradient_accumulation_for_autoregressive_models(examples: Examples) -> None:
+    result = examples("gradient_accumulation_for_autoregressive_models")
     lines = [line for line in result.stdout.splitlines() if ":: eval perplexity:" in line]
     assert len(lines) == 2, result.stdout[-2000:]
     assert len(result.lrs) == 2 * math.ceil(500 / 8 / N / 2)
@@ -432,16 +500,16 @@ def test_gradient_accumulation_for_autoregressive_models(tmp_path: Path) -> None
     reason="the example needs an accelerator: TorchTracemalloc.__exit__ reads self.end, set "
     "only for cuda/xpu/npu (AttributeError on CPU under Accelerate too)",
 )
-def test_fsdp_with_peak_mem_tracking(tmp_path: Path) -> None:
-    result = run("fsdp_with_peak_mem_tracking", tmp_path)
+def test_fsdp_with_peak_mem_tracking(examples: Examples) -> None:
+    result = examples("fsdp_with_peak_mem_tracking")
     text_epochs(result)
     assert "Peak Memory consumed during the train" in result.stdout
 
 
 @slow
-def test_nlp_example_fsdp(tmp_path: Path) -> None:
+def test_nlp_example_fsdp(examples: Examples) -> None:
     """nlp_example under --plugin fsdp (FSDP2 over gloo): Accelerate's LR curve, a falling loss."""
-    result = run("nlp_example_fsdp", tmp_path)
+    result = examples("nlp_example_fsdp")
     text_epochs(result)
     assert_learns(result.losses, 3)
     assert_lrs(result.lrs, nlp_lrs(256))
@@ -514,10 +582,10 @@ def printed_list(result: Run) -> list[str]:
     return value
 
 
-def test_phi2(tmp_path: Path) -> None:
+def test_phi2(tmp_path: Path, examples: Examples) -> None:
     """5 prompts in batches of 2 over 2 processes (the last batch padded by apply_padding, then dropped): the
     gathered completions are the ones a single process generates, in prompt order."""
-    two = run("phi2", tmp_path)
+    two = examples("phi2")
     one = run_accel(CASES["phi2"], tmp_path / "one", num_processes=1)
     assert one.returncode == 0, str(one)
     completions = printed_list(two)
@@ -526,25 +594,25 @@ def test_phi2(tmp_path: Path) -> None:
 
 
 @slow
-def test_stable_diffusion(tmp_path: Path) -> None:
-    run("stable_diffusion", tmp_path)  # the example keeps its images in memory: it ran to the end on both processes
+def test_stable_diffusion(examples: Examples) -> None:
+    examples("stable_diffusion")  # the example keeps its images in memory: it ran to the end on both processes
 
 
 @slow
-def test_distributed_image_generation(tmp_path: Path) -> None:
-    result = run("distributed_image_generation", tmp_path)
+def test_distributed_image_generation(examples: Examples) -> None:
+    result = examples("distributed_image_generation")
     images = sorted(p.name for p in result.out.glob("image_*.png"))
     assert len(images) == 6, images  # 6 prompts, 2 a batch, split over 2 processes, gathered on the main one
     assert len(list(result.out.glob("images_*/example_*"))) == 6
 
 
 @slow
-def test_distributed_speech_generation(tmp_path: Path) -> None:
+def test_distributed_speech_generation(examples: Examples) -> None:
     """7 captions, one chunk per process, waveforms written by a thread. The example races with itself: each
     process lists the shared output folder (ExistsFilter) when it starts, so a process that starts after the other
     wrote its first file drops that caption and shifts its chunk (the same under Accelerate). What always holds: every
     caption is written at most once, each with its metadata, and the last process writes a whole chunk."""
-    result = run("distributed_speech_generation", tmp_path)
+    result = examples("distributed_speech_generation")
     ids = sorted(p.stem for p in (result.out / "speech").glob("pokemon_*.wav"))
     assert len(ids) >= 3 and set(ids) <= {f"pokemon_{i:06d}" for i in range(7)}, ids
     for stem in ids:

@@ -9,6 +9,7 @@ docs/migrating-from-accelerate.md (``renames.py``) and nothing else; the other t
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import math
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import HERE, Case, Run, accelerate_python, run_accel, run_accelerate
+from harness import HERE, Case, Run, accelerate_python, run_accel, run_accelerate, run_several
 from renames import missing_from_guide, rename
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
@@ -106,10 +107,29 @@ def xfail_missing(name: str) -> object:
     return pytest.param(name, marks=marks)
 
 
-@pytest.mark.parametrize("name", [xfail_missing(n) for n in ("test_ops", "test_sync", "test_distributed_data_loop")])
-def test_accelerate_script(name: str, tmp_path: Path) -> None:
+SCRIPTS_RUN = ("test_ops", "test_sync", "test_distributed_data_loop")
+
+
+@pytest.fixture(scope="module")
+def ports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """The runs of the ports the tests below read, one after another in one launch (``harness.run_several``: torch,
+    transformers and diffusers imported once per process), each in its own folder, with its own output and exit
+    code: the three Accelerate test scripts, and the diffusers script's plain run (``"plain"``) and its uninterrupted
+    run with a checkpoint every 2 steps (``"full"``)."""
+    base = tmp_path_factory.mktemp("ports")
+    items = [(name, Case(PORTS[name].script, env=torchvision_env(), timeout=300), base / name) for name in SCRIPTS_RUN]
+    if importlib.util.find_spec("tensorboard") is not None:  # else the diffusers tests skip (unconditional_case)
+        items += [
+            ("plain", unconditional_case(base / "plain"), base / "plain"),
+            ("full", unconditional_case(base / "full", *EVERY_2, timeout=180, env=SAVE_ALONE), base / "full"),
+        ]
+    return run_several(items, base)
+
+
+@pytest.mark.parametrize("name", [xfail_missing(n) for n in SCRIPTS_RUN])
+def test_accelerate_script(name: str, ports: dict[str, Run]) -> None:
     """Accelerate's own test script, ported, passes on 2 processes (it asserts on every result itself)."""
-    result = run_accel(Case(PORTS[name].script, timeout=300), tmp_path)
+    result = ports[name]
     assert result.returncode == 0, str(result)
 
 
@@ -204,20 +224,30 @@ def torchvision_env() -> dict[str, str]:
     return {}
 
 
-def run_unconditional(out: Path, *extra: str, timeout: float = 600, env: dict[str, str] | None = None) -> Run:
+def unconditional_case(out: Path, *extra: str, timeout: float = 600, env: dict[str, str] | None = None) -> Case:
+    """The diffusers script's case, with its images and UNet config written into ``out``."""
     pytest.importorskip("tensorboard", reason="the diffusers example logs to tensorboard")
     if not (out / "images").exists():
         make_images(out / "images", IMAGES)
         make_unet_config(out / "unet")
-    case = Case(
+    return Case(
         PORTS["train_unconditional"].script,
         args=[*UNCONDITIONAL_ARGS, *extra],
         env={**torchvision_env(), **(env or {})},
         timeout=timeout,
     )
-    result = run_accel(case, out)
+
+
+def run_unconditional(out: Path, *extra: str, timeout: float = 600, env: dict[str, str] | None = None) -> Run:
+    result = run_accel(unconditional_case(out, *extra, timeout=timeout, env=env), out)
     assert result.returncode == 0, str(result)
     return result
+
+
+#: the main process saves alone (diffusers' `if accelerator.is_main_process: accelerator.save_state(save_path)`) once
+#: the other process has not come for this long (accel.checkpoint.solo)
+SAVE_ALONE = {"ACCEL_SAVE_JOIN_TIMEOUT": "0.5"}
+EVERY_2 = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "2"]
 
 
 def events(logdir: Path, kind: str, tag: str) -> list[Any]:
@@ -234,14 +264,15 @@ def events(logdir: Path, kind: str, tag: str) -> list[Any]:
 
 
 @pytest.mark.slow
-def test_train_unconditional(tmp_path: Path) -> None:
+def test_train_unconditional(ports: dict[str, Run]) -> None:
     """The diffusers script trains, checkpoints, samples and saves its pipeline on 2 processes, with Accelerate's
     learning-rate curve (cosine schedule counted in the unprepared dataloader's batches)."""
     from diffusers import DDPMPipeline
     from diffusers.optimization import get_scheduler
 
-    result = run_unconditional(tmp_path)
-    ddpm = tmp_path / "ddpm"
+    result = ports["plain"] if "plain" in ports else run_unconditional(Path("missing"))  # skips: no tensorboard
+    assert result.returncode == 0, str(result)
+    ddpm = result.out / "ddpm"
     pipeline = DDPMPipeline.from_pretrained(ddpm)
     assert pipeline.unet.config.block_out_channels == [8, 16]
     images = pipeline(batch_size=1, num_inference_steps=2, output_type="np").images
@@ -269,30 +300,25 @@ def test_train_unconditional(tmp_path: Path) -> None:
     ]  # tracker.add_images(...) through get_tracker("tensorboard")
 
 
-#: the main process saves alone (diffusers' `if accelerator.is_main_process: accelerator.save_state(save_path)`) once
-#: the other process has not come for this long (accel.checkpoint.solo)
-SAVE_ALONE = {"ACCEL_SAVE_JOIN_TIMEOUT": "0.5"}
-
-
 @pytest.mark.slow
-def test_train_unconditional_checkpointing(tmp_path: Path) -> None:
+def test_train_unconditional_checkpointing(tmp_path: Path, ports: dict[str, Run]) -> None:
     """A checkpoint every 2 optimizer steps (at most 2 kept), saved by the main process alone as the script does,
     then ``--resume_from_checkpoint latest`` from the one after step 6 (mid-epoch 2): the script loads the state,
     skips the 2 batches of the epoch it already did, and does steps 7 and 8 with the learning rates of the
     uninterrupted run."""
     import shutil
 
-    every_2 = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "2"]
-    full = run_unconditional(tmp_path / "full", *every_2, timeout=180, env=SAVE_ALONE)
+    full = ports["full"] if "full" in ports else run_unconditional(Path("missing"))  # skips: no tensorboard
+    assert full.returncode == 0, str(full)
     full_lrs = full.lrs
-    ddpm = tmp_path / "full" / "ddpm"
+    ddpm = full.out / "ddpm"
     assert sorted(p.name for p in ddpm.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"], full
     resume = tmp_path / "resume"
     resume.mkdir()
     for name in ("images", "unet", "ddpm"):
-        shutil.copytree(tmp_path / "full" / name, resume / name)
+        shutil.copytree(full.out / name, resume / name)
     shutil.rmtree(resume / "ddpm" / "checkpoint-8")
-    resumed = run_unconditional(resume, *every_2, "--resume_from_checkpoint", "latest", env=SAVE_ALONE)
+    resumed = run_unconditional(resume, *EVERY_2, "--resume_from_checkpoint", "latest", env=SAVE_ALONE)
     assert "Resuming from checkpoint checkpoint-6" in resumed.stdout + resumed.stderr, resumed
     assert resumed.lrs == pytest.approx(full_lrs[6:], rel=1e-6), (resumed.lrs, full_lrs)
 
@@ -310,9 +336,8 @@ def test_train_unconditional_same_as_accelerate(tmp_path: Path) -> None:
     out = tmp_path / "accelerate"
     make_images(out / "images", IMAGES)
     make_unet_config(out / "unet")
-    every_2 = ["--checkpointing_steps", "2", "--checkpoints_total_limit", "2"]
     upstream = str(PORTS["train_unconditional"].upstream.relative_to(HERE))
-    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *every_2], env=torchvision_env(), timeout=600)
+    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *EVERY_2], env=torchvision_env(), timeout=600)
     theirs = run_accelerate(case, out, python)
     assert theirs.returncode == 0, str(theirs)
     assert sorted(p.name for p in (out / "ddpm").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"], theirs

@@ -48,12 +48,29 @@ if _DIR:
         register_module_forward_hook(_on_forward)
 
     def _write() -> None:
+        if not _DIR:
+            return  # flushed by several.py: nothing left for the exit
         if "RANK" not in os.environ and not (_record["lrs"] or _record["losses"]):
             return  # a launcher process (accel/accelerate launch): nothing of its own to record
         rank = os.environ.get("RANK", "0")
         os.makedirs(_DIR, exist_ok=True)
         with open(os.path.join(_DIR, f"rank{rank}.json"), "w") as f:
             json.dump(_record, f)
+
+    def start(directory: str) -> None:
+        """A fresh record, written to ``directory`` by :func:`flush` (``several.py``: several examples in one
+        process, each with its own record)."""
+        global _DIR
+        _DIR = directory
+        _record["lrs"].clear()
+        _record["losses"].clear()
+        _last["output"] = None
+
+    def flush() -> None:
+        """Write the record now (``several.py``, after each example); nothing is left for the exit."""
+        global _DIR
+        _write()
+        _DIR = ""
 
     # Imported here (every process of a recorded run pays torch's import once): hooks exist before the example runs.
     _install()
