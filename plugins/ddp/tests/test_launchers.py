@@ -66,6 +66,7 @@ def test_debug_launcher_runs_two_cpu_processes_that_see_their_world() -> None:
 
 
 @pytest.mark.smoke
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_end_training_after_a_collective_does_not_hang_in_destroy_process_group() -> None:
     """Before torch 2.8 gloo's process group was destroyed holding the GIL while a worker thread still dropped the
