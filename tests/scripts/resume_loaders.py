@@ -148,7 +148,10 @@ def main() -> None:
     at = sys.argv.index("--variants")
     common = sys.argv[1:at] + sys.argv[at + 2 :]
     for name, extra in variants.items():
-        print(f"=== variant {name}", file=sys.stderr, flush=True)
+        # one write of the whole line: print() writes the text and the newline apart, and the two processes of a
+        # launch share the pipe, so their lines interleaved ("=== variant a=== variant a\n\n")
+        sys.stderr.write(f"=== variant {name}\n")
+        sys.stderr.flush()
         one = parser().parse_args([*common, *extra])
         one.ckpt, one.out = f"{one.ckpt}-{name}", f"{one.out}-{name}"
         try:
