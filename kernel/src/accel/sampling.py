@@ -293,8 +293,8 @@ def rng_states() -> dict[str, Any]:
     return states
 
 
-class _NumpyRead:
-    """The last state read of numpy's global generator, and the generator's raw words (``key[624]``, ``pos``) then."""
+class _LastRead:
+    """The last state read of a global random generator (numpy's, python's), and the generator's raw words then."""
 
     generator: Any = None
     words = b""
@@ -302,7 +302,7 @@ class _NumpyRead:
     usable = False  # the raw words are where this module expects them (checked once per generator)
 
 
-_numpy_read = _NumpyRead()
+_numpy_read = _LastRead()
 _MT_WORDS = 625 * 4  # numpy's mt19937_state: uint32 key[624], int pos
 
 
@@ -335,15 +335,7 @@ def _numpy_state(np_random: Any) -> Any:
     return last.state
 
 
-class _PythonRead:
-    """The last state read of python's global generator (``random``), and its raw words then."""
-
-    words = b""
-    state: Any = None
-    usable: bool | None = None  # None: not checked yet; then whether the words are where this module expects them
-
-
-_python_read = _PythonRead()
+_python_read = _LastRead()
 # CPython's RandomObject: PyObject_HEAD, int index, uint32_t state[624]
 _PY_HEAD, _PY_WORDS = 2 * struct.calcsize("P"), 625 * 4
 
@@ -352,17 +344,17 @@ def _python_state() -> Any:
     """``random.getstate()``, which costs about 24 µs (a tuple of 625 new ints). When the generator's raw words
     (``index`` and ``state[624]`` of CPython's object, 0.5 µs to copy) are those of the last read, nothing has drawn
     from it since, and the last read's words are returned with the cached gaussian as it is now (``gauss()`` can use
-    that up without drawing). Checked against a full read once per process; where the layout does not match (another
-    Python), every call reads."""
+    that up without drawing). Where the words are not laid out as expected (checked against a full read once per
+    generator; another Python), every call reads."""
     last, inst = _python_read, getattr(random.getstate, "__self__", None)  # random's hidden global generator
     if not isinstance(inst, random.Random):
         return random.getstate()
-    if last.usable is None:
+    if inst is not last.generator:
         state = random.getstate()
         words = ctypes.string_at(id(inst) + _PY_HEAD, _PY_WORDS)
         index, *key = struct.unpack(f"i{_PY_WORDS // 4 - 1}I", words)
-        last.usable = sys.implementation.name == "cpython" and tuple(key) + (index,) == state[1]
-        last.words, last.state = words, state
+        usable = sys.implementation.name == "cpython" and tuple(key) + (index,) == state[1]
+        last.generator, last.words, last.state, last.usable = inst, words, state, usable
         return state
     if not last.usable:
         return random.getstate()
