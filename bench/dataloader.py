@@ -88,7 +88,8 @@ def interleaved_pass(loaders: dict[str, Any]) -> dict[str, float]:
     """One whole pass of every loader, their batches taken in turn (the order flips every batch), each loader's
     samples/s from the time spent in its own ``iter()`` and ``next()`` calls. Over windows of 50 ms or more this
     machine's speed drifts by +-30 % (a loader timed against itself in alternate passes); batch by batch, both
-    loaders see the same drift, and with workers, their worker processes run side by side."""
+    loaders see the same drift. For loaders without workers: with workers, the loaders' worker processes would
+    compete for the cores (see :func:`case`)."""
     seconds = dict.fromkeys(loaders, 0.0)
     samples = dict.fromkeys(loaders, 0)
     iterators = {}
@@ -127,7 +128,6 @@ def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {name: [] for name in loaders}
     for loader in loaders.values():
         one_pass(loader)  # warm-up
-    interleaved_pass(loaders)
     for r in range(rounds):
         names = list(loaders) if r % 2 == 0 else list(reversed(loaders))
         if workers:  # each loader alone with its workers, one pass after the other
