@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import runpy
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -68,33 +67,10 @@ def run_one(entry: dict, rank: str) -> int:
     return code
 
 
-def own_store(index: int, rank: str) -> dict[str, str]:
-    """The environment that gives example ``index`` a rendezvous store of its own: process 0 hosts it on a free port
-    (``init_process_group``'s ``env://`` with ``TORCHELASTIC_USE_AGENT_STORE`` off) and tells the others through the
-    launcher's store. An example that ends its process group (``end_training``) leaves its addresses in the store it
-    used; the next one, with the same group name, would read them and wait forever on the dead group."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    agent = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=300)
-    )
-    key = f"several/{index}/port"
-    if rank == "0":
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        agent.set(key, str(port))
-    return {"MASTER_PORT": agent.get(key).decode(), "TORCHELASTIC_USE_AGENT_STORE": "False"}
-
-
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     rank = os.environ.get("RANK", "0")
-    for index, entry in enumerate(plan):
-        if index:
-            entry["env"].update(own_store(index, rank))
+    for entry in plan:  # each example's Kernel starts a group of its own (accel.spi.restart_store_args keys it apart)
         code = run_one(entry, rank)
         if code:
             print(f"several.py: {entry['name']} exited {code} on process {rank}", file=sys.stderr)
