@@ -7,14 +7,15 @@ For each case (map-style or iterable dataset; with or without random augmentatio
 one process), and of the prepared loader with ``Kernel(reseed_workers=False)`` (no per-batch worker seeds; with
 ``num_workers=0`` or an iterable dataset it is the same loader). Without workers the passes are interleaved batch by
 batch (see :func:`interleaved_pass`); with workers each loader makes its pass alone (its workers started afresh,
-``persistent_workers=False``), the order alternating from round to round, and the CPU seconds of the process and its
-workers are counted too. Reported: samples/s medians, the median of the per-round ratios to raw with their range and
+``persistent_workers=False``) over 4x the samples, the loaders taking turns in every order from round to round, and
+the CPU seconds of the process and its workers are counted too. Reported: samples/s medians, the median of the per-round ratios to raw with their range and
 middle half, and the median ratio of CPU time per sample.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -30,6 +31,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SAMPLES, BATCH = 4096, 64
+#: samples of a pass with worker processes: 4x, so that starting and joining the workers, and the machine's drift, weigh
+#: less in a pass's time (a pass of 4096 samples took 0.2-0.4 s with 2-4 workers)
+WORKER_SAMPLES = 4 * SAMPLES
 
 
 def sample(i: int, augment: bool) -> tuple[torch.Tensor, int]:
@@ -47,11 +51,11 @@ def sample(i: int, augment: bool) -> tuple[torch.Tensor, int]:
 
 
 class MapData(Dataset):  # type: ignore[type-arg]
-    def __init__(self, augment: bool):
-        self.augment = augment
+    def __init__(self, augment: bool, samples: int = SAMPLES):
+        self.augment, self.samples = augment, samples
 
     def __len__(self) -> int:
-        return SAMPLES
+        return self.samples
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return sample(i, self.augment)
@@ -60,13 +64,13 @@ class MapData(Dataset):  # type: ignore[type-arg]
 class StreamData(IterableDataset):  # type: ignore[type-arg]
     """A stream that splits itself over worker processes, as the torch docs write one."""
 
-    def __init__(self, augment: bool):
-        self.augment = augment
+    def __init__(self, augment: bool, samples: int = SAMPLES):
+        self.augment, self.samples = augment, samples
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         info = get_worker_info()
         start, step = (0, 1) if info is None else (info.id, info.num_workers)
-        for i in range(start, SAMPLES, step):
+        for i in range(start, self.samples, step):
             yield sample(i, self.augment)
 
 
@@ -114,7 +118,8 @@ def interleaved_pass(loaders: dict[str, Any]) -> dict[str, float]:
 def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
     from accel import Kernel
 
-    data = MapData(augment) if kind == "map" else StreamData(augment)
+    samples = WORKER_SAMPLES if workers else SAMPLES
+    data = MapData(augment, samples) if kind == "map" else StreamData(augment, samples)
     shuffle = {"shuffle": True} if kind == "map" else {}
     raw = DataLoader(data, batch_size=BATCH, num_workers=workers, **shuffle)
     loaders = {
@@ -128,8 +133,10 @@ def case(kind: str, augment: bool, workers: int, rounds: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {name: [] for name in loaders}
     for loader in loaders.values():
         one_pass(loader)  # warm-up
+    # every order of the loaders in turn (with three, each takes each place alike)
+    orders = list(itertools.permutations(loaders))
     for r in range(rounds):
-        names = list(loaders) if r % 2 == 0 else list(reversed(loaders))
+        names = list(orders[r % len(orders)])
         if workers:  # each loader alone with its workers, one pass after the other
             for name in names:
                 rate, cpu_s = one_pass(loaders[name])

@@ -187,8 +187,8 @@ def ddp_sizes(repeats: int) -> str:
     model sizes, fp32 and bf16 autocast, with and without accumulation. ``repeats`` scales the rounds."""
     rows = [
         "| model | precision | accumulation | raw DDP (steps/s) | accel (steps/s) | accel / raw (median) "
-        "| middle half of the rounds | rounds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| middle half of the rounds | CPU time, raw / accel (median) | rounds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     # Rounds: the tiny model's per-round ratios spread over +-25 % (a gloo all-reduce of 7k parameters is mostly
     # waiting on the other process), so it needs hundreds of rounds for its median to settle within a percent.
@@ -208,7 +208,7 @@ def ddp_sizes(repeats: int) -> str:
                 rows.append(
                     f"| {label} | {'fp32' if precision == 'no' else 'bf16 autocast'} | {accum} "
                     f"| {got['raw_steps_per_s']:.1f} | {got['steps_per_s']:.1f} | {ratio:.3f} | {q1:.3f}-{q3:.3f} "
-                    f"| {got['rounds']} |"
+                    f"| {cpu_ratio(got)} | {got['rounds']} |"
                 )
     return "\n".join(rows) + (
         "\n\nOne `accel launch -n 2 --plugin ddp` per row: each process builds accel's prepared model and a raw "
@@ -217,8 +217,16 @@ def ddp_sizes(repeats: int) -> str:
         "falls on both alike. The ratio is the median over rounds of raw block time / accel block time; the "
         "middle half of the rounds shows the spread. bf16: accel's `mixed_precision='bf16'` against the raw loop's "
         "`torch.autocast(dtype=torch.bfloat16)` around forward and loss. Accumulation: the raw loop's `no_sync()` "
-        "against accel's `accumulate()`."
+        "against accel's `accumulate()`. The CPU column compares the CPU seconds each block cost the process (all "
+        "its threads, gloo's included): a block's wall time also counts the time the process waited for a core or "
+        "for the other process, which on a shared 2-core machine is most of the spread, its CPU time only the work "
+        "the loop made. The target is read on the wall-time ratio."
     )
+
+
+def cpu_ratio(got: dict[str, Any]) -> str:
+    value = got.get("cpu_ratio_to_raw")
+    return "-" if value is None else f"{value:.3f}"
 
 
 def dataloader_section(repeats: int) -> str:
@@ -257,12 +265,13 @@ def dataloader_section(repeats: int) -> str:
             f"| {prepared['q1']:.2f}-{prepared['q3']:.2f} | {cpu(prepared)} | {off_cells} |"
         )
     return "\n".join(rows) + (
-        f"\n\n{got['rounds']} rounds, each a whole pass (4096 image-like 3x32x32 samples, batch 64) of every loader. "
+        f"\n\n{got['rounds']} rounds, each a whole pass (4096 image-like 3x32x32 samples, batch 64; 16384 with "
+        "workers) of every loader. "
         "Without workers the loaders' batches are taken in turn within the pass (the order flips every batch) and "
         "each loader is timed by its own `next()` calls: over windows of 50 ms or more this machine's speed drifts "
         "by +-30 %, batch by batch both loaders see the same drift. With workers each loader makes its pass alone, "
-        "with its own worker processes (`persistent_workers=False`: started afresh every pass), the order "
-        "alternating from round to round; those wall-time ratios spread widely (2-4 worker processes on 2 shared "
+        "with its own worker processes (`persistent_workers=False`: started afresh every pass), the loaders "
+        "taking turns in every order from round to round; those wall-time ratios spread widely (2-4 worker processes on 2 shared "
         "cores), so the CPU time per sample of the process and its worker processes is given beside them. Ratios "
         "are medians of the per-round ratios. Augmented: random crop of a padded image, random flip and noise in "
         "the dataset's `__getitem__`. The iterable dataset splits itself over worker processes. With worker "

@@ -237,14 +237,26 @@ def main() -> None:
         chunk = -(-block // args.accum) * args.accum  # whole accumulation cycles
         fw_s: list[float] = []
         raw_s: list[float] = []
+        # CPU seconds of this process (all its threads: gloo's too) per block beside the wall time: a block's wall
+        # time also counts the time this process waited for the core or for the other process, its CPU time only
+        # the work its loop made
+        fw_c: list[float] = []
+        raw_c: list[float] = []
+
+        def timed(run: Callable[[int], float], wall: list[float], cpu: list[float]) -> None:
+            start = time.process_time()
+            wall.append(run(chunk))
+            cpu.append(time.process_time() - start)
+
         for r in range(max(2, steps // chunk)):
             if r % 2:
-                fw_s.append(fw(chunk))
-                raw_s.append(raw(chunk))
+                timed(fw, fw_s, fw_c)
+                timed(raw, raw_s, raw_c)
             else:
-                raw_s.append(raw(chunk))
-                fw_s.append(fw(chunk))
+                timed(raw, raw_s, raw_c)
+                timed(fw, fw_s, fw_c)
         ratios = sorted(r / f for f, r in zip(fw_s, raw_s, strict=True))
+        cpu_ratios = [r / f for f, r in zip(fw_c, raw_c, strict=True) if f > 0]
         result = {
             "impl": args.impl,
             "model": args.model,
@@ -253,6 +265,7 @@ def main() -> None:
             "ratio_to_raw": statistics.median(ratios),
             "rounds": len(ratios),
             "ratio_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+            "cpu_ratio_to_raw": statistics.median(cpu_ratios) if cpu_ratios else None,
         }
     if rank == 0:
         print(json.dumps(result))
