@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml)))
 
-.PHONY: setup demo lint test test-fast test-all test-xla setup-ipex test-ipex setup-slurm clean docs
+.PHONY: setup demo lint test test-fast test-all setup-xla test-xla setup-ipex test-ipex setup-slurm clean docs
 
 setup: $(VENV)/.installed
 
@@ -62,19 +62,21 @@ test-fast: setup
 # their own venvs, then each plugin's folder collected with only that plugin installed (the quick tests of every
 # folder alone, `make test-plugin-alone`, take ≈12 min on the 2-core machine, so CI does not run them), then the torch
 # matrix: the smoke tests on the declared floor (torch 2.7.0) and on the newest torch (2.14.1), each in its own slim
-# venv (`make test-torch-matrix`). The two matrix venvs are built in the background while the main suite runs (their
-# pip steps wait mostly on the network and the disk: ≈4.5 min cold), their output in torch-matrix-build.log, shown
-# when the build fails; the smoke runs come last (docs/design.md "The torch matrix in CI").
+# venv (`make test-torch-matrix`). The venvs of everything after the main suite (XLA, IPEX, plugins alone, the two
+# torches: LATER_VENVS) are built in the background while the main suite runs (their pip steps wait mostly on the
+# network and the disk, and they install with --no-compile), their output in venv-build.log, shown when a build
+# fails; the suites that use them come after (docs/design.md "The torch matrix in CI").
+LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
 test-all: setup-slurm
-	@echo "== building the torch-matrix venvs in the background (torch-matrix-build.log)"; \
-	$(MAKE) --no-print-directory -j$(words $(TORCH_MATRIX)) --output-sync=target $(TORCH_MATRIX:%=torch-venv-%) \
-		> torch-matrix-build.log 2>&1 & build=$$!; \
+	@echo "== building the venvs of the later suites in the background (venv-build.log)"; \
+	$(MAKE) --no-print-directory -j$(words $(LATER_VENVS)) --output-sync=target $(LATER_VENVS) \
+		> venv-build.log 2>&1 & build=$$!; \
 	status=0; \
-	$(MAKE) --no-print-directory test test-xla test-ipex test-plugin-alone-smoke || status=$$?; \
-	if wait $$build; then echo "== torch-matrix venvs built"; \
-	else echo "== building the torch-matrix venvs failed:"; cat torch-matrix-build.log; status=1; fi; \
+	$(MAKE) --no-print-directory test || status=$$?; \
+	if wait $$build; then echo "== venvs built"; \
+	else echo "== building the venvs failed:"; cat venv-build.log; status=1; fi; \
 	[ $$status = 0 ] || exit $$status; \
-	$(MAKE) --no-print-directory $(TORCH_MATRIX:%=test-torch-%)
+	$(MAKE) --no-print-directory test-xla test-ipex test-plugin-alone-smoke $(TORCH_MATRIX:%=test-torch-%)
 
 # Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
 # venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test
@@ -90,8 +92,8 @@ ALONE_DEPS := "deepspeed>=0.19,<0.20" "mlflow-skinny>=2.12,<4" "wandb>=0.17,<1" 
 $(ALONE_VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-dev.txt Makefile
 	test -x $(ALONE_BIN)/python || $(PY) -m venv $(ALONE_VENV)
 	$(ALONE_BIN)/python -m pip install -q --upgrade pip
-	$(ALONE_BIN)/python -m pip install -q $(TORCH)          # first: never let pip pick a (CUDA) torch
-	$(ALONE_BIN)/python -m pip install -q $(TORCH) -r requirements-dev.txt $(ALONE_DEPS)
+	$(ALONE_BIN)/python -m pip install -q --no-compile $(TORCH)          # first: never let pip pick a (CUDA) torch
+	$(ALONE_BIN)/python -m pip install -q --no-compile $(TORCH) -r requirements-dev.txt $(ALONE_DEPS)
 	$(ALONE_BIN)/python -m pip install -q --no-build-isolation -e kernel
 	touch $@
 
@@ -134,15 +136,17 @@ XLA_CHECK := import importlib.metadata as m, sys; \
 $(XLA_VENV)/.installed: kernel/pyproject.toml plugins/xla/pyproject.toml Makefile
 	test -x $(XLA_VENV)/bin/python || $(PY) -m venv $(XLA_VENV)
 	$(XLA_VENV)/bin/python -m pip install -q --upgrade pip
-	$(XLA_VENV)/bin/python -m pip install -q torch==$(XLA_TORCH_VERSION) torch-xla==$(XLA_VERSION)  # torch named first, same command
+	$(XLA_VENV)/bin/python -m pip install -q --no-compile torch==$(XLA_TORCH_VERSION) torch-xla==$(XLA_VERSION)  # torch named first, same command
 	$(XLA_VENV)/bin/python -m pip install -q "setuptools>=77" wheel pytest pytest-timeout scikit-learn
 	$(XLA_VENV)/bin/python -m pip install -q --no-build-isolation -e kernel -e plugins/xla
 	$(XLA_VENV)/bin/python -c '$(XLA_CHECK)'
 	touch $@
 
-test-xla:
+setup-xla:
 	@$(XLA_VENV)/bin/python -c '$(XLA_CHECK)' 2>/dev/null || rm -f $(XLA_VENV)/.installed
-	$(MAKE) --no-print-directory $(XLA_VENV)/.installed
+	@$(MAKE) --no-print-directory $(XLA_VENV)/.installed
+
+test-xla: setup-xla
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest plugins/xla/tests
 
 # accel-plugin-ipex is tested in its own venv: intel-extension-for-pytorch 2.8.0 (its last release) only loads with
@@ -161,7 +165,7 @@ setup-ipex:
 $(IPEX_VENV)/.installed: kernel/pyproject.toml plugins/ipex/pyproject.toml plugins/amp/pyproject.toml plugins/ddp/pyproject.toml Makefile
 	test -x $(IPEX_BIN)/python || $(PY) -m venv $(IPEX_VENV)
 	$(IPEX_BIN)/python -m pip install -q --upgrade pip
-	$(IPEX_BIN)/python -m pip install -q $(IPEX_TORCH) $(IPEX_PKG)   # together, torch pinned: never let pip pick it
+	$(IPEX_BIN)/python -m pip install -q --no-compile $(IPEX_TORCH) $(IPEX_PKG)   # together, torch pinned: never let pip pick it
 	$(IPEX_BIN)/python -m pip install -q numpy pluggy PyYAML packaging safetensors questionary "setuptools>=77" wheel \
 		pytest pytest-timeout scikit-learn
 	$(IPEX_BIN)/python -m pip install -q --no-build-isolation -e kernel -e plugins/ipex -e plugins/amp -e plugins/ddp
