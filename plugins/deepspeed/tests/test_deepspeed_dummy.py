@@ -132,11 +132,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 class Launch:
     out: Path
     proc: subprocess.CompletedProcess[str]
+    last: str  # the last case: a launch that fails after it (at exit) fails its test
 
     def ranks(self, name: str) -> list[dict[str, Any]]:
         """The two processes' records of one case; a failure naming the case (and the launch's output) without."""
         files = [self.out / name / f"rank{r}.json" for r in (0, 1)]
-        if not all(f.exists() for f in files):
+        if not all(f.exists() for f in files) or (name == self.last and self.proc.returncode):
             pytest.fail(
                 f"case {name}: no result (launch exit {self.proc.returncode})\n"
                 + self.proc.stdout[-3000:]
@@ -169,7 +170,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         timeout=850,
         cwd=tmp,
     )
-    return Launch(out, proc)
+    return Launch(out, proc, cases[-1][0])
 
 
 def warmup_decay(steps: int) -> list[float]:
