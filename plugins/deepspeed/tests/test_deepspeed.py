@@ -528,8 +528,9 @@ class Launch:
         finished = all((self.out / name / f"done{rank}").exists() for rank in (0, 1))
         if not (path.exists() and finished) or (name == self.last and self.proc.returncode):
             pytest.fail(
-                f"case {name}: no result (launch exit {self.proc.returncode})\n"
+                f"case {name}: no result, or the launch failed after it (launch exit {self.proc.returncode})\n"
                 + self.proc.stdout[-3000:]
+                + "\n"
                 + self.proc.stderr[-6000:]
             )
         return self.out / name, json.loads(path.read_text())

@@ -139,8 +139,9 @@ class Launch:
         files = [self.out / name / f"rank{r}.json" for r in (0, 1)]
         if not all(f.exists() for f in files) or (name == self.last and self.proc.returncode):
             pytest.fail(
-                f"case {name}: no result (launch exit {self.proc.returncode})\n"
+                f"case {name}: no result, or the launch failed after it (launch exit {self.proc.returncode})\n"
                 + self.proc.stdout[-3000:]
+                + "\n"
                 + self.proc.stderr[-6000:]
             )
         return [json.loads(f.read_text()) for f in files]
