@@ -509,20 +509,50 @@ def load(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+class Launch:
+    """One ``accel launch -n 2 --plugin deepspeed scripts/deepspeed_cases.py``: the worker scripts of several tests
+    one after another in the same two processes (one import of torch and DeepSpeed each), each under OUT/<name>."""
+
+    def __init__(self, tmp: Path, names: list[str]) -> None:
+        self.out, self.last = tmp / "out", names[-1]
+        self.proc = run(
+            [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_cases.py")]
+            + [str(self.out), ",".join(names)],
+            tmp,
+        )
+
+    def result(self, name: str) -> tuple[Path, dict[str, Any]]:
+        """The output folder and result.json of one script; a failure naming it (and the launch's output) unless both
+        processes finished it (and, for the last one, the launch exited 0)."""
+        path = self.out / name / "result.json"
+        finished = all((self.out / name / f"done{rank}").exists() for rank in (0, 1))
+        if not (path.exists() and finished) or (name == self.last and self.proc.returncode):
+            pytest.fail(
+                f"case {name}: no result, or the launch failed after it (launch exit {self.proc.returncode})\n"
+                + self.proc.stdout[-3000:]
+                + "\n"
+                + self.proc.stderr[-6000:]
+            )
+        return self.out / name, json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """The resume script, then the ZeRO/DDP matrix (only where the ddp plugin is installed: its DDP reference)."""
+    from accel.plugins import scan_entry_points
+
+    with_ddp = "ddp" in {record.name for record in scan_entry_points()}
+    return Launch(tmp_path_factory.mktemp("deepspeed"), ["resume", "matrix"] if with_ddp else ["resume"])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
 @pytest.mark.requires_plugins("ddp")
-def test_zero_stages_match_ddp(tmp_path: Path) -> None:
+def test_zero_stages_match_ddp(launched: Launch) -> None:
     """ZeRO-1/2/3 (and with offload) reproduce the DDP run of the same loop: gradient accumulation 3 with the short
     end-of-epoch cycle, clipping at 0.5, StepLR; the exported weights load into a plain torch module."""
-    out = tmp_path / "out"
-    proc = run(
-        [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_matrix.py"), str(out)],
-        tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = json.loads((out / "result.json").read_text())
+    out, res = launched.result("matrix")
     ddp, ddp_weights = res["ddp"], load(out / "ddp.safetensors")
     assert len(ddp["losses"]) == 16 and len(ddp["norms"]) == 6  # 2 epochs x (3 + 3 + 2 micro-batches)
     # StepLR(step_size=2) under Accelerate's rule: 6 optimizer steps x 2 processes = 12 scheduler steps
@@ -620,7 +650,7 @@ def test_example_runs_unchanged_with_a_json_config(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the first DeepSpeed process group of a clean workspace compiles an op
 @pytest.mark.multiprocess
-def test_save_state_resumes_exactly(tmp_path: Path) -> None:
+def test_save_state_resumes_exactly(launched: Launch) -> None:
     """kernel.save_state/load_state with DeepSpeed's checkpoint inside accel's: resuming is bitwise exact (fp32
     and bf16: DeepSpeed stores the fp32 master weights and optimizer states as they are), into a fresh engine and
     into the same engine; save_model exports the gathered ZeRO-3 weights."""
@@ -628,13 +658,7 @@ def test_save_state_resumes_exactly(tmp_path: Path) -> None:
 
     if not hasattr(Kernel, "save_state"):
         pytest.skip("this kernel has no save_state yet")
-    out = tmp_path / "out"
-    proc = run(
-        [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_resume.py"), str(out)],
-        tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = json.loads((out / "result.json").read_text())
+    out, res = launched.result("resume")
     assert "save_state in the middle of gradient accumulation" in res.pop("mid_cycle")
     assert "does not fit this optimizer" in res.pop("ddp_into_zero")
     assert not (out / "mid_cycle").exists()

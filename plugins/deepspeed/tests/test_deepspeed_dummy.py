@@ -1,14 +1,15 @@
 """accel-plugin-deepspeed and Accelerate's DeepSpeed idioms: a config file with ``optimizer``/``scheduler``
 sections used through ``DummyOptim``/``DummyScheduler``, and a scheduler built before ``prepare()`` over an
 optimizer with an empty parameter group (DeepSpeed drops the group inside ``prepare()``). Real DeepSpeed on 2 CPU
-processes over gloo (ZeRO-2 and ZeRO-3), as plugins/deepspeed/tests/test_deepspeed.py."""
+processes over gloo (ZeRO-2 and ZeRO-3), as plugins/deepspeed/tests/test_deepspeed.py; every launched case runs in one
+launch (the ``launched`` fixture), each with its own Kernel, model and optimizer and its own records."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,18 +118,60 @@ def test_dummy_mistakes_are_one_line_each(tmp_path: Path) -> None:
     }
 
 
-def launch(tmp: Path, mode: str, flags: list[str]) -> list[dict[str, Any]]:
-    out = Path(tempfile.mkdtemp(prefix=f"out-{mode}-", dir=tmp))
+#: The launched cases: name -> (script mode, the Kernel's options); "{config}" is the path of a file with SECTIONS.
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "dummy_zero2": ("dummy", {"plugins": ["deepspeed"], "zero_stage": 2, "deepspeed_config_file": "{config}"}),
+    "dummy_zero3": ("dummy", {"plugins": ["deepspeed"], "zero_stage": 3, "deepspeed_config_file": "{config}"}),
+    "empty_zero2": ("empty", {"plugins": ["deepspeed"], "zero_stage": 2}),
+    "empty_zero3": ("empty", {"plugins": ["deepspeed"], "zero_stage": 3}),
+    "empty_ddp": ("empty", {"plugins": ["ddp"]}),
+}
+
+
+@dataclass
+class Launch:
+    out: Path
+    proc: subprocess.CompletedProcess[str]
+    last: str  # the last case: a launch that fails after it (at exit) fails its test
+
+    def ranks(self, name: str) -> list[dict[str, Any]]:
+        """The two processes' records of one case; a failure naming the case (and the launch's output) without."""
+        files = [self.out / name / f"rank{r}.json" for r in (0, 1)]
+        if not all(f.exists() for f in files) or (name == self.last and self.proc.returncode):
+            pytest.fail(
+                f"case {name}: no result, or the launch failed after it (launch exit {self.proc.returncode})\n"
+                + self.proc.stdout[-3000:]
+                + "\n"
+                + self.proc.stderr[-6000:]
+            )
+        return [json.loads(f.read_text()) for f in files]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """Every case of CASES in one ``accel launch -n 2 --plugin deepspeed`` (the ddp case only where the ddp plugin
+    is installed): each process imports torch and DeepSpeed once for all of them."""
+    from accel.plugins import scan_entry_points
+
+    tmp = tmp_path_factory.mktemp("dummy")
+    config = write(tmp, "ds.json", SECTIONS)
+    installed = {record.name for record in scan_entry_points()}
+    cases = [
+        [name, mode, {k: config if v == "{config}" else v for k, v in options.items()}]
+        for name, (mode, options) in CASES.items()
+        if set(options["plugins"]) <= installed
+    ]
+    out = tmp / "out"
     proc = subprocess.run(
-        [ACCEL, "launch", "-q", "-n", "2", *flags, str(SCRIPTS / "deepspeed_dummy.py"), str(out), mode],
+        [ACCEL, "launch", "-q", "-n", "2", "--plugin", "deepspeed", str(SCRIPTS / "deepspeed_dummy.py"), str(out)]
+        + [json.dumps(cases)],
         env=deepspeed_env(tmp),
         capture_output=True,
         text=True,
         timeout=850,
         cwd=tmp,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return Launch(out, proc, cases[-1][0])
 
 
 def warmup_decay(steps: int) -> list[float]:
@@ -151,11 +194,8 @@ def warmup_decay(steps: int) -> list[float]:
 @pytest.mark.timeout(900)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [2, 3])
-def test_config_optimizer_and_scheduler_through_dummies(tmp_path: Path, stage: int) -> None:
-    path = write(tmp_path, "ds.json", SECTIONS)
-    ranks = launch(
-        tmp_path, "dummy", ["--plugin", "deepspeed", "--zero_stage", str(stage), "--deepspeed_config_file", path]
-    )
+def test_config_optimizer_and_scheduler_through_dummies(launched: Launch, stage: int) -> None:
+    ranks = launched.ranks(f"dummy_zero{stage}")
     expected = warmup_decay(12)
     for rec in ranks:
         assert rec["optimizer"] == "AdamW"  # built by the engine from the config (torch_adam)
@@ -169,9 +209,9 @@ def test_config_optimizer_and_scheduler_through_dummies(tmp_path: Path, stage: i
 @pytest.mark.timeout(900)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [2, 3])
-def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_path: Path, stage: int) -> None:
+def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(launched: Launch, stage: int) -> None:
     """Without the fix: `ValueError: zip() argument 2 is longer than argument 1` at the first scheduler.step()."""
-    ranks = launch(tmp_path, "empty", ["--plugin", "deepspeed", "--zero_stage", str(stage)])
+    ranks = launched.ranks(f"empty_zero{stage}")
     # LambdaLR(1 / (1 + step)) under Accelerate's rule: 2 scheduler steps per optimizer step on 2 processes
     expected = [0.05 / (1 + 2 * step) for step in range(1, 13)]
     for rec in ranks:
@@ -188,8 +228,8 @@ def test_scheduler_built_before_prepare_survives_the_dropped_empty_group(tmp_pat
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.requires_plugins("ddp")
-def test_the_same_script_under_ddp_has_the_same_learning_rates(tmp_path: Path) -> None:
-    ranks = launch(tmp_path, "empty", [])
+def test_the_same_script_under_ddp_has_the_same_learning_rates(launched: Launch) -> None:
+    ranks = launched.ranks("empty_ddp")
     # LambdaLR(1 / (1 + step)) under Accelerate's rule: 2 scheduler steps per optimizer step on 2 processes
     expected = [0.05 / (1 + 2 * step) for step in range(1, 13)]
     for rec in ranks:

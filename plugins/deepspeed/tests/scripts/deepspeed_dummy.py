@@ -1,10 +1,16 @@
-"""Worker script of tests/test_utils_deepspeed.py (``accel launch -n 2 --plugin deepspeed``).
+"""Worker script of plugins/deepspeed/tests/test_deepspeed_dummy.py (``accel launch -n 2 --plugin deepspeed``).
+
+``deepspeed_dummy.py OUT CASES``: CASES is a JSON list of ``[name, mode, kernel_options]``; the cases run one after
+another in this launch's processes (one ``import torch``/deepspeed for all), each with a fresh ``Kernel(**options)``,
+model, optimizer and loader, over the one process group this script creates (each Kernel uses it, as under one
+launch per case the Kernel would create it). A case that fails ends the processes: its result and the later ones are
+missing, and the test says which.
 
 MODE ``dummy``: the DeepSpeed config file has ``optimizer`` and ``scheduler`` sections full of "auto"; the script
 passes ``DummyOptim`` / ``DummyScheduler`` (Accelerate's way) over two parameter groups. MODE ``empty``: the script's
 own AdamW over two groups, the second one empty (as the no-weight-decay group of a model without biases or norms),
 and a LambdaLR built before ``prepare()`` (DeepSpeed drops the empty group inside ``prepare()``). Each rank writes
-OUT/rank<r>.json with the learning rates seen at every step and the losses.
+OUT/<name>/rank<r>.json with the learning rates seen at every step and the losses.
 """
 
 from __future__ import annotations
@@ -12,19 +18,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
 
-OUT, MODE = Path(sys.argv[1]), sys.argv[2]
 STEPS_PER_EPOCH, EPOCHS, WARMUP = 6, 2, 3
 
 
-def main() -> None:
-    kernel = Kernel()
+def run(out: Path, mode: str, options: dict[str, Any]) -> None:
+    kernel = Kernel(**options)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     gen = torch.Generator().manual_seed(1)
@@ -33,7 +40,7 @@ def main() -> None:
     total = len(loader) * EPOCHS  # counted before prepare(), over the whole dataset (Accelerate's examples)
     weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
     biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
-    if MODE == "dummy":
+    if mode == "dummy":
         from accel.utils import DummyOptim, DummyScheduler
 
         groups = [{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}]
@@ -64,13 +71,13 @@ def main() -> None:
             losses.append(loss.item())
     # save_state / load_state carry the scheduler's position (the engine's scheduler under DummyScheduler)
     saved_state = scheduler.state_dict()
-    kernel.save_state(OUT / "ckpt")
+    kernel.save_state(out / "ckpt")
     for group in optimizer.param_groups:
         group["lr"] = 123.0
     scheduler.load_state_dict({k: 0 if isinstance(v, int) else v for k, v in saved_state.items()})
-    kernel.load_state(OUT / "ckpt")
+    kernel.load_state(out / "ckpt")
     restored = [scheduler.state_dict() == saved_state, [g["lr"] for g in optimizer.param_groups] == lrs[-1][1]]
-    (OUT / f"rank{kernel.process_index}.json").write_text(
+    (out / f"rank{kernel.process_index}.json").write_text(
         json.dumps(
             {
                 "restored": restored,
@@ -84,6 +91,16 @@ def main() -> None:
         )
     )
     kernel.end_training()
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    for name, mode, options in json.loads(sys.argv[2]):
+        out = Path(sys.argv[1]) / name
+        out.mkdir(parents=True, exist_ok=True)
+        run(out, mode, options)
+        print(f"case {name}: done", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ loop under several Kernels: DDP (the reference), ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-2 
 the CPU, ZeRO-2 in bf16, a student trained against a frozen teacher (DDP and ZeRO-3), and the refusal of a second
 trained model. Gradient accumulation is 3 over 8 batches per epoch, so every epoch ends with a short cycle that the
 kernel syncs early. Results go to OUT/result.json (process 0) and OUT/<name>.safetensors (exported weights).
+:func:`run` runs it all in a process group that exists already (deepspeed_cases.py runs it beside other scripts).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel, UsageError
 
-OUT = Path(sys.argv[1])
-ONLY = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 GAS = 3
 CLIP = 0.5
 
@@ -40,7 +39,7 @@ def data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def train(name: str, kernel: Kernel, teacher: bool = False) -> dict:
+def train(out: Path, name: str, kernel: Kernel, teacher: bool = False) -> dict:
     """The DDP script's loop, unchanged for every strategy."""
     model = net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
@@ -71,7 +70,7 @@ def train(name: str, kernel: Kernel, teacher: bool = False) -> dict:
     if kernel.is_main_process:
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in state.items()}, OUT / f"{name}.safetensors")
+        save_file({k: v.contiguous() for k, v in state.items()}, out / f"{name}.safetensors")
     result = {
         "losses": losses,
         "norms": norms,
@@ -105,21 +104,25 @@ RUNS = {
 }
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
+def run(out: Path, only: list[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for name, kwargs in RUNS.items():
-        if ONLY and name not in ONLY:
+        if only and name not in only:
             continue
-        results[name] = train(name, Kernel(gradient_accumulation_steps=GAS, **kwargs))
-    if not ONLY or "teacher" in ONLY:
+        results[name] = train(out, name, Kernel(gradient_accumulation_steps=GAS, **kwargs))
+    if not only or "teacher" in only:
         results["teacher_ddp"] = train(
-            "teacher_ddp", Kernel(plugins=["ddp"], gradient_accumulation_steps=GAS), teacher=True
+            out, "teacher_ddp", Kernel(plugins=["ddp"], gradient_accumulation_steps=GAS), teacher=True
         )
         results["teacher_zero3"] = train(
-            "teacher_zero3", Kernel(plugins=["deepspeed"], zero_stage=3, gradient_accumulation_steps=GAS), teacher=True
+            out,
+            "teacher_zero3",
+            Kernel(plugins=["deepspeed"], zero_stage=3, gradient_accumulation_steps=GAS),
+            teacher=True,
         )
         results["teacher_zero3_bf16"] = train(
+            out,
             "teacher_zero3_bf16",
             Kernel(plugins=["deepspeed"], zero_stage=3, mixed_precision="bf16", gradient_accumulation_steps=GAS),
             teacher=True,
@@ -135,11 +138,11 @@ def main() -> None:
             results["two_trained"] = str(exc)
         kernel.end_training()
     if dist.get_rank() == 0:
-        (OUT / "result.json").write_text(json.dumps(results, indent=1))
-    dist.destroy_process_group()
+        (out / "result.json").write_text(json.dumps(results, indent=1))
 
 
-if __name__ == "__main__":
-    OUT.mkdir(parents=True, exist_ok=True)
+if __name__ == "__main__":  # deepspeed_matrix.py OUT [NAME,...]: only those runs ("teacher": the teacher runs)
     os.environ.setdefault("ACCEL_DEEPSPEED_VERBOSE", "")
-    main()
+    dist.init_process_group("gloo")
+    run(Path(sys.argv[1]), sys.argv[2].split(",") if len(sys.argv) > 2 else None)
+    dist.destroy_process_group()

@@ -4,7 +4,8 @@ For each setting (ZeRO-2, ZeRO-3, ZeRO-2 bf16, ZeRO-3 with a frozen teacher prep
 clipping, StepLR) and saves its state after 6 micro-batches (a sync step, mid-epoch). Then a fresh Kernel with
 a differently initialised model loads that checkpoint and finishes the same 2 epochs. The losses after the save
 point and the final weights are compared (exactly), plus: reloading into the *same* engine after it trained on,
-and kernel.save_model's consolidated file. Results: OUT/result.json (process 0).
+and kernel.save_model's consolidated file. Results: OUT/result.json (process 0). :func:`run` runs it all in a process
+group that exists already (deepspeed_cases.py runs it beside other scripts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from accel import CheckpointError, Kernel, UsageError
 from accel.checkpoint import MANIFEST
 
-OUT = Path(sys.argv[1])
 SAVE_AT = 6
 
 
@@ -87,7 +87,7 @@ def weights(kernel: Kernel, model: nn.Module) -> dict[str, list]:
     return {k: v.tolist() for k, v in kernel.get_state_dict(model).items()}
 
 
-def mid_cycle_save_is_refused() -> str:
+def mid_cycle_save_is_refused(out: Path) -> str:
     parts = build(dict(plugins=["deepspeed"], zero_stage=2), seed=0)
     kernel, _, model, optimizer, loader, _, _ = parts
     x, y = next(iter(loader))
@@ -95,7 +95,7 @@ def mid_cycle_save_is_refused() -> str:
         kernel.backward(nn.functional.mse_loss(model(x), y))
         optimizer.step()
     try:
-        kernel.save_state(OUT / "mid_cycle")
+        kernel.save_state(out / "mid_cycle")
         message = "saved"
     except UsageError as exc:
         message = str(exc)
@@ -103,17 +103,16 @@ def mid_cycle_save_is_refused() -> str:
     return message
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group("gloo")
-    results: dict = {"mid_cycle": mid_cycle_save_is_refused()}
+def run(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"mid_cycle": mid_cycle_save_is_refused(out)}
     for name, kwargs in {
         "zero2": dict(zero_stage=2),
         "zero3": dict(zero_stage=3),
         "zero2_bf16": dict(zero_stage=2, mixed_precision="bf16"),
         "zero3_teacher": dict(zero_stage=3, teacher=True),
     }.items():
-        ckpt = OUT / f"ckpt_{name}"
+        ckpt = out / f"ckpt_{name}"
         first = build(dict(plugins=["deepspeed"], **kwargs), seed=0)
         after_save = train(first, save_to=ckpt)
         final = weights(first[0], first[2])
@@ -122,9 +121,9 @@ def main() -> None:
         again = train(first)
         again_final = weights(first[0], first[2])
         if name == "zero3":
-            first[0].save_model(first[2], OUT / "export_zero3")
+            first[0].save_model(first[2], out / "export_zero3")
         # our in-memory gathering gives what DeepSpeed's zero_to_fp32 recovers from its checkpoint files
-        final_dir = first[0].save_state(OUT / f"final_{name}")
+        final_dir = first[0].save_state(out / f"final_{name}")
         same_as_zero_to_fp32 = None
         if dist.get_rank() == 0:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -154,19 +153,20 @@ def main() -> None:
         }
     # a checkpoint of a DDP run does not fit a ZeRO engine: refused before anything is loaded
     ddp = build(dict(plugins=["ddp"]), seed=0)
-    train(ddp, save_to=OUT / "ckpt_ddp")
+    train(ddp, save_to=out / "ckpt_ddp")
     ddp[0].end_training()
     zero = build(dict(plugins=["deepspeed"], zero_stage=2), seed=0)
     try:
-        zero[0].load_state(OUT / "ckpt_ddp")
+        zero[0].load_state(out / "ckpt_ddp")
         results["ddp_into_zero"] = "loaded"
     except CheckpointError as exc:
         results["ddp_into_zero"] = str(exc)
     zero[0].end_training()
     if dist.get_rank() == 0:
-        (OUT / "result.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+        (out / "result.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
-    main()
+    dist.init_process_group("gloo")
+    run(Path(sys.argv[1]))
+    dist.destroy_process_group()
