@@ -38,6 +38,7 @@ from accel.spi import (
     destroy_process_group,
     hookimpl,
     launch_with_torchrun,
+    restart_store_args,
     world_of_one,
 )
 from accel_deepspeed import config as dsconfig
@@ -215,6 +216,13 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         if not dist.is_initialized():
             ops.announce_build(self.local_rank)  # a first run builds an op for minutes: say so, show its output
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
+            from deepspeed.accelerator import get_accelerator
+            from deepspeed.constants import default_pg_timeout
+
+            restart = restart_store_args(os.environ, default_pg_timeout, "accel-deepspeed")
+            if restart:  # a group after an earlier one of this launch: store keys of its own, DeepSpeed adopts it
+                backend = backend or get_accelerator().communication_backend_name()
+                dist.init_process_group(backend=backend, timeout=default_pg_timeout, **restart)
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
 
