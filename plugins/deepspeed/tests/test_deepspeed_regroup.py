@@ -2,7 +2,8 @@
 starts a new one gets a working group again, as the ddp plugin's does (plugins/ddp/tests/test_ddp_regroup.py;
 tests/compat/test_examples.py runs DeepSpeed's ZeRO-2, ZeRO-3 and config-file ports in one launch that way).
 Before: ``deepspeed.init_distributed`` made the new group with the keys of the destroyed one in torchrun's agent
-store, and a process read the other's old address and hung connecting."""
+store, and a process read the other's old address and hung connecting; and the next engine used DeepSpeed's
+cached clone of the destroyed world group ("Group ... is not registered")."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ SCRIPT = textwrap.dedent(
         if k and int(os.environ["RANK"]) == 1:
             time.sleep(1)  # rank 0 reaches the new group first and must not read rank 1's address of the old one
         kernel = Kernel(cpu=True)
+        model = torch.nn.Linear(4, 2)
+        loader = torch.utils.data.DataLoader(torch.ones(8, 4), batch_size=4)
+        model, optimizer, loader = kernel.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+        kernel.backward(model(next(iter(loader))).sum())  # an engine of the new group
+        optimizer.step()
         sums.append(kernel.reduce(torch.tensor([kernel.process_index + 10.0 * k]), "sum").item())
         kernel.end_training()
     print("SUMS", json.dumps(sums), flush=True)

@@ -88,6 +88,17 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
     world_of_one(env)
 
 
+def forget_groups() -> None:
+    """After the default process group is destroyed: DeepSpeed keeps the groups it built from it (a clone of the
+    world group, expert and ZeRO++ groups) in ``deepspeed.utils.groups``' module state, and the next engine of this
+    process would use them ("Group ... is not registered"). Reloading the module starts that state afresh."""
+    import importlib
+
+    from deepspeed.utils import groups
+
+    importlib.reload(groups)
+
+
 def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
     """DeepSpeed accepts fp16 on an accelerator, or on a CPU with AVX512-FP16/AMX; say so before it fails."""
     if mixed_precision != "fp16":
@@ -240,6 +251,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         self.prepared.clear()
         if self.owns_process_group:
             destroy_process_group()
+            forget_groups()
 
     # ---- building models ----------------------------------------------------------------------------------
 
