@@ -194,10 +194,12 @@ def _launch_command(
 @dataclass(frozen=True)
 class Planned:
     """What ``accel launch -n N [flags] several.py`` would do for one example, planned by accel's own launch code
-    (``plan_launch`` and the strategy's ``accel_launch``, as ``--dry-run`` runs them, in this process): the launcher
-    command it would start and the variables its flags give the workers on top of the example's environment
+    (``plan_launch`` and the strategy's ``accel_launch``, as ``--dry-run`` runs them, in this process): the strategy
+    that starts it, the launcher command it would start (the same torchrun command whichever of ddp, fsdp or
+    deepspeed starts it) and the variables its flags give the workers on top of the example's environment
     (``ACCEL_CONFIG``, and what a strategy hands over, such as DeepSpeed's accumulation from its config file)."""
 
+    strategy: str
     launcher: str
     env: dict[str, str]
 
@@ -215,8 +217,9 @@ def plan(case: Case, out: Path, num_processes: int = 2, logs: Path = Path("logs"
     with contextlib.chdir(out), contextlib.redirect_stdout(printed):
         plugins, launch, _ = plan_launch(argv[2:], env)
         plugins.pm.hook.accel_launch(plan=launch)
-    launcher = [line for line in printed.getvalue().splitlines() if line.startswith("launcher: ")]
-    return Planned("\n".join(launcher), {k: v for k, v in launch.env.items() if env.get(k) != v})
+    launcher = next(line for line in printed.getvalue().splitlines() if line.startswith("launcher: "))
+    _, strategy, command = launcher.split(" ", 2)  # launcher: ddp (torchrun): python -m torch.distributed.run ...
+    return Planned(strategy, command, {k: v for k, v in launch.env.items() if env.get(k) != v})
 
 
 def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processes: int = 2) -> dict[str, Run]:
@@ -228,8 +231,8 @@ def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processe
 
     Their flags may differ where ``accel launch`` would start them with the same launcher command (:func:`plan`):
     the launch takes the first example's flags, and each example gets the variables its own flags give the workers
-    (``--mixed_precision bf16``, ``--zero_stage 3``: ``ACCEL_CONFIG``), set by ``several.py`` for that example alone;
-    a variable the launch's flags set and the example's do not is unset for it."""
+    (``--mixed_precision bf16``, ``--plugin deepspeed --zero_stage 3``: ``ACCEL_CONFIG``), set by ``several.py`` for
+    that example alone; a variable the launch's flags set and the example's do not is unset for it."""
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Run] = {}
     remaining = list(items)

@@ -1,5 +1,6 @@
 """Accelerate 1.15's examples, ported with the renames of docs/migrating-from-accelerate.md only (tests/compat/*.py,
-see README.md there), each run on 2 CPU processes with ``accel launch -n 2`` under the flags its feature needs.
+see README.md there), each run on 2 CPU processes with ``accel launch -n 2`` under the flags its feature needs (what
+those flags set in the workers' environment, set for that port alone in a launch shared with others: ``Examples``).
 
 Every test asserts on what the run did, read back from ``record/sitecustomize.py`` (learning rate at each optimizer
 step, training losses), from the ``epoch N: ...`` lines the examples print and from the files they write:
@@ -27,7 +28,7 @@ import torch
 import compat_offline
 from accel import UsageError
 from cases import CASES, write_ds_config
-from harness import Case, Run, accelerate_python, plan, run_accel, run_several
+from harness import Case, Planned, Run, accelerate_python, plan, run_accel, run_several
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 slow = pytest.mark.slow
@@ -49,7 +50,7 @@ def prepare(out: Path, case: Case) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Examples run together: one launch for all the examples the selected tests read that share launch flags
+# Examples run together: one launch for all the examples the selected tests read that share a launcher command
 
 
 def resumed_from(full: str, step: str) -> Callable[[Path], Case]:
@@ -122,6 +123,9 @@ FIRST = ("complete_nlp_example",)
 #: runs that fail (their tests are strict xfails): last in their launch, as a failed run ends the launch's processes
 #: and the runs after it would be started again in a launch of their own
 LAST = ("fsdp_with_peak_mem_tracking",)
+#: the order of the strategies' runs in a shared launch: DeepSpeed's after the others, as it keeps process-wide state
+#: that the runs after it would see (its communication backend, its logger's level)
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
 
 
 class Examples:
@@ -136,20 +140,24 @@ class Examples:
         self.base = base
         self.wanted = list(wanted)
         self.runs: dict[str, Run] = {}
-        self.launchers: dict[str, str | None] = {}
+        self.planned: dict[str, Planned | None] = {}
         self.launches = 0
 
-    def launcher(self, name: str) -> str | None:
-        """The launcher command ``accel launch`` starts the run with (``harness.plan``); None where it refuses the
-        run's flags: that run is launched alone, with them, and fails as it would."""
-        if name not in self.launchers:
+    def plan(self, name: str) -> Planned | None:
+        """How ``accel launch`` starts the run (``harness.plan``); None where it refuses the run's flags: that run is
+        launched alone, with them, and fails as it would."""
+        if name not in self.planned:
             case = self.case(name)
             prepare(self.base / name, case)
             try:
-                self.launchers[name] = plan(case, self.base / name).launcher
+                self.planned[name] = plan(case, self.base / name)
             except UsageError:
-                self.launchers[name] = None
-        return self.launchers[name]
+                self.planned[name] = None
+        return self.planned[name]
+
+    def order(self, name: str) -> tuple[bool, int]:
+        planned = self.plan(name)
+        return name in LAST, STRATEGIES.index(planned.strategy) if planned else 0
 
     def case(self, name: str) -> Case:
         if name in RESUMED:
@@ -165,17 +173,17 @@ class Examples:
         return result
 
     def launch(self, name: str) -> None:
-        resumed, launcher = name in RESUMED, self.launcher(name)
-        if launcher is None:
+        resumed, planned = name in RESUMED, self.plan(name)
+        if planned is None:
             self.runs[name] = run_accel(self.case(name), self.base / name)
             return
         batch = [
             n
-            for n in sorted(dict.fromkeys([*FIRST, *self.wanted, name]), key=lambda n: n in LAST)
+            for n in sorted(dict.fromkeys([*FIRST, *self.wanted, name]), key=self.order)
             if n in {*self.wanted, name}
             and n not in self.runs
             and (n in RESUMED) == resumed
-            and self.launcher(n) == launcher
+            and getattr(self.plan(n), "launcher", None) == planned.launcher
         ]
         if resumed:
             for n in batch:
