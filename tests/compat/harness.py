@@ -9,6 +9,8 @@ Used by ``test_examples.py`` and by ``compare_accelerate.py`` (``make compat-vs-
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import os
 import random
@@ -149,13 +151,13 @@ def _per_rank(out: Path, stream: str) -> str:
     return "".join(f.read_text(errors="replace") for f in files)
 
 
-def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float) -> Run:
-    """Run ``cmd`` in ``out`` with :func:`accel.testing.run_tree`: past the deadline (or when processes outlive
+def _finish(cmd: list[str], env: dict[str, str], out: Path, timeout: float, cwd: Path | None = None) -> Run:
+    """Run ``cmd`` in ``cwd`` (default ``out``) with :func:`accel.testing.run_tree`: past the deadline (or when processes outlive
     it) every process of the run prints its Python stacks before it is killed, and the result says so (exit -9)."""
     from accel.testing import RunLeftovers, RunTimeout, run_tree
 
     try:
-        proc = run_tree(cmd, env=env, cwd=out, timeout=timeout)
+        proc = run_tree(cmd, env=env, cwd=cwd or out, timeout=timeout)
     except (RunTimeout, RunLeftovers) as exc:
         stdout, stderr = _per_rank(out, "stdout"), _per_rank(out, "stderr")
         return Run(cmd, -9, stdout, f"{exc}\n{stderr}\n[timed out after {timeout} s]", out)
@@ -170,14 +172,16 @@ def run_accel(case: Case, out: Path, num_processes: int = 2) -> Run:
     return _finish(cmd, _env(out, case), out, case.timeout)
 
 
-def _launch_command(num_processes: int, logs: Path, flags: Sequence[str], script: Sequence[str]) -> list[str]:
+def _launch_command(
+    num_processes: int, logs: Path, flags: Sequence[str], script: Sequence[str], port: int | None = None
+) -> list[str]:
     return [
         ACCEL,
         "launch",
         "-n",
         str(num_processes),
         "--main_process_port",
-        str(free_port()),
+        str(port or free_port()),
         "--log_dir",  # each process's output in its own files, not interleaved on one pipe (see _per_rank)
         str(logs),
         "--tee",
@@ -187,35 +191,76 @@ def _launch_command(num_processes: int, logs: Path, flags: Sequence[str], script
     ]
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What ``accel launch -n N [flags] several.py`` would do for one example, planned by accel's own launch code
+    (``plan_launch`` and the strategy's ``accel_launch``, as ``--dry-run`` runs them, in this process): the strategy
+    that starts it, the launcher command it would start (the same torchrun command whichever of ddp, fsdp or
+    deepspeed starts it) and the variables its flags give the workers on top of the example's environment
+    (``ACCEL_CONFIG``, and what a strategy hands over, such as DeepSpeed's accumulation from its config file)."""
+
+    strategy: str
+    launcher: str
+    env: dict[str, str]
+
+
+def plan(case: Case, out: Path, num_processes: int = 2, logs: Path = Path("logs"), port: int = 1) -> Planned:
+    """:class:`Planned` for ``case`` run in ``out`` (relative paths in its flags are read from there) by a launch
+    with ``--log_dir logs --main_process_port port``. Raises ``accel.UsageError`` where ``accel launch`` would
+    refuse the flags."""
+    from accel.commands.launch import plan_launch
+
+    env = _env(out, case)
+    argv = _launch_command(num_processes, logs, case.flags, ["--dry-run", str(HERE / "several.py")], port=port)
+    printed = io.StringIO()
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(out), contextlib.redirect_stdout(printed):
+        plugins, launch, _ = plan_launch(argv[2:], env)
+        plugins.pm.hook.accel_launch(plan=launch)
+    launcher = next(line for line in printed.getvalue().splitlines() if line.startswith("launcher: "))
+    _, strategy, command = launcher.split(" ", 2)  # launcher: ddp (torchrun): python -m torch.distributed.run ...
+    return Planned(strategy, command, {k: v for k, v in launch.env.items() if env.get(k) != v})
+
+
 def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processes: int = 2) -> dict[str, Run]:
-    """Several examples (``(name, case, its own working directory)``, all with the same launch flags) one after
-    another in the processes of one ``accel launch -n 2 [flags] several.py <plan>`` (see ``several.py``): one
-    ``import torch``/transformers per process for all of them. Each gets its own :class:`Run` (its own output,
-    record, files and exit code). When an example fails, the launch ends there and the examples after it are started
-    again in a new launch, so one failure is that example's alone."""
-    flags = {tuple(case.flags) for _, case, _ in items}
-    if len(flags) > 1:
-        raise ValueError(f"run_several needs one set of launch flags, got {sorted(flags)}")
+    """Several examples (``(name, case, its own working directory)``) one after another in the processes of one
+    ``accel launch -n 2 [flags] several.py <plan>`` (see ``several.py``): one ``import torch``/transformers per
+    process for all of them. Each gets its own :class:`Run` (its own output, record, files and exit code). When an
+    example fails, the launch ends there and the examples after it are started again in a new launch, so one failure
+    is that example's alone.
+
+    Their flags may differ where ``accel launch`` would start them with the same launcher command (:func:`plan`):
+    the launch takes the first example's flags, and each example gets the variables its own flags give the workers
+    (``--mixed_precision bf16``, ``--plugin deepspeed --zero_stage 3``: ``ACCEL_CONFIG``), set by ``several.py`` for
+    that example alone; a variable the launch's flags set and the example's do not is unset for it."""
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Run] = {}
     remaining = list(items)
     for attempt in range(len(items)):
         if not remaining:
             break
-        plan = []
+        port, logs = free_port(), out / f"logs{attempt}"
+        planned = {name: plan(case, item_out, num_processes, logs, port) for name, case, item_out in remaining}
+        launchers = {p.launcher for p in planned.values()}
+        if len(launchers) > 1:
+            raise ValueError(f"run_several needs one launcher command, got {sorted(launchers)}")
+        entries = []
+        launched_env = planned[remaining[0][0]].env
         for name, case, item_out in remaining:
             item_out.mkdir(parents=True, exist_ok=True)
             env = {k: v for k, v in _env(item_out, case).items() if k.startswith("COMPAT_") or k == "ACCEL_HOME"}
-            plan.append(
+            own: dict[str, str | None] = {k: None for k in launched_env}  # null: several.py unsets it
+            own.update(planned[name].env)
+            entries.append(
                 {
                     "name": name,
                     "script": str(HERE / case.script),
                     "args": list(case.args),
                     "out": str(item_out),
-                    "env": {**env, **case.env},
+                    "env": {**env, **case.env, **own},
                 }
             )
-        (out / f"plan{attempt}.json").write_text(json.dumps(plan, indent=1))
+        (out / f"plan{attempt}.json").write_text(json.dumps(entries, indent=1))
         # what every example's environment holds is there from the start (record/sitecustomize.py reads it then)
         common = {k: v for k, v in remaining[0][1].env.items() if all(c.env.get(k) == v for _, c, _ in remaining)}
         launch = Case(
@@ -225,8 +270,9 @@ def run_several(items: Sequence[tuple[str, Case, Path]], out: Path, num_processe
             timeout=sum(case.timeout for _, case, _ in remaining),
         )
         script = [str(HERE / "several.py"), str(out / f"plan{attempt}.json")]
-        cmd = _launch_command(num_processes, out / f"logs{attempt}", launch.flags, script)
-        launched = _finish(cmd, _env(out, launch), out, launch.timeout)
+        cmd = _launch_command(num_processes, logs, launch.flags, script, port=port)
+        # started where the first example runs, where accel launch reads the relative paths of its flags
+        launched = _finish(cmd, _env(out, launch), out, launch.timeout, cwd=remaining[0][2])
         done = 0
         for name, _, item_out in remaining:
             logs = item_out / "several"

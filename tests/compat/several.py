@@ -2,7 +2,8 @@
 every process pays ``import torch``/transformers/datasets once for all of them instead of once per example.
 
 ``python several.py <plan.json>``: the plan is a list of ``{"name", "script", "args", "out", "env"}``. For each
-entry, in order, each process changes into ``out``, sets ``env`` (the example's ``COMPAT_*`` sizes), ``sys.argv``
+entry, in order, each process changes into ``out``, sets ``env`` (the example's ``COMPAT_*`` sizes and what its own
+launch flags give the workers, ``ACCEL_CONFIG`` among them; ``null`` unsets a variable), ``sys.argv``
 and its own stdout/stderr files (``out/several/rank<R>.stdout``/``.stderr``, file descriptors 1 and 2, so what
 libraries and child processes write lands there too), starts a fresh record (``record/sitecustomize.py``), runs the
 script as ``__main__`` and writes its exit code to ``out/several/rank<R>.exit``. The example is Accelerate's code,
@@ -32,7 +33,11 @@ def run_one(entry: dict, rank: str) -> int:
     saved_env = dict(os.environ)
     saved_fds = os.dup(1), os.dup(2)
     os.chdir(out)
-    os.environ.update(entry["env"])
+    for key, value in entry["env"].items():  # null: a variable the launch's flags set and this example's do not
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     sys.argv = [entry["script"], *entry["args"]]
     saved_path = list(sys.path)
     sys.path[0] = os.path.dirname(entry["script"])  # as `python <script>` has it

@@ -1,5 +1,6 @@
 """Accelerate 1.15's examples, ported with the renames of docs/migrating-from-accelerate.md only (tests/compat/*.py,
-see README.md there), each run on 2 CPU processes with ``accel launch -n 2`` under the flags its feature needs.
+see README.md there), each run on 2 CPU processes with ``accel launch -n 2`` under the flags its feature needs (what
+those flags set in the workers' environment, set for that port alone in a launch shared with others: ``Examples``).
 
 Every test asserts on what the run did, read back from ``record/sitecustomize.py`` (learning rate at each optimizer
 step, training losses), from the ``epoch N: ...`` lines the examples print and from the files they write:
@@ -25,8 +26,9 @@ import pytest
 import torch
 
 import compat_offline
+from accel import UsageError
 from cases import CASES, write_ds_config
-from harness import Case, Run, accelerate_python, run_accel, run_several
+from harness import Case, Planned, Run, accelerate_python, plan, run_accel, run_several
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 slow = pytest.mark.slow
@@ -47,17 +49,8 @@ def prepare(out: Path, case: Case) -> None:
         write_ds_config(out)
 
 
-def run(name: str, tmp_path: Path, case: Case | None = None) -> Run:
-    case = case or CASES[name]
-    out = tmp_path / name
-    prepare(out, case)
-    result = run_accel(case, out)
-    assert result.returncode == 0, str(result)
-    return result
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Examples run together: one launch for all the examples the selected tests read that share launch flags
+# Examples run together: one launch for all the examples the selected tests read that share a launcher command
 
 
 def resumed_from(full: str, step: str) -> Callable[[Path], Case]:
@@ -114,6 +107,11 @@ NEEDS: dict[str, list[str]] = {
     "test_stable_diffusion": ["stable_diffusion"],
     "test_distributed_image_generation": ["distributed_image_generation"],
     "test_distributed_speech_generation": ["distributed_speech_generation"],
+    "test_deepspeed_with_config_support_zero2_zero3": [
+        "deepspeed_with_config_support_zero2",
+        "deepspeed_with_config_support_zero3",
+    ],
+    "test_deepspeed_with_config_file": ["deepspeed_with_config_support_config_file"],
 }
 
 
@@ -122,19 +120,44 @@ NEEDS: dict[str, list[str]] = {
 #: examples in the same process it leaves another state in rng_rank*.json, whose sizes accel_manifest.json records
 #: (compared byte for byte with the resumed run's)
 FIRST = ("complete_nlp_example",)
+#: runs that fail (their tests are strict xfails): last in their launch, as a failed run ends the launch's processes
+#: and the runs after it would be started again in a launch of their own
+LAST = ("fsdp_with_peak_mem_tracking",)
+#: the order of the strategies' runs in a shared launch: DeepSpeed's after the others, as it keeps process-wide state
+#: that the runs after it would see (its communication backend, its logger's level)
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
 
 
 class Examples:
     """The runs of the examples this module's selected tests read. The first test that asks for a run launches it
-    together with every other wanted run of the same launch flags (``harness.run_several``: one ``accel launch -n 2``,
-    one set of imports per process); the resumed runs go in a second launch, after the runs they resume. Each run
+    together with every other wanted run that ``accel launch`` starts with the same launcher command
+    (``harness.run_several``: one ``accel launch -n 2``, one set of imports per process; runs whose flags only set
+    what the workers read from the environment, such as ``--mixed_precision`` or DeepSpeed's ``--zero_stage``, each
+    get their own flags' variables); the resumed runs go in a second launch, after the runs they resume. Each run
     keeps its own output, record, files and exit code, so each test still fails on its own run's fault."""
 
     def __init__(self, base: Path, wanted: Sequence[str]) -> None:
         self.base = base
         self.wanted = list(wanted)
         self.runs: dict[str, Run] = {}
+        self.planned: dict[str, Planned | None] = {}
         self.launches = 0
+
+    def plan(self, name: str) -> Planned | None:
+        """How ``accel launch`` starts the run (``harness.plan``); None where it refuses the run's flags: that run is
+        launched alone, with them, and fails as it would."""
+        if name not in self.planned:
+            case = self.case(name)
+            prepare(self.base / name, case)
+            try:
+                self.planned[name] = plan(case, self.base / name)
+            except UsageError:
+                self.planned[name] = None
+        return self.planned[name]
+
+    def order(self, name: str) -> tuple[bool, int]:
+        planned = self.plan(name)
+        return name in LAST, STRATEGIES.index(planned.strategy) if planned else 0
 
     def case(self, name: str) -> Case:
         if name in RESUMED:
@@ -150,14 +173,17 @@ class Examples:
         return result
 
     def launch(self, name: str) -> None:
-        resumed, flags = name in RESUMED, tuple(self.case(name).flags)
+        resumed, planned = name in RESUMED, self.plan(name)
+        if planned is None:
+            self.runs[name] = run_accel(self.case(name), self.base / name)
+            return
         batch = [
             n
-            for n in dict.fromkeys([*FIRST, *self.wanted, name])
+            for n in sorted(dict.fromkeys([*FIRST, *self.wanted, name]), key=self.order)
             if n in {*self.wanted, name}
             and n not in self.runs
             and (n in RESUMED) == resumed
-            and tuple(self.case(n).flags) == flags
+            and getattr(self.plan(n), "launcher", None) == planned.launcher
         ]
         if resumed:
             for n in batch:
@@ -520,14 +546,14 @@ def clm_result(result: Run) -> dict[str, float]:
 
 
 @slow
-def test_deepspeed_with_config_support_zero2_zero3(tmp_path: Path) -> None:
+def test_deepspeed_with_config_support_zero2_zero3(examples: Examples) -> None:
     """ZeRO-2 and ZeRO-3 with the script's own AdamW (two parameter groups: GPT-2 has no "LayerNorm.weight" names,
     so the no-decay group holds only the biases) and its linear schedule built before prepare() for
     2 epochs x 15 batches = 30 steps, warm-up 4. Accelerate steps it num_processes times per optimizer step under
     DeepSpeed too (Accelerate 1.15 records exactly this curve): 16 optimizer steps, at 0 from the 15th on.
     ZeRO-3 partitions the same arithmetic: same losses."""
-    zero2 = run("deepspeed_with_config_support_zero2", tmp_path)
-    zero3 = run("deepspeed_with_config_support_zero3", tmp_path)
+    zero2 = examples("deepspeed_with_config_support_zero2")
+    zero3 = examples("deepspeed_with_config_support_zero3")
     for result in (zero2, zero3):
         # ZeRO's optimizer steps the torch AdamW once per parameter group (showing it that group only): one record
         # per group and optimizer step
@@ -539,8 +565,8 @@ def test_deepspeed_with_config_support_zero2_zero3(tmp_path: Path) -> None:
 
 
 @slow
-def test_deepspeed_with_config_file(tmp_path: Path) -> None:
-    result = run("deepspeed_with_config_support_config_file", tmp_path)
+def test_deepspeed_with_config_file(examples: Examples) -> None:
+    result = examples("deepspeed_with_config_support_config_file")
     assert clm_result(result)["perplexity"] > 0
     assert result.losses and all(math.isfinite(x) for x in result.losses)
 

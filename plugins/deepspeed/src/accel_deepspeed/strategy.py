@@ -38,6 +38,7 @@ from accel.spi import (
     destroy_process_group,
     hookimpl,
     launch_with_torchrun,
+    restart_store_args,
     world_of_one,
 )
 from accel_deepspeed import config as dsconfig
@@ -85,6 +86,17 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
                 )
             return
     world_of_one(env)
+
+
+def forget_groups() -> None:
+    """After the default process group is destroyed: DeepSpeed keeps the groups it built from it (a clone of the
+    world group, expert and ZeRO++ groups) in ``deepspeed.utils.groups``' module state, and the next engine of this
+    process would use them ("Group ... is not registered"). Reloading the module starts that state afresh."""
+    import importlib
+
+    from deepspeed.utils import groups
+
+    importlib.reload(groups)
 
 
 def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
@@ -215,6 +227,13 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         if not dist.is_initialized():
             ops.announce_build(self.local_rank)  # a first run builds an op for minutes: say so, show its output
             backend = "gloo" if self.device.type == "cpu" else None  # None: DeepSpeed's choice for the accelerator
+            from deepspeed.accelerator import get_accelerator
+            from deepspeed.constants import default_pg_timeout
+
+            restart = restart_store_args(os.environ, default_pg_timeout, "accel-deepspeed")
+            if restart:  # a group after an earlier one of this launch: store keys of its own, DeepSpeed adopts it
+                backend = backend or get_accelerator().communication_backend_name()
+                dist.init_process_group(backend=backend, timeout=default_pg_timeout, **restart)
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
             self.owns_process_group = True
 
@@ -232,6 +251,7 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         self.prepared.clear()
         if self.owns_process_group:
             destroy_process_group()
+            forget_groups()
 
     # ---- building models ----------------------------------------------------------------------------------
 
