@@ -1,4 +1,4 @@
-"""Worker for tests/test_distributed.py: the Kernel API on N real processes.
+"""Worker for tests/test_distributed.py: the Kernel API on N real processes, then train_equiv.py's two trainings.
 
     accel launch -n 2 tests/scripts/dist_checks.py OUT_DIR
 
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from train_equiv import train  # tests/scripts/ is sys.path[0]: the script's folder
 
 from accel import Kernel
 from accel.logging import get_logger
@@ -268,6 +269,15 @@ def main() -> None:
     result["sharding"] = sharding(kernel, uneven)
     result["uneven_training"] = uneven_training(uneven)
     result["accumulation"] = accumulation(4)
+    # train_equiv.py's trainings on this launch (last, so they cannot change what the checks above saw): the test
+    # that two DDP processes end with the one-process parameters needs no launch of its own.
+    result["equiv"] = {
+        "num_processes": kernel.num_processes,
+        "plain": train(Kernel(scheduler_steps="per_optimizer_step"), 8, accumulation=1),
+        "accumulate": train(
+            Kernel(gradient_accumulation_steps=2, scheduler_steps="per_optimizer_step"), 8, accumulation=2
+        ),
+    }
     (OUT / f"rank{kernel.process_index}.json").write_text(json.dumps(tolist(result), indent=1))
     kernel.end_training()
 
