@@ -17,9 +17,15 @@ def accel_test(
     args: list[str], tmp_path: Path, keep: tuple[str, ...] = ("ddp",), **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """`accel test` with only the kernel and the ``keep`` plugins visible (other installed plugins hidden); DeepSpeed's
-    CPU op is the one the other tests built (``clitools.EXTENSIONS``), not built a second time in ~/.cache."""
+    CPU op is the one the other tests built (``clitools.EXTENSIONS``), not built a second time in ~/.cache.
+
+    mlflow is hidden too: with the mlflow tracker plugin hidden, nothing of the run uses it, but ``import deepspeed``
+    imports it when it can (for its autotuner, which ``accel test`` does not run): ~1.5 s of CPU per DeepSpeed
+    process, a third of what each process of the DeepSpeed cases imports beyond torch."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "ACCELERATE_"))}
     shadow = hide_plugins(tmp_path / "shadow", keep=keep)
+    (shadow / "mlflow").mkdir()
+    (shadow / "mlflow" / "__init__.py").write_text('raise ImportError("mlflow is hidden by this test")\n')
     env.update(ACCEL_HOME=str(tmp_path), PYTHONPATH=str(shadow), TORCH_EXTENSIONS_DIR=EXTENSIONS, **extra)
     return subprocess.run(
         [sys.executable, "-m", "accel.commands.cli", "test", *args],

@@ -28,21 +28,45 @@ ACCEL = Path(sys.executable).parent / "accel"
 pytestmark = pytest.mark.multiprocess
 
 
-def run(cmd: list[str], tmp_path: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, env=launch_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
+    """Fresh processes forked from one Python that imported torch once, for the whole module: a fork instead of a
+    start-up for every `accel launch` (the launcher; its workers are fresh interpreters that torchrun starts) and
+    for every run whose subject is not a fresh interpreter (see warm_python.py)."""
+    tmp = tmp_path_factory.mktemp("warm")
+    with WarmPython(tmp / "warm", launch_env(tmp)) as server:
+        yield server
+
+
+def run(
+    warm: WarmPython | None, argv: list[str], tmp_path: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` in a fresh interpreter (``warm`` None) or a fork of the warm Python; fails on a non-zero exit."""
+    env = launch_env(tmp_path)
+    if warm is None:
+        proc = subprocess.run(
+            [sys.executable, *argv], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout
+        )
+    else:
+        child = warm.popen(argv, env=env, cwd=tmp_path)
+        out, err = child.communicate(timeout=timeout)
+        proc = subprocess.CompletedProcess(argv, child.returncode or 0, out, err)
     if proc.returncode != 0:
         raise AssertionError(
-            f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            f"{' '.join(argv)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
 
 
-def python(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return run([sys.executable, str(TRAIN), *args], tmp_path)
+def python(tmp_path: Path, *args: str, warm: WarmPython | None = None) -> subprocess.CompletedProcess[str]:
+    return run(warm, [str(TRAIN), *args], tmp_path)
 
 
-def launch(tmp_path: Path, *args: str, launch_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return run([str(ACCEL), "launch", "-q", "-n", "2", *launch_args, str(TRAIN), *args], tmp_path, timeout=400)
+def launch(
+    warm: WarmPython, tmp_path: Path, *args: str, launch_args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`accel launch -n 2 ckpt_train.py ARGS`: the launcher forked from the warm Python, its two workers fresh."""
+    return run(warm, [str(ACCEL), "launch", "-q", "-n", "2", *launch_args, str(TRAIN), *args], tmp_path, timeout=400)
 
 
 def assert_same_training_state(a: Path, b: Path) -> None:
@@ -72,57 +96,56 @@ def differs(a: Path, b: Path) -> bool:
 STEPS, SAVE_AT = "45", "30"  # 26 batches per epoch with one process, 13 with two: the save is mid-epoch
 
 
-@pytest.mark.slow  # four process start-ups
-def test_exact_resume_in_a_new_process(tmp_path: Path) -> None:
-    python(tmp_path, "--steps", STEPS, "--out", "a.pt")
-    python(tmp_path, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck")
+@pytest.mark.slow  # a process start-up and three forks
+def test_exact_resume_in_a_new_process(tmp_path: Path, warm: WarmPython) -> None:
+    # The reference, the save and the negative control run in forks of the warm Python; the resume, the subject,
+    # runs in a fresh interpreter: its hash seed and any generator the script does not seed differ from the forks',
+    # so a state the checkpoint misses still shows in the comparison.
+    python(tmp_path, "--steps", STEPS, "--out", "a.pt", warm=warm)
+    python(tmp_path, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", warm=warm)
     assert not (tmp_path / "b.pt").exists()
     python(tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b.pt")
     assert_same_training_state(tmp_path / "a.pt", tmp_path / "b.pt")
     # negative control: the same resume with torch's generator disturbed after loading does not match, so the
     # comparison above is sensitive to dropout and noise (random-state restore matters)
-    python(tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "c.pt", "--disturb")
+    python(tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "c.pt", "--disturb", warm=warm)
     assert differs(tmp_path / "a.pt", tmp_path / "c.pt")
 
 
 @pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ddp_reference(tmp_path_factory: pytest.TempPathFactory, warm: WarmPython) -> Path:
     """An uninterrupted 2-process run."""
     tmp = tmp_path_factory.mktemp("ddp_reference")
-    launch(tmp, "--steps", STEPS, "--out", "a.pt")
+    launch(warm, tmp, "--steps", STEPS, "--out", "a.pt")
     return tmp / "a.pt"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path) -> None:
-    launch(tmp_path, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck")
+def test_exact_resume_two_processes_ddp(tmp_path: Path, ddp_reference: Path, warm: WarmPython) -> None:
+    launch(warm, tmp_path, "--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck")
     manifest = json.loads((tmp_path / "ck" / MANIFEST).read_text())
     assert manifest["world_size"] == 2 and "rng_rank1.safetensors" in manifest["files"]
-    launch(tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b.pt")
+    launch(warm, tmp_path, "--steps", STEPS, "--resume", "--ckpt", "ck", "--out", "b.pt")
     assert_same_training_state(ddp_reference, tmp_path / "b.pt")
     # the same checkpoint in one process: refused, saying what differs
-    proc = subprocess.run(
-        [sys.executable, str(TRAIN), "--steps", STEPS, "--resume", "--ckpt", "ck"],
-        env=launch_env(tmp_path),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    child = warm.popen(
+        [str(TRAIN), "--steps", STEPS, "--resume", "--ckpt", "ck"], env=launch_env(tmp_path), cwd=tmp_path
     )
-    assert proc.returncode != 0
-    assert "holds one state per process for 2 process(es); this run has 1" in proc.stderr
+    _, err = child.communicate(timeout=300)
+    assert child.returncode != 0
+    assert "holds one state per process for 2 process(es); this run has 1" in err
 
 
 @pytest.mark.slow  # two launches of 2 processes
 @pytest.mark.timeout(600)
-def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path) -> None:
+def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path, warm: WarmPython) -> None:
     """Diffusers' `if accelerator.is_main_process: accelerator.save_state(path)` under DDP (replicated state): the
     main process saves alone after a join window (0.3 s here), saying once that the other process's random states
     are not saved; load_state on 2 processes restores model, optimizer and schedule exactly, the process without
     its random states says so in one line, and training goes on."""
     args = ("--steps", STEPS, "--save-at", SAVE_AT, "--ckpt", "ck", "--save-on-main", "--project", "p", "--out", "a.pt")
-    saved = launch(tmp_path, *args)
+    saved = launch(warm, tmp_path, *args)
     assert saved.stderr.count("ran on the main process alone") == 1, saved.stderr
     # first an automatically numbered save on the main process alone: refused in one line after 10 x 0.3 s
     refused = [line for line in saved.stdout.splitlines() if line.startswith("refused: ")]
@@ -136,7 +159,17 @@ def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path)
     assert "rng_rank0.safetensors" in manifest["files"] and "rng_rank1.safetensors" not in manifest["files"]
     assert manifest["items"]["rng"]["extra"]["ranks"] == [0]
     resumed = launch(
-        tmp_path, "--steps", str(int(SAVE_AT) + 4), "--resume", "--ckpt", "ck", "--loaded-out", "b.pt", "--out", "c.pt"
+        warm,
+        tmp_path,
+        "--steps",
+        str(int(SAVE_AT) + 4),
+        "--resume",
+        "--ckpt",
+        "ck",
+        "--loaded-out",
+        "b.pt",
+        "--out",
+        "c.pt",
     )
     assert_same_training_state(tmp_path / "a.pt", tmp_path / "b.pt")
     assert torch.load(tmp_path / "c.pt", weights_only=True)["step"] == int(SAVE_AT) + 4  # and it trained on
@@ -146,10 +179,7 @@ def test_save_state_on_the_main_process_alone_then_resume_on_two(tmp_path: Path)
 
 def warm_python(warm: WarmPython, tmp_path: Path, *args: str) -> str:
     """``python ckpt_train.py ARGS`` in a fresh process forked from the warm Python; its stdout."""
-    child = warm.popen([str(TRAIN), *args], env=launch_env(tmp_path), cwd=tmp_path)
-    out, err = child.communicate(timeout=300)
-    assert child.returncode == 0, f"ckpt_train.py {' '.join(args)} exited with {child.returncode}:\n{out}\n{err}"
-    return out
+    return python(tmp_path, *args, warm=warm).stdout
 
 
 @pytest.mark.slow  # two runs (forks of one warm Python)
@@ -171,13 +201,6 @@ def _load_crash_module() -> Any:
     assert spec.loader is not None
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def warm(tmp_path: Path) -> Iterator[WarmPython]:
-    """Fresh processes forked from one Python that imported torch once: a fork instead of a start-up per trial."""
-    with WarmPython(tmp_path / "warm", launch_env(tmp_path)) as server:
-        yield server
 
 
 @pytest.mark.slow
@@ -229,10 +252,11 @@ def test_kill_9_during_save_state_never_loses_the_last_complete_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_elastic_restart_resumes_from_latest_checkpoint(tmp_path: Path, ddp_reference: Path) -> None:
+def test_elastic_restart_resumes_from_latest_checkpoint(tmp_path: Path, ddp_reference: Path, warm: WarmPython) -> None:
     # checkpoints every 8 steps (automatic naming); the last process SIGKILLs itself at step 21, once;
     # torchrun restarts both workers, which load_state() the latest checkpoint (step 16) on start-up
     proc = launch(
+        warm,
         tmp_path,
         "--steps",
         STEPS,
@@ -254,13 +278,13 @@ def test_elastic_restart_resumes_from_latest_checkpoint(tmp_path: Path, ddp_refe
 
 
 def test_a_late_process_is_released_and_a_save_on_every_process_after_a_main_alone_save_pairs(
-    tmp_path: Path,
+    tmp_path: Path, warm: WarmPython
 ) -> None:
     """The meeting before save_state under load (CI found both): a process more than the join window behind the
     main one gets one warning and is released (no hang, the next steps pair), and a save of every process right
     after one the main process made alone is collective (it is not paired with the earlier save)."""
     out = tmp_path / "out"
-    proc = run([str(ACCEL), "launch", "-q", "-n", "2", str(SCRIPTS / "save_slots.py"), str(out)], tmp_path, 240)
+    proc = run(warm, [str(ACCEL), "launch", "-q", "-n", "2", str(SCRIPTS / "save_slots.py"), str(out)], tmp_path, 240)
     late = [line for line in proc.stderr.splitlines() if "came more than 0.3 s" in line]
     assert len(late) == 1 and "process 1" in late[0] and "save_join_timeout" in late[0], proc.stderr
     for name in ("late", "alone"):

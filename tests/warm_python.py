@@ -79,10 +79,15 @@ class WarmChild:
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Both streams to their end, then the exit. stderr is read beside stdout: a child (an `accel launch` and
+        its workers) that fills the stderr FIFO while stdout is being read would otherwise block for ever."""
+        err: list[str] = []
+        reader = threading.Thread(target=lambda: err.append(self.stderr.read()), daemon=True)
+        reader.start()
         out = self.stdout.read()
-        err = self.stderr.read()
+        reader.join()
         self.wait(timeout)
-        return out, err
+        return out, err[0]
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
