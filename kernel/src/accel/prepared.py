@@ -264,8 +264,12 @@ class AutocastModule(torch.nn.Module):
         self._context = context
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # runs on every forward: the module from _modules directly (``self.module`` would go through two Python
+        # __getattr__ calls), and a tensor output cast without map_tensors' walk of a structure
         with self._context():
-            out = self.module(*args, **kwargs)
+            out = self._modules["module"](*args, **kwargs)
+        if type(out) is torch.Tensor:
+            return out.float() if out.dtype in _HALF else out
         return _to_fp32(out)
 
     def __getattr__(self, name: str) -> Any:
@@ -275,6 +279,9 @@ class AutocastModule(torch.nn.Module):
             return getattr(self._modules["module"], name)
 
 
+_HALF = frozenset((torch.float16, torch.bfloat16))
+
+
 def _to_fp32(obj: Any) -> Any:
     """Half-precision float tensors of a nested output (named tuples included) cast to fp32."""
-    return map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, obj)
+    return map_tensors(lambda t: t.float() if t.dtype in _HALF else t, obj)

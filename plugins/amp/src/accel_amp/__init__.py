@@ -12,7 +12,7 @@ from typing import Any
 from accel.spi import Component, Options, Question, Settings, UsageError, hookimpl
 
 NAME = "amp"
-accel_components = ["accel_amp.precision:AmpPrecision"]
+accel_components = ["accel_amp.precision:AmpPrecision", "accel_amp.precision:ScaledAmpPrecision"]  # bf16/fp8, fp16
 
 #: torchao float8 training recipes (``Float8LinearConfig.from_recipe_name``).
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -183,6 +183,6 @@ def accel_activate(settings: Settings) -> Component | None:
     if settings.mixed_precision not in ("fp16", "bf16", "fp8"):
         return None
     check_settings(settings)
-    from accel_amp.precision import AmpPrecision
+    from accel_amp.precision import AmpPrecision, ScaledAmpPrecision
 
-    return AmpPrecision(settings)
+    return ScaledAmpPrecision(settings) if settings.mixed_precision == "fp16" else AmpPrecision(settings)
