@@ -683,3 +683,13 @@ def test_accel_config_asks_the_fp8_questions() -> None:
     data = questionnaire.config_data()
     assert data["mixed_precision"] == "fp8"
     assert data["fp8_config"] == {"backend": "AO", "recipe": "rowwise", "pad_inner_dim": True}
+
+
+def test_bf16_leaves_the_step_to_the_kernels_plain_calls_and_fp16_keeps_the_scaler_hooks() -> None:
+    # bf16 has no gradient scaler, so its component implements none of the per-step hooks and the kernel makes the
+    # plain PyTorch calls itself (accel.dispatch.HotHooks): 7 Python calls fewer per step. fp16 steps through the
+    # scaler's hooks.
+    bf16 = Kernel(cpu=True, mixed_precision="bf16")
+    assert bf16._hot.plain_backward and bf16._hot.plain_optimizer and not bf16._hot.unscale_needed
+    fp16 = Kernel(cpu=True, mixed_precision="fp16")
+    assert not fp16._hot.plain_backward and not fp16._hot.plain_optimizer and fp16._hot.unscale_needed
