@@ -267,7 +267,7 @@ class AutocastModule(torch.nn.Module):
         # runs on every forward: the module from _modules directly (``self.module`` would go through two Python
         # __getattr__ calls), and a tensor output cast without map_tensors' walk of a structure
         with self._context():
-            out = self._modules["module"](*args, **kwargs)
+            out = self._modules["module"](*args, **kwargs)  # type: ignore[misc]  # set in __init__, never None
         if type(out) is torch.Tensor:
             return out.float() if out.dtype in _HALF else out
         return _to_fp32(out)
