@@ -90,13 +90,12 @@ def distributed_env(env: os._Environ[str] | dict[str, str]) -> None:
 
 def forget_groups() -> None:
     """After the default process group is destroyed: DeepSpeed keeps the groups it built from it (a clone of the
-    world group, expert and ZeRO++ groups) in ``deepspeed.utils.groups``' module state, and the next engine of this
-    process would use them ("Group ... is not registered"). Reloading the module starts that state afresh."""
-    import importlib
-
+    world group, expert, sequence-parallel and ZeRO++ groups), and the next engine of this process would use them
+    ("Group ... is not registered"). DeepSpeed's own reset, the one ``deepspeed.comm.destroy_process_group`` makes
+    after destroying the world group (accel destroys it itself, with the pauses of ``destroy_process_group``)."""
     from deepspeed.utils import groups
 
-    importlib.reload(groups)
+    groups._release_process_group_references(group=None)
 
 
 def refuse_fp16_on_cpu(mixed_precision: str, cpu_only: bool) -> None:
