@@ -265,11 +265,9 @@ class AutocastModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # runs on every forward: the module from _modules directly (``self.module`` would go through two Python
-        # __getattr__ calls), and a tensor output cast without map_tensors' walk of a structure
+        # __getattr__ calls)
         with self._context():
             out = self._modules["module"](*args, **kwargs)  # type: ignore[misc]  # set in __init__, never None
-        if type(out) is torch.Tensor:
-            return out.float() if out.dtype in _HALF else out
         return _to_fp32(out)
 
     def __getattr__(self, name: str) -> Any:
@@ -282,6 +280,11 @@ class AutocastModule(torch.nn.Module):
 _HALF = frozenset((torch.float16, torch.bfloat16))
 
 
+def _half_to_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in _HALF else t
+
+
 def _to_fp32(obj: Any) -> Any:
-    """Half-precision float tensors of a nested output (named tuples included) cast to fp32."""
-    return map_tensors(lambda t: t.float() if t.dtype in _HALF else t, obj)
+    """Half-precision float tensors of a nested output (named tuples included) cast to fp32; a tensor output (the
+    common case, on every forward) without map_tensors' walk of a structure."""
+    return _half_to_fp32(obj) if type(obj) is torch.Tensor else map_tensors(_half_to_fp32, obj)
