@@ -8,8 +8,8 @@ one process), and of the prepared loader with ``Kernel(reseed_workers=False)`` (
 ``num_workers=0`` or an iterable dataset it is the same loader). Without workers the passes are interleaved batch by
 batch (see :func:`interleaved_pass`); with workers each loader makes its pass alone (its workers started afresh,
 ``persistent_workers=False``) over 4x the samples, the loaders taking turns in every order from round to round, and
-the CPU seconds of the process and its workers are counted too. Reported: samples/s medians, the median of the per-round ratios to raw with their range and
-middle half, and the median ratio of CPU time per sample.
+the CPU seconds of the process and its workers are counted too. Reported: samples/s medians, the median of the
+per-round ratios to raw with their range and middle half, and the median ratio of CPU time per sample.
 """
 
 from __future__ import annotations

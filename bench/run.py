@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pipeline
 from _common import accelerate_python, alternate_runs, machine, med, run_json, write_section
@@ -208,7 +207,7 @@ def ddp_sizes(repeats: int) -> str:
                 rows.append(
                     f"| {label} | {'fp32' if precision == 'no' else 'bf16 autocast'} | {accum} "
                     f"| {got['raw_steps_per_s']:.1f} | {got['steps_per_s']:.1f} | {ratio:.3f} | {q1:.3f}-{q3:.3f} "
-                    f"| {cpu_ratio(got)} | {got['rounds']} |"
+                    f"| {ratio_cell(got.get('cpu_ratio_to_raw'))} | {got['rounds']} |"
                 )
     return "\n".join(rows) + (
         "\n\nOne `accel launch -n 2 --plugin ddp` per row: each process builds accel's prepared model and a raw "
@@ -224,8 +223,8 @@ def ddp_sizes(repeats: int) -> str:
     )
 
 
-def cpu_ratio(got: dict[str, Any]) -> str:
-    value = got.get("cpu_ratio_to_raw")
+def ratio_cell(value: float | None) -> str:
+    """A ratio for a table cell, or "-" where there is none."""
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -237,9 +236,6 @@ def dataloader_section(repeats: int) -> str:
         "raw / prepared | prepared, reseed_workers=False / raw | middle half | CPU, raw / reseed_workers=False |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def cpu(got: dict[str, Any]) -> str:
-        return "-" if got["cpu ratio"] is None else f"{got['cpu ratio']:.3f}"
 
     for name, case in got["cases"].items():
         kind, augment, workers = name.split("|")
@@ -258,11 +254,13 @@ def dataloader_section(repeats: int) -> str:
                 met,
             )
         off_cells = (
-            f"{off['ratio']:.3f} | {off['q1']:.2f}-{off['q3']:.2f} | {cpu(off)}" if off else "(same loader) | - | -"
+            f"{off['ratio']:.3f} | {off['q1']:.2f}-{off['q3']:.2f} | {ratio_cell(off['cpu ratio'])}"
+            if off
+            else "(same loader) | - | -"
         )
         rows.append(
             f"| {kind} | {augment} | {workers} | {case['raw samples/s']:.0f} | {prepared['ratio']:.3f} "
-            f"| {prepared['q1']:.2f}-{prepared['q3']:.2f} | {cpu(prepared)} | {off_cells} |"
+            f"| {prepared['q1']:.2f}-{prepared['q3']:.2f} | {ratio_cell(prepared['cpu ratio'])} | {off_cells} |"
         )
     return "\n".join(rows) + (
         f"\n\n{got['rounds']} rounds, each a whole pass (4096 image-like 3x32x32 samples, batch 64; 16384 with "
@@ -271,8 +269,8 @@ def dataloader_section(repeats: int) -> str:
         "each loader is timed by its own `next()` calls: over windows of 50 ms or more this machine's speed drifts "
         "by +-30 %, batch by batch both loaders see the same drift. With workers each loader makes its pass alone, "
         "with its own worker processes (`persistent_workers=False`: started afresh every pass), the loaders "
-        "taking turns in every order from round to round; those wall-time ratios spread widely (2-4 worker processes on 2 shared "
-        "cores), so the CPU time per sample of the process and its worker processes is given beside them. Ratios "
+        "taking turns in every order from round to round; those wall-time ratios spread widely (2-4 worker "
+        "processes on 2 shared cores), so the CPU time per sample of the process and its worker processes is given beside them. Ratios "
         "are medians of the per-round ratios. Augmented: random crop of a padded image, random flip and noise in "
         "the dataset's `__getitem__`. The iterable dataset splits itself over worker processes. With worker "
         "processes a prepared map-style loader seeds each batch's loading from the batch's number in the pass, so "
