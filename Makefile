@@ -17,6 +17,7 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) r
 	$(BIN)/python -m pip install -q $(TORCH)          # first: never let pip pick a (CUDA) torch
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --no-build-isolation -e kernel $(foreach p,$(PLUGINS),-e $(p))
+	$(BIN)/python tests/warm_workers/install.py    # the tests' warm workers (docs/design.md)
 	touch $@
 
 demo: setup

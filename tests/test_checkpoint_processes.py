@@ -31,8 +31,9 @@ pytestmark = pytest.mark.multiprocess
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
     """Fresh processes forked from one Python that imported torch once, for the whole module: a fork instead of a
-    start-up for every `accel launch` (the launcher; its workers are fresh interpreters that torchrun starts) and
-    for every run whose subject is not a fresh interpreter (see warm_python.py)."""
+    start-up for every `accel launch` (the launcher; its workers are the ones torchrun starts, which the suite's warm
+    workers fork with Python's and NumPy's random states reseeded: tests/warm_workers) and for every run whose
+    subject is not a fresh interpreter (see warm_python.py)."""
     tmp = tmp_path_factory.mktemp("warm")
     with WarmPython(tmp / "warm", launch_env(tmp)) as server:
         yield server
@@ -65,7 +66,7 @@ def python(tmp_path: Path, *args: str, warm: WarmPython | None = None) -> subpro
 def launch(
     warm: WarmPython, tmp_path: Path, *args: str, launch_args: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    """`accel launch -n 2 ckpt_train.py ARGS`: the launcher forked from the warm Python, its two workers fresh."""
+    """`accel launch -n 2 ckpt_train.py ARGS`: the launcher forked from the warm Python, its two workers torchrun's."""
     return run(warm, [str(ACCEL), "launch", "-q", "-n", "2", *launch_args, str(TRAIN), *args], tmp_path, timeout=400)
 
 

@@ -132,16 +132,17 @@ def test_kernel_made_default_calls_train_like_the_hooks() -> None:
     goes through the hooks instead. Same training, bit for bit, and the monitor saw the hooks being called."""
     plain = Kernel(cpu=True, gradient_accumulation_steps=2)
     direct = train(plain)
-    assert plain._hot.plain_backward and plain._hot.plain_optimizer
+    assert plain._hot.plain_backward and plain._hot.plain_optimizer and plain._hot.plain_clip
 
     watched = Kernel(cpu=True, gradient_accumulation_steps=2)
     calls: list[str] = []
     watched.plugins.pm.add_hookcall_monitoring(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
     through_hooks = train(watched)
-    assert not watched._hot.plain_backward and not watched._hot.plain_optimizer
+    assert not watched._hot.plain_backward and not watched._hot.plain_optimizer and not watched._hot.plain_clip
     # 10 samples in batches of 3: 4 micro-batches an epoch, the last one syncs, so 2 optimizer steps an epoch
     assert calls.count("accel_backward") == 8
     assert calls.count("accel_optimizer_step") == calls.count("accel_zero_grad") == 4
+    assert calls.count("accel_clip_grad_norm") == 4
     for a, b in zip(direct, through_hooks, strict=True):
         assert torch.equal(a, b)
 

@@ -25,7 +25,8 @@ call monitor is on (tracing included) when the hooks are resolved, so tools that
 
 Where only the kernel's own default answers ``accel_backward``, ``accel_optimizer_step`` and ``accel_zero_grad``
 (no plugin takes part, nobody watches), the kernel skips the hook altogether and makes the default's plain PyTorch
-call itself (``HotHooks.plain_backward``/``plain_optimizer``): one Python call fewer on each of those per step.
+call itself (``HotHooks.plain_backward``/``plain_optimizer``): one Python call fewer on each of those per step; the
+same for ``accel_clip_grad_norm`` (``plain_clip``) on each step that clips.
 """
 
 from __future__ import annotations
@@ -215,6 +216,9 @@ class HotHooks:
     #: True when only the kernel's own ``accel_optimizer_step`` and ``accel_zero_grad`` answer: a prepared
     #: optimizer then calls the user's ``optimizer.step()``/``zero_grad()`` itself.
     plain_optimizer: bool
+    #: True when only the kernel's own ``accel_clip_grad_norm`` answers: ``Kernel.clip_grad_norm_`` then calls
+    #: ``torch.nn.utils.clip_grad_norm_`` itself.
+    plain_clip: bool
     #: False when nothing implements ``accel_unscale_gradients`` (and nobody watches hook calls): the kernel then
     #: calls nothing for it (``clip_grad_norm_`` on every sync step).
     unscale_needed: bool
@@ -223,6 +227,7 @@ class HotHooks:
         self.no_sync_needed = not _kernel_only(pm, "accel_no_sync")
         self.plain_backward = _kernel_only(pm, "accel_backward")
         self.plain_optimizer = _kernel_only(pm, "accel_optimizer_step") and _kernel_only(pm, "accel_zero_grad")
+        self.plain_clip = _kernel_only(pm, "accel_clip_grad_norm")
         for name in HOT_HOOKS:
             setattr(self, name.removeprefix("accel_"), resolve_firstresult(pm, name))
         for name in HOT_BROADCAST_HOOKS:

@@ -1,0 +1,167 @@
+"""The suite's warm workers (tests/warm_workers, docs/design.md "Warm workers in the test suite") must be invisible
+to what a test checks: a worker forked from the warm server sees what a cold one sees (argv, ``__main__``,
+``sys.path``, environment, working directory, umask, streams, signal handlers, /proc/PID/cmdline and environ, a
+traceback without the server's frames, the exit code), and a launcher killed with SIGKILL takes its forked processes with it.
+
+Each test runs real ``accel launch`` processes with a warm-workers folder of its own: the first launch of an
+environment runs cold, the second starts the server, the third is forked from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clitools import ACCEL, clean_env
+
+pytestmark = [pytest.mark.multiprocess]
+
+if not any((Path(p) / "zz_accel_warm_workers.pth").exists() for p in sys.path if p):
+    pytest.skip("this venv has no warm-workers hook (make setup installs it)", allow_module_level=True)
+
+FACTS = r"""
+import json, os, signal, sys, tempfile, threading
+facts = {
+    "argv": sys.argv, "file": __file__, "name": __name__, "spec": repr(__spec__),
+    "loader": type(__loader__).__name__, "globals": sorted(globals()), "path": sys.path, "cwd": os.getcwd(),
+    "var": os.environ.get("FACT_VAR"), "umask": os.umask(0o022), "flags": repr(sys.flags),
+    "tmp": tempfile.gettempdir(), "stdin": sys.stdin is None,
+    "streams": [(s.encoding, s.errors, s.line_buffering, s.write_through) for s in (sys.stdout, sys.stderr)],
+    "sigint": repr(signal.getsignal(signal.SIGINT)), "sigterm": repr(signal.getsignal(signal.SIGTERM)),
+    "threads": threading.active_count(), "rank": os.environ["RANK"],
+    "cmdline": open("/proc/self/cmdline", "rb").read().decode().replace(sys.argv[1], "OUT").split("\0"),
+    "environ": sorted(e.partition("=")[0] for e in open("/proc/self/environ", "rb").read().decode().split("\0")),
+    "environ_var": [e for e in open("/proc/self/environ", "rb").read().decode().split("\0") if "FACT_VAR" in e],
+}
+warm = "warm_zygote" in sys.modules
+with open(os.path.join(sys.argv[1], f"facts{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"facts": facts, "warm": warm}, f)
+if os.environ["RANK"] == "1":
+    def deeper():
+        raise ValueError("rank 1 fails on purpose")
+    deeper()
+"""
+
+
+def launch(tmp: Path, env: dict[str, str], run: int) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
+    out = tmp / f"run{run}"
+    out.mkdir()
+    proc = subprocess.run(
+        [ACCEL, "launch", "-q", "-n", "2", "facts.py", str(out)],
+        cwd=tmp / "work",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, {p.stem: json.loads(p.read_text()) for p in out.glob("facts*.json")}
+
+
+def traceback_of(stderr: str) -> list[str]:
+    """The uncaught exception's lines: from "Traceback" to the exception's own line."""
+    lines = stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    end = next(i for i, line in enumerate(lines) if line.startswith("ValueError:"))
+    return lines[start : end + 1]
+
+
+def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "facts.py").write_text(FACTS)
+    (tmp_path / "tmp").mkdir()
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    env = clean_env(tmp_path / "home", hide=False, FACT_VAR="x y", TMPDIR=str(tmp_path / "tmp"))
+    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()), PYTHONPATH=str(tmp_path / "work"))
+    runs = []
+    try:
+        for run in range(3):
+            runs.append(launch(tmp_path, env, run))
+            if run == 1:  # the second launch started the servers: wait until they listen
+                deadline = time.monotonic() + 120
+                while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+    finally:
+        for pid_file in folder.glob("*.pid"):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    (cold, cold_facts), _, (warm, warm_facts) = runs
+    assert [f["warm"] for f in cold_facts.values()] == [False, False], cold
+    assert [f["warm"] for f in warm_facts.values()] == [True, True], (warm, list(folder.iterdir()))
+    for rank in ("facts0", "facts1"):
+        c, w = cold_facts[rank]["facts"], warm_facts[rank]["facts"]
+        c["argv"][1] = w["argv"][1] = "OUT"
+        assert w == c
+    assert cold.returncode == warm.returncode == 1
+    assert traceback_of(warm.stderr) == traceback_of(cold.stderr)
+    assert "rank 1 fails on purpose" in warm.stderr and "warm_zygote" not in warm.stderr
+    assert cold.stderr.splitlines()[-1] == warm.stderr.splitlines()[-1]  # accel's summary line
+
+
+LONG = r"""
+import os, sys, time
+with open(os.path.join(sys.argv[1], "tmp%d" % os.getpid()), "w") as f:
+    f.write(str(os.getppid()))
+os.rename(os.path.join(sys.argv[1], "tmp%d" % os.getpid()), os.path.join(sys.argv[1], f"{os.getpid()}.pid"))
+time.sleep(600)
+"""
+
+
+def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "long.py").write_text(LONG)
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    env = clean_env(tmp_path / "home", hide=False)
+    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
+    pids: list[int] = []
+    try:
+        for run in range(3):
+            out = tmp_path / f"run{run}"
+            out.mkdir()
+            proc = subprocess.Popen(
+                [ACCEL, "launch", "-q", "-n", "2", "long.py", str(out)],
+                cwd=tmp_path / "work",
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + 120
+            while len(list(out.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            parents = {int(p.stem): int(p.read_text() or 0) for p in out.glob("*.pid")}
+            pids = list(parents)
+            assert len(pids) == 2, f"the workers of launch {run} did not start"
+            proc.kill()
+            proc.wait()
+            deadline = time.monotonic() + 20
+            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not [p for p in pids if _alive(p)], f"launch {run}: workers outlived their killed launcher"
+            if run == 1:
+                deadline = time.monotonic() + 120
+                while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+        servers = {int(p.read_text()) for p in folder.glob("*.pid")}
+        assert len(servers) == 2, list(folder.iterdir())  # one for launchers, one for workers
+        assert set(parents.values()) < servers  # the last launch's workers were forked by a server
+    finally:
+        for pid_file in folder.glob("*.pid"):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
