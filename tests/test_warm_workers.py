@@ -28,7 +28,7 @@ if not any((Path(p) / "zz_accel_warm_workers.pth").exists() for p in sys.path if
 FACTS = r"""
 import json, os, signal, sys, tempfile, threading
 facts = {
-    "argv": sys.argv, "file": __file__, "name": __name__, "spec": repr(__spec__),
+    "argv": sys.argv, "file": __file__, "name": __name__, "spec": __spec__ and __spec__.name,
     "loader": type(__loader__).__name__, "globals": sorted(globals()), "path": sys.path, "cwd": os.getcwd(),
     "var": os.environ.get("FACT_VAR"), "umask": os.umask(0o022), "flags": repr(sys.flags),
     "tmp": tempfile.gettempdir(), "stdin": sys.stdin is None,
@@ -49,11 +49,13 @@ if os.environ["RANK"] == "1":
 """
 
 
-def launch(tmp: Path, env: dict[str, str], run: int) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
+def launch(
+    tmp: Path, env: dict[str, str], run: int, target: tuple[str, ...] = ("facts.py",)
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
     out = tmp / f"run{run}"
     out.mkdir()
     proc = subprocess.run(
-        [ACCEL, "launch", "-q", "-n", "2", "facts.py", str(out)],
+        [ACCEL, "launch", "-q", "-n", "2", *target, str(out)],
         cwd=tmp / "work",
         env=env,
         capture_output=True,
@@ -73,7 +75,7 @@ def traceback_of(stderr: str) -> list[str]:
 
 def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "facts.py").write_text(FACTS)
+    (tmp_path / "work" / "facts.py").write_text(FACTS)  # run as a script, and as a module (-m facts)
     (tmp_path / "tmp").mkdir()
     folder = tmp_path / "warm"
     folder.mkdir()
@@ -87,20 +89,24 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
                 deadline = time.monotonic() + 120
                 while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
                     time.sleep(0.2)
+        # and `python -m`: cold (turned off for this launch), then forked (the same servers)
+        runs.append(launch(tmp_path, {**env, "WARM_WORKERS": "0"}, 3, ("-m", "facts")))
+        runs.append(launch(tmp_path, env, 4, ("-m", "facts")))
     finally:
         for pid_file in folder.glob("*.pid"):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
-    (cold, cold_facts), _, (warm, warm_facts) = runs
-    assert [f["warm"] for f in cold_facts.values()] == [False, False], cold
-    assert [f["warm"] for f in warm_facts.values()] == [True, True], (warm, list(folder.iterdir()))
-    for rank in ("facts0", "facts1"):
-        c, w = cold_facts[rank]["facts"], warm_facts[rank]["facts"]
-        c["argv"][1] = w["argv"][1] = "OUT"
-        assert w == c
-    assert cold.returncode == warm.returncode == 1
-    assert traceback_of(warm.stderr) == traceback_of(cold.stderr)
-    assert "rank 1 fails on purpose" in warm.stderr and "warm_zygote" not in warm.stderr
-    assert cold.stderr.splitlines()[-1] == warm.stderr.splitlines()[-1]  # accel's summary line
+    for (cold, cold_facts), (warm, warm_facts) in ((runs[0], runs[2]), (runs[3], runs[4])):
+        assert [f["warm"] for f in cold_facts.values()] == [False, False], cold
+        assert [f["warm"] for f in warm_facts.values()] == [True, True], (warm, list(folder.iterdir()))
+        for rank in ("facts0", "facts1"):
+            c, w = cold_facts[rank]["facts"], warm_facts[rank]["facts"]
+            c["argv"][1] = w["argv"][1] = "OUT"
+            c["environ"] = [k for k in c["environ"] if k != "WARM_WORKERS"]  # the cold module launch's switch
+            assert w == c
+        assert cold.returncode == warm.returncode == 1
+        assert traceback_of(warm.stderr) == traceback_of(cold.stderr)
+        assert "rank 1 fails on purpose" in warm.stderr and "warm_zygote" not in warm.stderr
+        assert cold.stderr.splitlines()[-1] == warm.stderr.splitlines()[-1]  # accel's summary line
 
 
 LONG = r"""

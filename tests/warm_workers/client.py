@@ -1,10 +1,11 @@
 """Warm workers for the test suite: the client half (docs/design.md, "Warm workers in the test suite").
 
 ``make setup`` puts ``zz_accel_warm_workers.pth`` in the dev venv's site-packages (``install.py``): at start-up, after
-the other ``.pth`` files (the editable installs' finders), every Python process of the venv checks two variables and
-runs this file only when both are set: ``WARM_WORKERS_DIR`` (the test session turned warm workers on: the root
-conftest.py) and ``TORCHELASTIC_RUN_ID`` (torchrun started this process as a worker). It then goes on only for
-``python [-u] SCRIPT ARGS``.
+the other ``.pth`` files (the editable installs' finders), every Python process of the venv runs this file only when
+``WARM_WORKERS_DIR`` is set (the test session turned warm workers on: the root conftest.py) and either
+``TORCHELASTIC_RUN_ID`` is (torchrun started this process as a worker) or its first argument is ``launch`` (``accel
+launch``, when it starts processes). It then goes on only for ``python [-u] SCRIPT ARGS`` and
+``python [-u] -m NAME ARGS``.
 
 Such a process is a fresh interpreter that has not imported torch yet. Instead of importing it (2-4 CPU seconds with
 ``torch._dynamo``, which the first optimizer imports), it asks a warm server (``warm_zygote.py``) that imported torch
@@ -81,16 +82,19 @@ def server_key(flags: list[str], env: dict[str, str]) -> str:
     return hashlib.sha1(json.dumps(what).encode()).hexdigest()[:16]
 
 
-def script_command(argv: list[str]) -> tuple[list[str], str] | None:
-    """``(flags, script)`` of ``python [-FLAGS] SCRIPT ARGS``; None for anything else (-c, -m, -X, -W, ...)."""
+def script_command(argv: list[str]) -> tuple[list[str], str, str, list[str]] | None:
+    """``(flags, "script", SCRIPT, ARGS)`` of ``python [-FLAGS] SCRIPT ARGS``, ``(flags, "module", NAME, ARGS)`` of
+    ``python [-FLAGS] -m NAME ARGS``; None for anything else (-c, -X, -W, ...)."""
     flags: list[str] = []
-    for arg in argv[1:]:
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m" and i + 1 < len(argv):
+            return flags, "module", argv[i + 1], argv[i + 2 :]
         if arg.startswith("-") and arg != "-":
             if len(arg) < 2 or not set(arg[1:]) <= FLAGS:
                 return None
             flags.append(arg)
             continue
-        return flags, arg
+        return flags, "script", arg, argv[i + 1 :]
     return None
 
 
@@ -147,7 +151,7 @@ def _stream(stream: object) -> dict[str, object] | None:
     }
 
 
-def _run_warm(folder: str, key: str, script: str) -> None:
+def _run_warm(folder: str, key: str, kind: str, target: str, args: list[str]) -> None:
     """Have the server run the script; then exit as the forked run exited. Returns when there is no server."""
     import json
     import signal
@@ -163,9 +167,11 @@ def _run_warm(folder: str, key: str, script: str) -> None:
     os.umask(umask)
     request = {
         "orig_argv": sys.orig_argv,
-        "argv": [script, *sys.argv[1:]],  # (run_path holds this file's name in sys.argv[0] while it runs)
+        # sys.argv as the interpreter sets it before running the script (runpy sets a module's path later)
+        "argv": [target if kind == "script" else "-m", *args],
         "extra_path": [p for p in sys.path if p not in base_path(dict(os.environ))],
-        "script": script,
+        "kind": kind,
+        "target": target,
         "env": dict(os.environ),
         "cwd": os.getcwd(),
         "path": sys.path,
@@ -244,14 +250,14 @@ def _main() -> None:
     command = script_command(list(getattr(sys, "orig_argv", [])))
     if command is None:
         return
-    flags, script = command
-    if not os.path.isfile(script):
+    flags, kind, target, args = command
+    if kind == "script" and not os.path.isfile(target):
         return
     key = server_key(flags, dict(env))
     if not os.path.exists(os.path.join(folder, key + ".sock")):
         _start_server(folder, key, flags)
         return
-    _run_warm(folder, key, script)
+    _run_warm(folder, key, kind, target, args)
 
 
 _main()

@@ -4,7 +4,7 @@ Started by the first cold torchrun worker of an environment (``client.py``), wit
 flags and environment, less its ``PYTHONPATH``. It imports torch once, with what an optimizer's construction imports (``torch._dynamo``), runs
 no tensor operation (so no thread pool exists to break a fork), and listens on ``<WARM_WORKERS_DIR>/<key>.sock``.
 
-For each request it forks a process that becomes the requested run of ``python SCRIPT ARGS``: a session of its own,
+For each request it forks a process that becomes the requested run of ``python SCRIPT ARGS`` (or ``-m NAME``): a session of its own,
 the client's standard streams (passed as file descriptors), environment, working directory, umask, ``sys.argv`` and
 ``sys.path`` (with the script's folder first), fresh ``__main__``, standard streams built as the client's were, the
 temporary folder looked up again, NumPy's global random state reseeded (Python's ``random`` reseeds itself on fork).
@@ -22,6 +22,7 @@ killing what it still runs.
 from __future__ import annotations
 
 import builtins
+import importlib.machinery
 import io
 import json
 import os
@@ -196,9 +197,12 @@ def _become(request: dict[str, Any], fds: dict[int, int]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     os.umask(request["umask"])
-    script = os.path.realpath(request["script"])
     sys.argv = list(request["argv"])
-    sys.path[:] = [os.path.dirname(script), *request["path"]]
+    if request["kind"] == "script":  # the script's folder first; for -m the working directory
+        first = os.path.dirname(os.path.realpath(request["target"]))
+    else:
+        first = os.getcwd()
+    sys.path[:] = [first, *request["path"]]
     sys.path_importer_cache.clear()
     for i, (attr, mode) in enumerate((("stdin", "r"), ("stdout", "w"), ("stderr", "w"))):
         stream = _stream(i, mode, request["streams"][i], f"<{attr}>")
@@ -221,37 +225,40 @@ def _become(request: dict[str, Any], fds: dict[int, int]) -> None:
 
 
 def _run_script(request: dict[str, Any]) -> None:
-    """Run the script in a fresh ``__main__``; never returns (``SystemExit`` carries the exit to the interpreter)."""
-    path = os.path.abspath(request["script"])
-    main = sys.modules["__main__"]
-    namespace = main.__dict__
+    """Run the script (or ``-m`` module) in a fresh ``__main__``; never returns (``SystemExit`` carries the exit to
+    the interpreter)."""
+    namespace = sys.modules["__main__"].__dict__
     namespace.clear()
     namespace.update(
         __name__="__main__",
         __doc__=None,
         __package__=None,
-        __loader__=SourceFileLoader("__main__", path),
         __spec__=None,
         __annotations__={},
         __builtins__=builtins,
-        __file__=path,
-        __cached__=None,
     )
     try:
-        with open(path, "rb") as f:
-            source = f.read()
-        code = compile(source, path, "exec")
-        exec(code, namespace)
+        if request["kind"] == "module":  # what `python -m NAME` calls
+            import runpy
+
+            namespace["__loader__"] = importlib.machinery.BuiltinImporter
+            runpy._run_module_as_main(request["target"])  # type: ignore[attr-defined]
+        else:
+            path = os.path.abspath(request["target"])
+            namespace.update(__loader__=SourceFileLoader("__main__", path), __file__=path, __cached__=None)
+            with open(path, "rb") as f:
+                source = f.read()
+            exec(compile(source, path, "exec"), namespace)
     except SystemExit:
         raise
     except KeyboardInterrupt as e:  # as the interpreter does: print it, then end by SIGINT after the normal exit
-        _print_uncaught(e, path)
+        _print_uncaught(e)
         import atexit
 
         atexit.register(_end_by_sigint)
         raise SystemExit(1) from None
     except BaseException as e:
-        _print_uncaught(e, path)
+        _print_uncaught(e)
         raise SystemExit(1) from None
     raise SystemExit(0)
 
@@ -263,9 +270,9 @@ def _end_by_sigint() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def _print_uncaught(e: BaseException, path: str) -> None:
+def _print_uncaught(e: BaseException) -> None:
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != path:  # drop this file's frames, as a cold run has none
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # this file's frames: a cold run has none
         tb = tb.tb_next
     sys.excepthook(type(e), e.with_traceback(tb), tb)  # (the default hook prints the exception's own traceback)
 
