@@ -40,18 +40,13 @@ def _warm_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     if os.environ.get("WARM_WORKERS", "1") == "0":
         yield
         return
+    from accel.testing import patched_environ
+
     folder = tmp_path_factory.mktemp("warm")
-    saved = {k: os.environ.get(k) for k in ("WARM_WORKERS_DIR", "WARM_WORKERS_OWNER")}
-    os.environ["WARM_WORKERS_DIR"] = str(folder)
-    os.environ["WARM_WORKERS_OWNER"] = str(os.getpid())
     try:
-        yield
+        with patched_environ({"WARM_WORKERS_DIR": str(folder), "WARM_WORKERS_OWNER": str(os.getpid())}):
+            yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         for pid_file in folder.glob("*.pid"):  # the servers: each kills what it still runs when its owner is gone
             try:
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -59,6 +59,15 @@ def clean_env(home: Path, hide: bool = True, **extra: str) -> dict[str, str]:
     return env
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def launch_env(tmp_path: Path) -> dict[str, str]:
     """The caller's environment for a test's own ``accel launch``: a private ``ACCEL_HOME`` and none of the variables
     a surrounding launcher would have set (every plugin of this venv stays visible)."""

@@ -13,21 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import ACCEL, TESTS, clean_env
+from clitools import ACCEL, TESTS, alive, clean_env
 
 from accel.distributed import free_port
 
 LONG = str(TESTS / "scripts" / "long_train.py")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_for_pids(piddir: Path, count: int, launcher: subprocess.Popen[str], timeout: float = 180) -> list[int]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import ACCEL, clean_env
+from clitools import ACCEL, alive, clean_env
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -148,9 +148,9 @@ def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> N
             proc.kill()
             proc.wait()
             deadline = time.monotonic() + 20
-            while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            while any(alive(p) for p in pids) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert not [p for p in pids if _alive(p)], f"launch {run}: workers outlived their killed launcher"
+            assert not [p for p in pids if alive(p)], f"launch {run}: workers outlived their killed launcher"
             if run == 1:
                 deadline = time.monotonic() + 120
                 while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
@@ -162,13 +162,5 @@ def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> N
         for pid_file in folder.glob("*.pid"):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -50,10 +50,10 @@ IMPORT_TIME_PREFIXES = (
 RUNTIME_PREFIXES = ("TORCHELASTIC_",)
 #: Single-letter interpreter flags a worker may carry (torchrun's ``-u``); anything else runs cold.
 FLAGS = frozenset("uBEsOq")
-#: Signals passed on to the forked process (torchrun and accel stop workers with SIGTERM; accel.testing asks for
-#: stacks with SIGABRT; tests send the others).
 #: The server's command (``python -c``), given this folder.
 SERVE = "import sys; sys.path.insert(0, %r); import warm_zygote; del sys.path[0]; warm_zygote.serve()"
+#: Signals passed on to the forked process (torchrun and accel stop workers with SIGTERM; accel.testing asks for
+#: stacks with SIGABRT; tests send the others).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGUSR1", "SIGUSR2")
 
 
@@ -72,13 +72,13 @@ def base_path(env: dict[str, str]) -> list[str]:
     return [p for p in sys.path if os.path.abspath(p) not in extra]
 
 
-def server_key(flags: list[str], env: dict[str, str]) -> str:
-    """The server that may serve a process: same interpreter, flags, import-time environment and ``sys.path`` (but
-    for the ``PYTHONPATH`` folders, which the server checks request by request)."""
+def server_key(flags: list[str], env: dict[str, str], base: list[str]) -> str:
+    """The server that may serve a process: same interpreter, flags, import-time environment and ``sys.path``
+    (``base``: without the ``PYTHONPATH`` folders, which the server checks request by request)."""
     import hashlib
     import json
 
-    what = [sys.executable, flags, sorted(import_time_environment(env).items()), base_path(env)]
+    what = [sys.executable, flags, sorted(import_time_environment(env).items()), base]
     return hashlib.sha1(json.dumps(what).encode()).hexdigest()[:16]
 
 
@@ -151,7 +151,7 @@ def _stream(stream: object) -> dict[str, object] | None:
     }
 
 
-def _run_warm(folder: str, key: str, kind: str, target: str, args: list[str]) -> None:
+def _run_warm(folder: str, key: str, kind: str, target: str, args: list[str], base: list[str]) -> None:
     """Have the server run the script; then exit as the forked run exited. Returns when there is no server."""
     import json
     import signal
@@ -169,7 +169,7 @@ def _run_warm(folder: str, key: str, kind: str, target: str, args: list[str]) ->
         "orig_argv": sys.orig_argv,
         # sys.argv as the interpreter sets it before running the script (runpy sets a module's path later)
         "argv": [target if kind == "script" else "-m", *args],
-        "extra_path": [p for p in sys.path if p not in base_path(dict(os.environ))],
+        "extra_path": [p for p in sys.path if p not in base],
         "kind": kind,
         "target": target,
         "env": dict(os.environ),
@@ -236,7 +236,7 @@ def _launcher() -> bool:
         len(argv) > 2
         and os.path.basename(argv[1]) == "accel"
         and argv[2] == "launch"
-        and not {"--dry-run", "--dry_run", "-h", "--help"} & set(sys.argv)
+        and not {"--dry-run", "--dry_run", "-h", "--help"} & set(argv)
     )
 
 
@@ -253,11 +253,12 @@ def _main() -> None:
     flags, kind, target, args = command
     if kind == "script" and not os.path.isfile(target):
         return
-    key = server_key(flags, dict(env))
+    base = base_path(dict(env))
+    key = server_key(flags, dict(env), base)
     if not os.path.exists(os.path.join(folder, key + ".sock")):
         _start_server(folder, key, flags)
         return
-    _run_warm(folder, key, kind, target, args)
+    _run_warm(folder, key, kind, target, args, base)
 
 
 _main()

@@ -30,7 +30,6 @@ import select
 import signal
 import socket
 import sys
-from importlib.machinery import SourceFileLoader
 from typing import Any
 
 
@@ -245,7 +244,9 @@ def _run_script(request: dict[str, Any]) -> None:
             runpy._run_module_as_main(request["target"])  # type: ignore[attr-defined]
         else:
             path = os.path.abspath(request["target"])
-            namespace.update(__loader__=SourceFileLoader("__main__", path), __file__=path, __cached__=None)
+            namespace.update(
+                __loader__=importlib.machinery.SourceFileLoader("__main__", path), __file__=path, __cached__=None
+            )
             with open(path, "rb") as f:
                 source = f.read()
             exec(compile(source, path, "exec"), namespace)
