@@ -67,10 +67,13 @@ test-fast: setup
 # torches: LATER_VENVS) are built in the background while the main suite runs (their pip steps wait mostly on the
 # network and the disk, and they install with --no-compile), their output in venv-build.log, shown when a build
 # fails; the suites that use them come after (docs/design.md "The torch matrix in CI").
+# The MLflow tests' server environment (full mlflow, ~850 MB: plugins/mlflow/tests/mlflow_server.py) is built there
+# too: the first test that needs it waits for it (a file lock) instead of installing it on the suite's clock.
 LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
-test-all: setup-slurm
-	@echo "== building the venvs of the later suites in the background (venv-build.log)"; \
-	$(MAKE) --no-print-directory -j$(words $(LATER_VENVS)) --output-sync=target $(LATER_VENVS) \
+BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server
+test-all: setup setup-slurm
+	@echo "== building the venvs of the later suites and the MLflow server's in the background (venv-build.log)"; \
+	$(MAKE) --no-print-directory -j$(words $(BACKGROUND_SETUP)) --output-sync=target $(BACKGROUND_SETUP) \
 		> venv-build.log 2>&1 & build=$$!; \
 	status=0; \
 	$(MAKE) --no-print-directory test || status=$$?; \
@@ -97,6 +100,12 @@ $(ALONE_VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.t
 	$(ALONE_BIN)/python -m pip install -q --no-compile $(TORCH) -r requirements-dev.txt $(ALONE_DEPS)
 	$(ALONE_BIN)/python -m pip install -q --no-build-isolation -e kernel
 	touch $@
+
+# The MLflow server the MLflow tests start (its own venv, .venv-mlflow-server; the tests install it on first use when
+# this has not run).
+.PHONY: setup-mlflow-server
+setup-mlflow-server:
+	$(BIN)/python plugins/mlflow/tests/mlflow_server.py
 
 .PHONY: test-plugin-alone test-plugin-alone-smoke
 test-plugin-alone-smoke:

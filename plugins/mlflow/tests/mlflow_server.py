@@ -113,3 +113,7 @@ def running_server(workdir: Path, timeout: float = 120) -> Iterator[str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+if __name__ == "__main__":  # `make setup-mlflow-server`: install the server environment ahead of the tests
+    print(server_executable())
