@@ -35,15 +35,15 @@ facts = {
     "tmp": tempfile.gettempdir(), "stdin": sys.stdin is None,
     "streams": [(s.encoding, s.errors, s.line_buffering, s.write_through) for s in (sys.stdout, sys.stderr)],
     "sigint": repr(signal.getsignal(signal.SIGINT)), "sigterm": repr(signal.getsignal(signal.SIGTERM)),
-    "threads": threading.active_count(), "rank": os.environ["RANK"],
+    "threads": threading.active_count(), "rank": os.environ.get("RANK"),
     "cmdline": open("/proc/self/cmdline", "rb").read().decode().replace(sys.argv[1], "OUT").split("\0"),
     "environ": sorted(e.partition("=")[0] for e in open("/proc/self/environ", "rb").read().decode().split("\0")),
     "environ_var": [e for e in open("/proc/self/environ", "rb").read().decode().split("\0") if "FACT_VAR" in e],
 }
 warm = "warm_zygote" in sys.modules
-with open(os.path.join(sys.argv[1], f"facts{os.environ['RANK']}.json"), "w") as f:
+with open(os.path.join(sys.argv[1], f"facts{os.environ.get('RANK', '0')}.json"), "w") as f:
     json.dump({"facts": facts, "warm": warm}, f)
-if os.environ["RANK"] == "1":
+if os.environ.get("RANK") == "1":
     def deeper():
         raise ValueError("rank 1 fails on purpose")
     deeper()
@@ -51,12 +51,17 @@ if os.environ["RANK"] == "1":
 
 
 def launch(
-    tmp: Path, env: dict[str, str], run: int, target: tuple[str, ...] = ("facts.py",)
+    tmp: Path,
+    env: dict[str, str],
+    run: int,
+    target: tuple[str, ...] = ("facts.py",),
+    launcher: tuple[str, ...] = (ACCEL, "launch"),
+    processes: int = 2,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
     out = tmp / f"run{run}"
     out.mkdir()
     proc = subprocess.run(
-        [ACCEL, "launch", "-q", "-n", "2", *target, str(out)],
+        [*launcher, "-q", "-n", str(processes), *target, str(out)],
         cwd=tmp / "work",
         env=env,
         capture_output=True,
@@ -72,6 +77,13 @@ def traceback_of(stderr: str) -> list[str]:
     start = lines.index("Traceback (most recent call last):")
     end = next(i for i, line in enumerate(lines) if line.startswith("ValueError:"))
     return lines[start : end + 1]
+
+
+def wait_for_servers(folder: Path) -> None:
+    """Until every server a launch started (``KEY.starting``) listens (``KEY.sock``)."""
+    deadline = time.monotonic() + 120
+    while any(not p.with_suffix(".sock").exists() for p in folder.glob("*.starting")) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def summary(stderr: str) -> str:
@@ -91,9 +103,7 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
         for run in range(3):
             runs.append(launch(tmp_path, env, run))
             if run == 1:  # the second launch started the servers: wait until they listen
-                deadline = time.monotonic() + 120
-                while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                wait_for_servers(folder)
         # and `python -m`: cold (turned off for this launch), then forked (the same servers)
         runs.append(launch(tmp_path, {**env, "WARM_WORKERS": "0"}, 3, ("-m", "facts")))
         runs.append(launch(tmp_path, env, 4, ("-m", "facts")))
@@ -116,6 +126,40 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
         # failed (then torchrun stops it), which is timing, not warm or cold
         assert summary(cold.stderr) == summary(warm.stderr)
         assert "process 1 of 2 exited with code 1" in summary(warm.stderr)
+
+
+def test_one_process_launches_and_the_launch_module_run_by_path_are_forked_too(tmp_path: Path) -> None:
+    """The one process of `accel launch -n 1` (no torchrun: accel launch starts it, with ACCEL_CONFIG) and accel
+    launch run as `python .../accel/commands/launch.py` (as accel.testing's launch helpers run it) are served too."""
+    import accel.commands.launch
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "facts.py").write_text(FACTS)
+    (tmp_path / "tmp").mkdir()
+    folder = tmp_path / "warm"
+    folder.mkdir()
+    env = clean_env(tmp_path / "home", hide=False, FACT_VAR="x y", TMPDIR=str(tmp_path / "tmp"))
+    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
+    by_path = (sys.executable, accel.commands.launch.__file__)
+    runs = []
+    try:
+        for run in range(3):
+            runs.append(launch(tmp_path, env, run, launcher=by_path, processes=1))
+            if run == 1:
+                wait_for_servers(folder)
+    finally:
+        for pid_file in folder.glob("*.pid"):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    (cold, cold_facts), (warm, warm_facts) = runs[0], runs[2]
+    assert cold.returncode == warm.returncode == 0, (cold.stderr, warm.stderr)
+    logs = "".join(p.read_text() for p in folder.glob("*.log"))
+    assert [f["warm"] for f in cold_facts.values()] == [False], cold
+    assert [f["warm"] for f in warm_facts.values()] == [True], (warm, logs)
+    c, w = cold_facts["facts0"]["facts"], warm_facts["facts0"]["facts"]
+    c["argv"][1] = w["argv"][1] = "OUT"
+    assert w == c
+    served = [json.loads(line.partition(": ")[2]) for line in logs.splitlines() if line.startswith("run ")]
+    assert sorted(a[0] for a in served) == sorted([accel.commands.launch.__file__, "facts.py"]), logs
 
 
 LONG = r"""
@@ -160,9 +204,7 @@ def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> N
                 time.sleep(0.1)
             assert not [p for p in pids if alive(p)], f"launch {run}: workers outlived their killed launcher"
             if run == 1:
-                deadline = time.monotonic() + 120
-                while len(list(folder.glob("*.sock"))) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                wait_for_servers(folder)
         servers = {int(p.read_text()) for p in folder.glob("*.pid")}
         assert len(servers) == 2, list(folder.iterdir())  # one for launchers, one for workers
         assert set(parents.values()) < servers  # the last launch's workers were forked by a server
