@@ -128,11 +128,9 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
         assert "process 1 of 2 exited with code 1" in summary(warm.stderr)
 
 
-def test_one_process_launches_and_the_launch_module_run_by_path_are_forked_too(tmp_path: Path) -> None:
+def test_one_process_launches_and_python_m_accel_commands_launch_are_forked_too(tmp_path: Path) -> None:
     """The one process of `accel launch -n 1` (no torchrun: accel launch starts it, with ACCEL_CONFIG) and accel
-    launch run as `python .../accel/commands/launch.py` (as accel.testing's launch helpers run it) are served too."""
-    import accel.commands.launch
-
+    launch run as `python -m accel.commands.launch` (as accel.testing's launch helpers run it) are served too."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "facts.py").write_text(FACTS)
     (tmp_path / "tmp").mkdir()
@@ -140,11 +138,11 @@ def test_one_process_launches_and_the_launch_module_run_by_path_are_forked_too(t
     folder.mkdir()
     env = clean_env(tmp_path / "home", hide=False, FACT_VAR="x y", TMPDIR=str(tmp_path / "tmp"))
     env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
-    by_path = (sys.executable, accel.commands.launch.__file__)
+    as_module = (sys.executable, "-m", "accel.commands.launch")
     runs = []
     try:
         for run in range(3):
-            runs.append(launch(tmp_path, env, run, launcher=by_path, processes=1))
+            runs.append(launch(tmp_path, env, run, launcher=as_module, processes=1))
             if run == 1:
                 wait_for_servers(folder)
     finally:
@@ -159,7 +157,10 @@ def test_one_process_launches_and_the_launch_module_run_by_path_are_forked_too(t
     c["argv"][1] = w["argv"][1] = "OUT"
     assert w == c
     served = [json.loads(line.partition(": ")[2]) for line in logs.splitlines() if line.startswith("run ")]
-    assert sorted(a[0] for a in served) == sorted([accel.commands.launch.__file__, "facts.py"]), logs
+    assert sorted(served) == [
+        ["-m", "-q", "-n", "1", "facts.py", str(tmp_path / "run2")],
+        ["facts.py", str(tmp_path / "run2")],
+    ], logs
 
 
 LONG = r"""

@@ -4,8 +4,8 @@
 the other ``.pth`` files (the editable installs' finders), every Python process of the venv runs this file only when
 ``WARM_WORKERS_DIR`` is set (the test session turned warm workers on: the root conftest.py) and either
 ``TORCHELASTIC_RUN_ID`` or ``ACCEL_CONFIG`` is (torchrun started this process as a worker, or accel launch started it
-as its one process) or it is ``accel launch`` itself (``accel launch`` or ``python .../accel/commands/launch.py``,
-when it starts processes). It then goes on only for ``python [-u] SCRIPT ARGS`` and
+as its one process) or it is ``accel launch`` itself (``accel launch`` or ``python -m accel.commands.launch``, when
+it starts processes). It then goes on only for ``python [-u] SCRIPT ARGS`` and
 ``python [-u] -m NAME ARGS``.
 
 Such a process is a fresh interpreter that has not imported torch yet. Instead of importing it (2-4 CPU seconds with
@@ -53,8 +53,8 @@ RUNTIME_PREFIXES = ("TORCHELASTIC_",)
 FLAGS = frozenset("uBEsOq")
 #: The server's command (``python -c``), given this folder.
 SERVE = "import sys; sys.path.insert(0, %r); import warm_zygote; del sys.path[0]; warm_zygote.serve()"
-#: accel launch's module, which tests also run by its path
-LAUNCH_MODULE = os.path.join("accel", "commands", "launch.py")
+#: accel launch's module, which tests also run with ``python -m``
+LAUNCH_MODULE = "accel.commands.launch"
 #: Signals passed on to the forked process (torchrun and accel stop workers with SIGTERM; accel.testing asks for
 #: stacks with SIGABRT; tests send the others).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGUSR1", "SIGUSR2")
@@ -234,13 +234,16 @@ def _worker() -> bool:
 
 
 def _launcher() -> bool:
-    """``accel launch`` (or its module run by path, ``python .../accel/commands/launch.py``, as ``accel.testing``'s
-    launch helpers do) that will start processes (not a dry run, not its help)."""
-    argv = getattr(sys, "orig_argv", [])
-    if len(argv) > 2 and os.path.basename(argv[1]) == "accel" and argv[2] == "launch":
-        rest = argv[3:]
-    elif len(argv) > 1 and argv[1].endswith(LAUNCH_MODULE):
-        rest = argv[2:]
+    """``accel launch`` (or ``python -m accel.commands.launch``, as ``accel.testing``'s launch helpers run it) that
+    will start processes (not a dry run, not its help)."""
+    command = script_command(list(getattr(sys, "orig_argv", [])))
+    if command is None:
+        return False
+    _flags, kind, target, args = command
+    if kind == "script" and os.path.basename(target) == "accel" and args[:1] == ["launch"]:
+        rest = args[1:]
+    elif kind == "module" and target == LAUNCH_MODULE:
+        rest = args
     else:
         return False
     return not {"--dry-run", "--dry_run", "-h", "--help"} & set(rest)

@@ -12,7 +12,7 @@ CLIENT = Path(__file__).resolve().parent / "client.py"
 LINE = (
     "import os, sys; os.environ.get('WARM_WORKERS_DIR') "
     "and (os.environ.get('TORCHELASTIC_RUN_ID') or os.environ.get('ACCEL_CONFIG') or sys.argv[1:2] == ['launch'] "
-    "or sys.argv[0].endswith('launch.py')) "
+    "or sys.orig_argv[1:3] == ['-m', 'accel.commands.launch']) "
     f"and __import__('runpy').run_path({str(CLIENT)!r})\n"
 )
 
