@@ -9,6 +9,7 @@ environment runs cold, the second starts the server, the third is forked from it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,16 +92,33 @@ def summary(stderr: str) -> str:
     return re.sub(r" \(\d+ more failed after it\)", "", stderr.splitlines()[-1])
 
 
-def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
+def facts_workspace(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """``work/facts.py``, a temporary folder and a warm-workers folder of the test's own; the launches' environment."""
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "facts.py").write_text(FACTS)  # run as a script, and as a module (-m facts)
+    (tmp_path / "work" / "facts.py").write_text(FACTS)
     (tmp_path / "tmp").mkdir()
     folder = tmp_path / "warm"
     folder.mkdir()
     env = clean_env(tmp_path / "home", hide=False, FACT_VAR="x y", TMPDIR=str(tmp_path / "tmp"))
-    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()), PYTHONPATH=str(tmp_path / "work"))
-    runs = []
+    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
+    return folder, env
+
+
+@contextlib.contextmanager
+def servers_stopped(folder: Path) -> Iterator[None]:
+    """Stop the servers the block's launches started (SIGTERM), however the block ends."""
     try:
+        yield
+    finally:
+        for pid_file in folder.glob("*.pid"):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
+    folder, env = facts_workspace(tmp_path)
+    env["PYTHONPATH"] = str(tmp_path / "work")  # facts.py runs as a script, and as a module (-m facts)
+    runs = []
+    with servers_stopped(folder):
         for run in range(3):
             runs.append(launch(tmp_path, env, run))
             if run == 1:  # the second launch started the servers: wait until they listen
@@ -107,9 +126,6 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
         # and `python -m`: cold (turned off for this launch), then forked (the same servers)
         runs.append(launch(tmp_path, {**env, "WARM_WORKERS": "0"}, 3, ("-m", "facts")))
         runs.append(launch(tmp_path, env, 4, ("-m", "facts")))
-    finally:
-        for pid_file in folder.glob("*.pid"):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
     for (cold, cold_facts), (warm, warm_facts) in ((runs[0], runs[2]), (runs[3], runs[4])):
         assert [f["warm"] for f in cold_facts.values()] == [False, False], cold
         logs = {p.name: p.read_text() for p in folder.glob("*.log")}  # a server that serves nobody says why
@@ -131,23 +147,14 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path) -> None:
 def test_one_process_launches_and_python_m_accel_commands_launch_are_forked_too(tmp_path: Path) -> None:
     """The one process of `accel launch -n 1` (no torchrun: accel launch starts it, with ACCEL_CONFIG) and accel
     launch run as `python -m accel.commands.launch` (as accel.testing's launch helpers run it) are served too."""
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "facts.py").write_text(FACTS)
-    (tmp_path / "tmp").mkdir()
-    folder = tmp_path / "warm"
-    folder.mkdir()
-    env = clean_env(tmp_path / "home", hide=False, FACT_VAR="x y", TMPDIR=str(tmp_path / "tmp"))
-    env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
+    folder, env = facts_workspace(tmp_path)
     as_module = (sys.executable, "-m", "accel.commands.launch")
     runs = []
-    try:
+    with servers_stopped(folder):
         for run in range(3):
             runs.append(launch(tmp_path, env, run, launcher=as_module, processes=1))
             if run == 1:
                 wait_for_servers(folder)
-    finally:
-        for pid_file in folder.glob("*.pid"):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
     (cold, cold_facts), (warm, warm_facts) = runs[0], runs[2]
     assert cold.returncode == warm.returncode == 0, (cold.stderr, warm.stderr)
     logs = "".join(p.read_text() for p in folder.glob("*.log"))
@@ -180,38 +187,37 @@ def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> N
     env = clean_env(tmp_path / "home", hide=False)
     env.update(WARM_WORKERS_DIR=str(folder), WARM_WORKERS_OWNER=str(os.getpid()))
     pids: list[int] = []
-    try:
-        for run in range(3):
-            out = tmp_path / f"run{run}"
-            out.mkdir()
-            proc = subprocess.Popen(
-                [ACCEL, "launch", "-q", "-n", "2", "long.py", str(out)],
-                cwd=tmp_path / "work",
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            deadline = time.monotonic() + 120
-            while len(list(out.glob("*.pid"))) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            parents = {int(p.stem): int(p.read_text() or 0) for p in out.glob("*.pid")}
-            pids = list(parents)
-            assert len(pids) == 2, f"the workers of launch {run} did not start"
-            proc.kill()
-            proc.wait()
-            deadline = time.monotonic() + 20
-            while any(alive(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not [p for p in pids if alive(p)], f"launch {run}: workers outlived their killed launcher"
-            if run == 1:
-                wait_for_servers(folder)
-        servers = {int(p.read_text()) for p in folder.glob("*.pid")}
-        assert len(servers) == 2, list(folder.iterdir())  # one for launchers, one for workers
-        assert set(parents.values()) < servers  # the last launch's workers were forked by a server
-    finally:
-        for pid_file in folder.glob("*.pid"):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    with servers_stopped(folder):
+        try:
+            for run in range(3):
+                out = tmp_path / f"run{run}"
+                out.mkdir()
+                proc = subprocess.Popen(
+                    [ACCEL, "launch", "-q", "-n", "2", "long.py", str(out)],
+                    cwd=tmp_path / "work",
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                deadline = time.monotonic() + 120
+                while len(list(out.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                parents = {int(p.stem): int(p.read_text() or 0) for p in out.glob("*.pid")}
+                pids = list(parents)
+                assert len(pids) == 2, f"the workers of launch {run} did not start"
+                proc.kill()
+                proc.wait()
+                deadline = time.monotonic() + 20
+                while any(alive(p) for p in pids) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert not [p for p in pids if alive(p)], f"launch {run}: workers outlived their killed launcher"
+                if run == 1:
+                    wait_for_servers(folder)
+            servers = {int(p.read_text()) for p in folder.glob("*.pid")}
+            assert len(servers) == 2, list(folder.iterdir())  # one for launchers, one for workers
+            assert set(parents.values()) < servers  # the last launch's workers were forked by a server
+        finally:
+            for pid in pids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
