@@ -233,12 +233,9 @@ def _worker() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "ACCEL_CONFIG" in os.environ
 
 
-def _launcher() -> bool:
+def _launcher(command: tuple[list[str], str, str, list[str]]) -> bool:
     """``accel launch`` (or ``python -m accel.commands.launch``, as ``accel.testing``'s launch helpers run it) that
-    will start processes (not a dry run, not its help)."""
-    command = script_command(list(getattr(sys, "orig_argv", [])))
-    if command is None:
-        return False
+    will start processes (not a dry run, not its help), given :func:`script_command` of this process."""
     _flags, kind, target, args = command
     if kind == "script" and os.path.basename(target) == "accel" and args[:1] == ["launch"]:
         rest = args[1:]
@@ -252,18 +249,17 @@ def _launcher() -> bool:
 def _main() -> None:
     env = os.environ
     folder = env.get("WARM_WORKERS_DIR")
-    if not folder or "WARM_WORKERS_SERVER" in env or not (_worker() or _launcher()):
-        return
-    if env.get("WARM_WORKERS", "1") == "0" or "torch" in sys.modules:
+    if not folder or "WARM_WORKERS_SERVER" in env or env.get("WARM_WORKERS", "1") == "0" or "torch" in sys.modules:
         return
     command = script_command(list(getattr(sys, "orig_argv", [])))
-    if command is None:
+    if command is None or not (_worker() or _launcher(command)):
         return
     flags, kind, target, args = command
     if kind == "script" and not os.path.isfile(target):
         return
-    base = base_path(dict(env))
-    key = server_key(flags, dict(env), base)
+    environ = dict(env)
+    base = base_path(environ)
+    key = server_key(flags, environ, base)
     if not os.path.exists(os.path.join(folder, key + ".sock")):
         _start_server(folder, key, flags)
         return
