@@ -11,6 +11,7 @@ round trip. The tests assert on it; nothing here decides whether IPEX worked.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -128,7 +129,8 @@ def run(
         loaded = load_model(Net(), weights)
         report["save_model_equal"] = all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
         ckpt = kernel.save_state(workdir / "ckpt")
-        saved_opt = optimizer.state_dict()
+        # a copy: torch's state_dict holds the live state tensors (IPEX's, when it prepacked, held unpacked copies)
+        saved_opt = copy.deepcopy(optimizer.state_dict())
         model.train()
         for i, (x, y) in enumerate(train_dl):  # move away from the checkpoint
             kernel.backward(nn.functional.cross_entropy(model(x), y))

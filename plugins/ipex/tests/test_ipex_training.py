@@ -6,6 +6,11 @@ through ``accel launch --plugin ipex`` (one process, and two with DDP); each run
 (``ipex_train.py``) and the tests assert on it: IPEX's prepacked modules replaced the Conv/Linear layers, its fused
 optimizer step was patched in, bf16 weights carry fp32 master weights, the weights given back are plain fp32, the
 loss goes down, and checkpoints round-trip. A run without the plugin is the control.
+
+IPEX prepacks bf16 weights only on a CPU whose oneDNN has bf16 kernels (avx512bw/vl/dq or avx_ne_convert); elsewhere
+the plugin turns prepacking off for bf16 and warns. The bf16 tests check whichever of the two this CPU gets
+(``PREPACKS_BF16``): prepacked modules, or the model's own modules and the warning. Both get bf16 weights with fp32
+master weights and IPEX's optimizer step.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,11 @@ NET_STATE = {
 
 sys.path.insert(0, str(HERE))
 import ipex_train  # noqa: E402
+from intel_extension_for_pytorch import _C as ipex_core  # noqa: E402
+
+#: whether IPEX can prepack bf16 weights on this CPU (else the plugin passes weights_prepack=False and warns)
+PREPACKS_BF16 = bool(ipex_core.onednn_has_bf16_support())
+NO_PREPACK_WARNING = "so bf16 weights are not prepacked"
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +98,20 @@ def assert_plain_fp32_weights(report: dict[str, Any]) -> None:
     assert report["load_state_restores_optimizer"]
 
 
+def assert_bf16_modules(report: dict[str, Any], output: str | None = None) -> None:
+    """Conv and Linear prepacked by IPEX where this CPU lets it prepack bf16 weights; else the model's own layers,
+    and (given the launch's output) the plugin's warning saying so. Either way, bf16 weights."""
+    modules = report["modules"]
+    if PREPACKS_BF16:
+        assert modules.count("_IPEXConv2d") == 2 and modules.count("_IPEXLinear") == 2, modules
+    else:
+        assert modules.count("Conv2d") == 2 and modules.count("Linear") == 2, modules
+        assert not any(m.startswith("_IPEX") for m in modules), modules
+    if output is not None:
+        assert (NO_PREPACK_WARNING in output) is not PREPACKS_BF16, output[-3000:]
+    assert report["param_dtypes"] == ["torch.bfloat16"]
+
+
 def test_in_process_fp32(tmp_path):
     """Kernel(plugins=["ipex"]): Conv2d layers prepacked, Adam's fused step, fp32 weights, plain state dict."""
     report = ipex_train.run(tmp_path / "r.json", "adam", epochs=2, plugins=["ipex"], workdir=tmp_path)
@@ -114,10 +139,10 @@ def test_control_without_the_plugin(tmp_path):
 def test_launch_bf16_with_amp(tmp_path):
     """accel launch --plugin ipex --mixed_precision bf16: accel-plugin-amp's autocast runs the forward, IPEX holds
     bf16 weights (Conv and Linear prepacked) with split fp32 master weights and steps them with fused Adam."""
-    report, _ = launch(tmp_path, "--plugin", "ipex", "--mixed_precision", "bf16")
+    report, proc = launch(tmp_path, "--plugin", "ipex", "--mixed_precision", "bf16")
     assert report["components"] == ["amp:precision", "ipex:optimization"]
     assert report["wrappers"] == ["AutocastModule", "Net"]
-    assert report["modules"].count("_IPEXConv2d") == 2 and report["modules"].count("_IPEXLinear") == 2
+    assert_bf16_modules(report, proc.stdout + proc.stderr)
     opt = report["optimizer"]
     assert opt["fused"] and opt["step"] == FUSED_ADAM and opt["param_dtypes"] == ["torch.bfloat16"], opt
     assert opt["split_master"] == len(NET_STATE), opt  # every weight keeps its low bf16 half in the optimizer
@@ -130,10 +155,15 @@ def test_launch_bf16_with_amp(tmp_path):
 def test_bf16_without_amp_uses_the_plugins_autocast(tmp_path, monkeypatch):
     """accel-plugin-amp disabled: ipex provides precision:bf16 itself and answers accel_autocast with bf16 autocast."""
     monkeypatch.setenv("ACCEL_DISABLE_PLUGINS", "amp")
-    report = ipex_train.run(tmp_path / "r.json", "adam", epochs=2, mixed_precision="bf16", plugins=["ipex"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = ipex_train.run(tmp_path / "r.json", "adam", epochs=2, mixed_precision="bf16", plugins=["ipex"])
     assert report["components"] == ["ipex:optimization"]
     assert report["wrappers"] == ["AutocastModule", "Net"]  # the kernel wraps the forward in the plugin's autocast
-    assert report["param_dtypes"] == ["torch.bfloat16"] and report["optimizer"]["split_master"] == len(NET_STATE)
+    ours = [str(w.message) for w in caught if NO_PREPACK_WARNING in str(w.message)]
+    assert len(ours) == (0 if PREPACKS_BF16 else 1), ours  # once per Kernel, not once per model
+    assert_bf16_modules(report)
+    assert report["optimizer"]["split_master"] == len(NET_STATE)
     assert report["state_dict_finer_than_bf16"]
     assert_trained(report)
 
@@ -146,7 +176,7 @@ def test_bf16_adamw_keeps_fp32_master_weights(tmp_path):
     opt = report["optimizer"]
     assert opt["type"] == "AdamW" and not opt["fused"] and "master_param_non_fused_step" in opt["step"], opt
     assert opt["fp32_master"] == len(NET_STATE) and opt["param_dtypes"] == ["torch.float32"], opt
-    assert report["param_dtypes"] == ["torch.bfloat16"]
+    assert_bf16_modules(report)
     assert report["state_dict_finer_than_bf16"]
     assert_trained(report)
 
@@ -156,11 +186,11 @@ def test_bf16_adamw_keeps_fp32_master_weights(tmp_path):
 def test_two_processes_with_ddp_bf16(tmp_path):
     """accel launch -n 2 --plugin ipex: ddp is the strategy, ipex.optimize runs in each process before DDP wraps
     the model, gradients are all-reduced (the weights end equal on both processes)."""
-    report, _ = launch(tmp_path, "-n", "2", "--plugin", "ipex", "--mixed_precision", "bf16")
+    report, proc = launch(tmp_path, "-n", "2", "--plugin", "ipex", "--mixed_precision", "bf16")
     assert report["num_processes"] == 2
     assert report["components"] == ["ddp:strategy", "amp:precision", "ipex:optimization"]
     assert report["wrappers"] == ["AutocastModule", "DistributedDataParallel"]
-    assert report["modules"].count("_IPEXConv2d") == 2 and report["modules"].count("_IPEXLinear") == 2
+    assert_bf16_modules(report, proc.stdout + proc.stderr)
     assert report["optimizer"]["fused"] and report["optimizer"]["split_master"] == len(NET_STATE)
     assert report["weights_same_on_every_process"]
     assert_trained(report)
@@ -212,8 +242,9 @@ def test_a_training_model_without_its_optimizer_is_refused():
 
 
 def test_a_replaced_module_is_what_unwrap_model_returns():
-    """bf16: IPEX swaps a bare nn.Linear for a new _IPEXLinear object; that object is what accel wraps, trains and
-    unwraps, and its weights come back as fp32 under the Linear's names."""
+    """bf16: IPEX swaps a bare nn.Linear for a new _IPEXLinear object (when it prepacks bf16 weights on this CPU);
+    that object is what accel wraps, trains and unwraps, and its weights come back as fp32 under the Linear's
+    names. Without prepacking the Linear itself is kept, with bf16 weights."""
     from accel import Kernel
 
     kernel = Kernel(plugins=["ipex"], mixed_precision="bf16")
@@ -221,7 +252,10 @@ def test_a_replaced_module_is_what_unwrap_model_returns():
     linear = torch.nn.Linear(64, 10)
     model, opt = kernel.prepare(linear, torch.optim.SGD(linear.parameters(), lr=0.5))
     inner = kernel.unwrap_model(model)
-    assert type(inner).__name__ == "_IPEXLinear" and inner is not linear
+    if PREPACKS_BF16:
+        assert type(inner).__name__ == "_IPEXLinear" and inner is not linear
+    else:
+        assert inner is linear and linear.weight.dtype == torch.bfloat16
     x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
     losses = []
     for _ in range(30):

@@ -18,6 +18,10 @@ after those three.
   copy otherwise). The forward must then run under CPU/XPU autocast: the precision plugin's (accel-plugin-amp) when
   one is active (it is in charge of precision), or else this component's ``accel_autocast`` (the same
   ``torch.autocast(device, dtype=torch.bfloat16)``). So ipex provides ``precision:bf16`` on its own.
+  IPEX prepacks bf16 weights into oneDNN's blocked layouts only on a CPU with the instructions oneDNN's bf16 kernels
+  need (avx512bw, avx512vl and avx512dq, or avx_ne_convert; ``onednn_has_bf16_support()``); on any other CPU
+  ``ipex.optimize`` raises an AssertionError. There the plugin passes ``weights_prepack=False`` and warns once: the
+  weights are still bf16 with fp32 master weights and the fused step, in the model's own Conv/Linear modules.
 - Strategies: one process or a strategy that keeps every parameter whole on each process (ddp). A strategy that
   declares ``"sharding"`` in its ``provides`` (fsdp, deepspeed) would shard IPEX's prepacked, split bf16 weights:
   refused.
@@ -28,6 +32,7 @@ after those three.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -89,6 +94,7 @@ class IpexOptimizer(Component):
         self.level = str(settings["ipex_level"])
         #: (model, optimizer or None) as ipex.optimize returned them, in prepare order
         self.optimized: list[tuple[Any, Any]] = []
+        self.warned_no_prepack = False
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -153,6 +159,7 @@ class IpexOptimizer(Component):
         import intel_extension_for_pytorch as ipex
 
         dtype = torch.bfloat16 if self.bf16 else None
+        prepack = self._weights_prepack(kernel.device, ipex)
         for i, j in pairs.items():
             model = models[i]
             optimizer = optimizers[j] if j is not None else None
@@ -167,13 +174,30 @@ class IpexOptimizer(Component):
                     continue
             model.to(kernel.device)  # IPEX optimizes for the device the parameters are on
             if optimizer is None:
-                new_model, new_optimizer = ipex.optimize(model, dtype=dtype, level=self.level, inplace=True), None
+                new_model = ipex.optimize(model, dtype=dtype, level=self.level, inplace=True, weights_prepack=prepack)
+                new_optimizer = None
             else:
                 new_model, new_optimizer = ipex.optimize(
-                    model, dtype=dtype, optimizer=optimizer, level=self.level, inplace=True
+                    model, dtype=dtype, optimizer=optimizer, level=self.level, inplace=True, weights_prepack=prepack
                 )
             if new_model is not model:
                 models[i] = new_model
             if j is not None and new_optimizer is not optimizer:
                 optimizers[j] = new_optimizer
             self.optimized.append((new_model, new_optimizer))
+
+    def _weights_prepack(self, device: torch.device, ipex: Any) -> bool | None:
+        """``weights_prepack`` for ``ipex.optimize``: None (IPEX's default for the level), or False for bf16 on a
+        CPU whose oneDNN has no bf16 kernels, where IPEX would refuse to prepack bf16 weights."""
+        if not self.bf16 or device.type != "cpu" or ipex._C.onednn_has_bf16_support():
+            return None
+        if not self.warned_no_prepack:
+            self.warned_no_prepack = True
+            warnings.warn(
+                "plugin 'ipex': this CPU lacks the instructions oneDNN's bf16 kernels need (avx512bw, avx512vl and "
+                "avx512dq, or avx_ne_convert), so bf16 weights are not prepacked: training runs in bf16 on the "
+                "model's own Conv/Linear layers, slower than on a CPU that has them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return False
