@@ -70,7 +70,11 @@ test-fast: setup
 # The MLflow tests' server environment (full mlflow, ~850 MB: plugins/mlflow/tests/mlflow_server.py) is built there
 # too: the first test that needs it waits for it (a file lock) instead of installing it on the suite's clock.
 LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
-BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server
+# DeepSpeed's CPU communication op (deepspeed_shm_comm, 2-3 min of one core in a clean workspace) is compiled there as
+# well, into the folder the DeepSpeed tests use (plugins/deepspeed/tests/dstools.py EXTENSIONS): the first DeepSpeed
+# test otherwise compiles it on the suite's clock while the second core idles; torch's build lock makes a test that
+# comes first wait for this build instead of starting another.
+BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server setup-deepspeed-ops
 test-all: setup setup-slurm
 	@echo "== building the venvs of the later suites and the MLflow server's in the background (venv-build.log)"; \
 	$(MAKE) --no-print-directory -j$(words $(BACKGROUND_SETUP)) --output-sync=target $(BACKGROUND_SETUP) \
@@ -106,6 +110,11 @@ $(ALONE_VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.t
 .PHONY: setup-mlflow-server
 setup-mlflow-server:
 	$(BIN)/python plugins/mlflow/tests/mlflow_server.py
+
+.PHONY: setup-deepspeed-ops
+setup-deepspeed-ops:
+	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.cache/torch_extensions} $(BIN)/python -c \
+		"from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 
 .PHONY: test-plugin-alone test-plugin-alone-smoke
 test-plugin-alone-smoke:
