@@ -123,7 +123,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         worker()
     else:
-        print(json.dumps(measure(), indent=1))
+        print(json.dumps(measure()))
 
 
 if __name__ == "__main__":
