@@ -9,9 +9,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -124,3 +125,12 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+def worker_or_measure(worker: Callable[[], None], measure: Callable[[], dict[str, Any]]) -> None:
+    """The entry point of a bench script that runs itself under valgrind: ``--worker`` runs ``worker`` (the measured
+    process), otherwise ``measure()``'s result is printed as one JSON line (``run_json`` reads the last)."""
+    if "--worker" in sys.argv[1:]:
+        worker()
+    else:
+        print(json.dumps(measure()))

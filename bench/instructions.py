@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from _common import worker_or_measure
+
 STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny model's 64-batch loader
 
 
@@ -125,13 +127,7 @@ def measure() -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", action="store_true")
-    if p.parse_args().worker:
-        sys.path.insert(0, str(Path(__file__).parent))
-        worker()
-    else:
-        print(json.dumps(measure()))
+    worker_or_measure(worker, measure)
 
 
 if __name__ == "__main__":

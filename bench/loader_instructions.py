@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _common import worker_or_measure
+
 WORKERS = 2
 SAMPLES = int(os.environ.get("BENCH_LOADER_SAMPLES", 4096))  # a pass: 64 batches of 64, 32 per worker
 
@@ -119,11 +121,7 @@ def measure() -> dict[str, Any]:
 
 
 def main() -> None:
-    if "--worker" in sys.argv[1:]:
-        sys.path.insert(0, str(Path(__file__).parent))
-        worker()
-    else:
-        print(json.dumps(measure()))
+    worker_or_measure(worker, measure)
 
 
 if __name__ == "__main__":
