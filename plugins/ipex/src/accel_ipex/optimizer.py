@@ -158,8 +158,12 @@ class IpexOptimizer(Component):
         pairs = pair_models_and_optimizers(models, optimizers)
         import intel_extension_for_pytorch as ipex
 
-        dtype = torch.bfloat16 if self.bf16 else None
-        prepack = self._weights_prepack(kernel.device, ipex)
+        options: dict[str, Any] = {
+            "dtype": torch.bfloat16 if self.bf16 else None,
+            "level": self.level,
+            "inplace": True,
+            "weights_prepack": self._weights_prepack(kernel.device, ipex),
+        }
         for i, j in pairs.items():
             model = models[i]
             optimizer = optimizers[j] if j is not None else None
@@ -174,12 +178,9 @@ class IpexOptimizer(Component):
                     continue
             model.to(kernel.device)  # IPEX optimizes for the device the parameters are on
             if optimizer is None:
-                new_model = ipex.optimize(model, dtype=dtype, level=self.level, inplace=True, weights_prepack=prepack)
-                new_optimizer = None
+                new_model, new_optimizer = ipex.optimize(model, **options), None
             else:
-                new_model, new_optimizer = ipex.optimize(
-                    model, dtype=dtype, optimizer=optimizer, level=self.level, inplace=True, weights_prepack=prepack
-                )
+                new_model, new_optimizer = ipex.optimize(model, optimizer=optimizer, **options)
             if new_model is not model:
                 models[i] = new_model
             if j is not None and new_optimizer is not optimizer:
