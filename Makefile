@@ -113,8 +113,7 @@ setup-mlflow-server:
 
 .PHONY: setup-deepspeed-ops
 setup-deepspeed-ops:
-	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-$(CURDIR)/.cache/torch_extensions} $(BIN)/python -c \
-		"from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+	$(BIN)/python plugins/deepspeed/tests/dstools.py
 
 .PHONY: test-plugin-alone test-plugin-alone-smoke
 test-plugin-alone-smoke:

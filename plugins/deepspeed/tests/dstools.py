@@ -25,3 +25,16 @@ def deepspeed_env(tmp: Path) -> dict[str, str]:
         ACCEL_HOME=str(tmp / "accel_home"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_EXTENSIONS_DIR=EXTENSIONS
     )
     return env
+
+
+def build_ops() -> None:
+    """Build DeepSpeed's CPU communication op into :data:`EXTENSIONS` with the call DeepSpeed's communication makes
+    (so the tests' launches load it instead of building it); torch's build lock makes a concurrent build wait."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = EXTENSIONS
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+
+
+if __name__ == "__main__":  # `make setup-deepspeed-ops`: build the op ahead of the tests, beside the suite
+    build_ops()
