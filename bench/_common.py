@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -134,3 +135,21 @@ def worker_or_measure(worker: Callable[[], None], measure: Callable[[], dict[str
         worker()
     else:
         print(json.dumps(measure()))
+
+
+def callgrind(script: str, out_file: str, *options: str, env: dict[str, str] | None = None) -> str:
+    """``python SCRIPT --worker`` under valgrind's callgrind, its counts dumped before every ``os.getppid()`` call
+    (the scripts' phase marker) into files named after ``out_file``; its stdout. RuntimeError when the run fails."""
+    cmd = ["valgrind", "--tool=callgrind", "--dump-before=os_getppid*", *options, f"--callgrind-out-file={out_file}"]
+    proc = subprocess.run(
+        [*cmd, sys.executable, script, "--worker"], capture_output=True, text=True, cwd=Path(__file__).parent, env=env
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def callgrind_total(path: Path) -> int | None:
+    """The instructions one callgrind output file counted (None if it holds no total)."""
+    found = re.search(r"^(?:summary|totals): (\d+)", path.read_text(encoding="utf-8", errors="replace"), re.M)
+    return int(found.group(1)) if found else None

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import worker_or_measure
+from _common import callgrind, callgrind_total, worker_or_measure
 
 STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny model's 64-batch loader
 
@@ -99,28 +96,13 @@ def measure() -> dict[str, Any]:
     if shutil.which("valgrind") is None:
         return {"skipped": "valgrind is not installed"}
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg"
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--separate-threads=yes",
-            "--dump-before=os_getppid*",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--worker",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
-        if proc.returncode != 0:
-            raise RuntimeError(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        names = json.loads([line for line in proc.stdout.splitlines() if line.startswith("[")][-1])
+        stdout = callgrind(__file__, f"{tmp}/cg", "--separate-threads=yes")
+        names = json.loads([line for line in stdout.splitlines() if line.startswith("[")][-1])
         counts: dict[int, int] = {}
         for path in Path(tmp).glob("cg.*-01"):  # <file>.<dump>-<thread>; thread 01 is the training thread
-            dump = int(path.name.split(".")[1].split("-")[0])
-            text = path.read_text(encoding="utf-8", errors="replace")
-            found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
-            if found:
-                counts[dump] = int(found.group(1))
+            total = callgrind_total(path)
+            if total is not None:
+                counts[int(path.name.split(".")[1].split("-")[0])] = total
         # dump 1 ends at the first getppid (start-up and warm-up); dump k+1 is phase k
         per_step = {name: counts[i + 2] / STEPS for i, name in enumerate(names)}
     return {"steps": STEPS, "instructions_per_step": per_step}

@@ -18,16 +18,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import worker_or_measure
+from _common import callgrind, callgrind_total, worker_or_measure
 
 WORKERS = 2
 SAMPLES = int(os.environ.get("BENCH_LOADER_SAMPLES", 4096))  # a pass: 64 batches of 64, 32 per worker
@@ -78,45 +75,32 @@ def worker() -> None:
     print(json.dumps({"main": os.getpid(), "names": list(made), "pids": pids, "samples": samples}))
 
 
-def _count(path: Path) -> int:
-    found = re.search(r"^(?:summary|totals): (\d+)", path.read_text(encoding="utf-8", errors="replace"), re.M)
-    return int(found.group(1)) if found else 0
-
-
 def measure() -> dict[str, Any]:
     if shutil.which("valgrind") is None:
         return {"skipped": "valgrind is not installed"}
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=os_getppid*",
-            f"--callgrind-out-file={tmp}/cg.%p",
-            sys.executable,
-            __file__,
-            "--worker",
-        ]
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"callgrind run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        got = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+        stdout = callgrind(__file__, f"{tmp}/cg.%p", env={**os.environ, "PYTHONHASHSEED": "0"})
+        got = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
         dumps: dict[int, dict[int, int]] = {}  # pid -> dump number -> instructions (the dump at exit: the last)
         for path in Path(tmp).glob("cg.*"):
             parts = path.name.split(".")
             pid = int(parts[1])
             number = int(parts[2].split("-")[0]) if len(parts) > 2 else 10**9
-            dumps.setdefault(pid, {})[number] = _count(path)
+            dumps.setdefault(pid, {})[number] = callgrind_total(path) or 0
     main = dumps[got["main"]]
-    # the main process: dump 1 ends at the first getppid (start-up and warm-up); pass k lies in dump 2k
-    # (the getppid before it starts dump 2k-1's end ... dump 2k ends at the getppid after it)
+    # the main process: dump 1 ends at the first getppid (start-up, warm-up, making the first loader); pass k (from
+    # 0) is dump 2k+2, which ends at the getppid after it; dump 2k+3 is making the next loader
     result: dict[str, dict[str, float]] = {}
     for k, name in enumerate(got["names"]):
         in_main = main[2 * k + 2]
         in_workers = sum(sum(n for d, n in dumps[pid].items() if d != min(dumps[pid])) for pid in got["pids"][name])
         n = got["samples"][name]
-        result[name] = {"main": in_main / n, "workers": in_workers / n, "total": (in_main + in_workers) / n}
-        result[name]["worker_processes"] = len(got["pids"][name])
+        result[name] = {
+            "main": in_main / n,
+            "workers": in_workers / n,
+            "total": (in_main + in_workers) / n,
+            "worker_processes": len(got["pids"][name]),
+        }
     return {"samples": SAMPLES, "workers": WORKERS, "instructions_per_sample": result}
 
 
