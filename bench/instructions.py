@@ -72,12 +72,25 @@ def phases() -> dict[str, Callable[[int], Any]]:
             out["parts|iterate a prepared iterable DataLoader"] = step_loop.runner(
                 nothing, Kernel(cpu=True).prepare(DataLoader(Stream(plain.dataset), batch_size=plain.batch_size)), False
             )
-    # DDP with accumulation: the ddp plugin in a world of one process (gloo), so its no_sync path runs on every
-    # other micro-step; the raw loop is a DistributedDataParallel on the same process group using no_sync() itself
-    args = argparse.Namespace(model="tiny", accum=2, clip=0.0, device="cpu", impl="accel", plugins=["ddp"])
-    step, loader, _ = step_loop.framework_loop(args)
-    out["DDP (one process), tiny MLP, accumulate(2)|raw"] = step_loop.runner(*step_loop.raw_loop(args, 2), False)
-    out["DDP (one process), tiny MLP, accumulate(2)|accel"] = step_loop.runner(step, loader, False)
+    # DDP: the ddp plugin in a world of one process (gloo), so with accumulation its no_sync path runs on every other
+    # micro-step; the raw loop is a DistributedDataParallel on the same process group (no_sync() itself), in fp32
+    # and under bf16 autocast (accel: mixed_precision="bf16"), the settings of the ddp-sizes wall-time rows
+    for precision in ("no", "bf16"):
+        for accum in (1, 2):
+            args = argparse.Namespace(
+                model="tiny",
+                accum=accum,
+                clip=0.0,
+                device="cpu",
+                impl="accel",
+                plugins=["ddp"],
+                mixed_precision=precision,
+            )
+            label = "DDP (one process), tiny MLP" + (", bf16" if precision == "bf16" else "")
+            label += f", accumulate({accum})" if accum > 1 else ""
+            step, loader, _ = step_loop.framework_loop(args)
+            out[f"{label}|raw"] = step_loop.runner(*step_loop.raw_loop(args, 2), False)
+            out[f"{label}|accel"] = step_loop.runner(step, loader, False)
     return out
 
 

@@ -4,8 +4,8 @@ noise that 2-4 worker processes on 2 shared cores give the wall-time rows (bench
 
     python bench/loader_instructions.py            # runs itself under valgrind; prints JSON
 
-The worker (``--worker``) makes one pass of each loader (bench/dataloader.py's datasets, 2 worker processes started
-afresh, as ``persistent_workers=False`` does) between two calls of ``os.getppid()``; callgrind
+The worker (``--worker``) makes one pass of each loader (bench/dataloader.py's datasets; no worker process, and 2
+worker processes started afresh, as ``persistent_workers=False`` does) between two calls of ``os.getppid()``; callgrind
 (``--dump-before=os_getppid*``, one output file per process) dumps the main process's counts per pass. A worker
 process is forked with its parent's counts so far, and torch's worker loop calls ``os.getppid()`` (its watchdog)
 before it takes its first batch and between batches; so a worker's first dump (what it inherited, and its set-up
@@ -26,7 +26,7 @@ from typing import Any
 
 from _common import callgrind, callgrind_total, worker_or_measure
 
-WORKERS = 2
+WORKERS = (0, 2)  # no worker process (the main process loads), and 2 (the cores of this machine)
 SAMPLES = int(os.environ.get("BENCH_LOADER_SAMPLES", 4096))  # a pass: 64 batches of 64, 32 per worker
 
 
@@ -39,17 +39,18 @@ def loaders(samples: int) -> dict[str, Callable[[], Any]]:
 
     kernels = {True: Kernel(cpu=True), False: Kernel(cpu=True, reseed_workers=False)}
     out: dict[str, Callable[[], Any]] = {}
-    for kind, cls in (("map", MapData), ("iterable", StreamData)):
-        for augment in (False, True):
-            case = f"{kind}, {'augmented' if augment else 'plain'}"
+    for workers in WORKERS:
+        for kind, cls in (("map", MapData), ("iterable", StreamData)):
+            for augment in (False, True):
+                case = f"{kind}, {'augmented' if augment else 'plain'}, num_workers={workers}"
 
-            def raw(cls: Any = cls, augment: bool = augment) -> Any:
-                return DataLoader(cls(augment, samples), batch_size=BATCH, num_workers=WORKERS)
+                def raw(cls: Any = cls, augment: bool = augment, workers: int = workers) -> Any:
+                    return DataLoader(cls(augment, samples), batch_size=BATCH, num_workers=workers)
 
-            out[f"{case}|raw"] = raw
-            out[f"{case}|accel"] = lambda raw=raw: kernels[True].prepare(raw())
-            if kind == "map":  # an iterable dataset's loader is not reseeded
-                out[f"{case}|accel, reseed_workers=False"] = lambda raw=raw: kernels[False].prepare(raw())
+                out[f"{case}|raw"] = raw
+                out[f"{case}|accel"] = lambda raw=raw: kernels[True].prepare(raw())
+                if kind == "map" and workers:  # reseeding is per batch in a worker; an iterable loader is not reseeded
+                    out[f"{case}|accel, reseed_workers=False"] = lambda raw=raw: kernels[False].prepare(raw())
     return out
 
 
@@ -101,7 +102,7 @@ def measure() -> dict[str, Any]:
             "total": (in_main + in_workers) / n,
             "worker_processes": len(got["pids"][name]),
         }
-    return {"samples": SAMPLES, "workers": WORKERS, "instructions_per_sample": result}
+    return {"samples": SAMPLES, "instructions_per_sample": result}
 
 
 def main() -> None:
