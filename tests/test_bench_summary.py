@@ -1,0 +1,73 @@
+"""bench/run.py's summary: how a wall-time row is decided, and that every row it points at was counted.
+
+The benchmarks themselves run under ``make bench`` (minutes to hours, a quiet machine); these tests check the
+summary's rule and the committed results it was built from, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load_bench_run() -> ModuleType:
+    """bench/run.py as a module of its own name; bench/ is on sys.path only while it imports its neighbours, so its
+    modules (``memory``, ``pipeline``, ...) never shadow the test folders' helpers of the same names."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("accel_bench_run", BENCH / "run.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+        for name in set(sys.modules) - before:
+            if getattr(sys.modules[name], "__file__", None) and Path(sys.modules[name].__file__).parent == BENCH:
+                del sys.modules[name]
+    return module
+
+
+run = load_bench_run()
+
+COUNTED = {
+    "instructions per step, tiny MLP": ("+0.90% (+14,905)", True),
+    "instructions per step, DDP (one process), tiny MLP, bf16": ("+3.10% (+60,000)", False),
+}
+
+
+def test_a_row_at_target_is_met() -> None:
+    assert run.summary_verdict(True, None, COUNTED) == "yes"
+    assert run.summary_verdict(True, "instructions per step, tiny MLP", COUNTED) == "yes"
+
+
+def test_a_miss_within_its_spread_is_decided_by_the_count_and_says_so() -> None:
+    shown = run.summary_verdict(False, "instructions per step, tiny MLP", COUNTED)
+    assert shown.startswith("yes, by instructions: accel adds +0.90%")
+    assert "within its rounds' middle half" in shown
+
+
+def test_a_miss_stays_a_miss_without_a_count_or_when_the_count_misses() -> None:
+    assert run.summary_verdict(False, None, COUNTED) == "**no**"
+    assert run.summary_verdict(False, "instructions per step, DDP (one process), tiny MLP, bf16", COUNTED) == "**no**"
+    assert run.summary_verdict(False, "instructions per step, never counted", COUNTED) == "**no**"
+    assert run.summary_verdict("yes, with reseed_workers=False", None, COUNTED) == "yes, with reseed_workers=False"
+
+
+def test_every_row_the_summary_decides_by_a_count_points_at_a_counted_row() -> None:
+    """The names the wall-time sections build (run.instructions_row, run.loader_row) must be the names the
+    instruction sections gave their rows, or the rule would silently never apply."""
+    results = json.loads((BENCH / "results.json").read_text(encoding="utf-8"))
+    rows = [row for section in results.values() for row in section["targets"]]
+    names = {row[0] for row in rows}
+    checks = [row[4] for row in rows if len(row) > 4 and row[4]]
+    if not checks:
+        pytest.skip("bench/results.json predates the rule (no row names a count)")
+    assert [c for c in checks if c not in names] == []
