@@ -223,13 +223,16 @@ def ddp_sizes(repeats: int) -> str:
     # Rounds: the tiny model's per-round ratios spread over +-25 % (a gloo all-reduce of 7k parameters is mostly
     # waiting on the other process), so it needs hundreds of rounds for its median to settle within a percent.
     steps = {"tiny": 1600 * repeats, "8m": 24 * repeats, "30m": 10 * repeats}
+    # a row's rounds stop after this many seconds (at least 6 rounds): bf16 on a CPU without native bf16
+    # instructions (AVX2 only) runs the big models' steps several times slower, and one row took over 15 minutes
+    budget = 40.0 * repeats
     for model, label in DDP_SIZES.items():
         for precision in ("no", "bf16"):
             for accum in (1, 2):
                 cmd = [ACCEL, "launch", "-q", "-n", "2", "--plugin", "ddp", str(HERE / "step_loop.py")]
                 cmd += ["--impl", "accel", "--paired", "--model", model, "--steps", str(steps[model])]
                 cmd += ["--mixed-precision", precision, "--accum", str(accum), "--device", DEVICE]
-                got = run_json(cmd)
+                got = run_json([*cmd, "--seconds", str(budget)], timeout=budget * 4 + 600)
                 ratio, (q1, q3) = got["ratio_to_raw"], got["ratio_quartiles"]
                 what = f"DDP same process group, {label}, {'fp32' if precision == 'no' else 'bf16'}" + (
                     f", accumulate({accum})" if accum > 1 else ""
@@ -465,6 +468,7 @@ def main() -> None:
         ),
     }
     results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.exists() else {}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as home:
         os.environ.update(ACCEL_HOME=home, HF_HOME=home)
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # measure what users get: cached bytecode
@@ -473,7 +477,16 @@ def main() -> None:
                 continue
             header = f"{machine()}; device {DEVICE}"
             TARGETS.clear()
-            body = job()
+            try:
+                body = job()
+            except (subprocess.SubprocessError, RuntimeError, OSError, ValueError, KeyError) as e:
+                # one section's failure (a timed-out or crashed run) is reported, and the other sections still run
+                failed.append(name)
+                error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                TARGETS.clear()
+                target(f"section {name}", "runs to the end", f"failed: {error}", False)
+                body = f"Failed: `{error}`"
+                print(f"bench: section {name} failed: {error}", file=sys.stderr)
             write_section(name, f"{title}\n\n{header}, at the end {os.getloadavg()[0]:.1f}\n\n{body}\n")
             results[name] = {"run": header, "targets": [list(t) for t in TARGETS]}
             RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
@@ -493,6 +506,8 @@ def main() -> None:
         "met, and the cell says so).\n\n" + "\n".join(rows) + "\n",
     )
     print("\n".join(rows))
+    if failed:
+        sys.exit(f"bench: {len(failed)} section(s) failed: {', '.join(failed)} (see above; the others were written)")
 
 
 def instruction_count() -> str:

@@ -102,6 +102,18 @@ def raw_loop(args: argparse.Namespace, world: int, shared: Shared | None = None)
     return step, loader
 
 
+def out_of_time(mine: bool, world: int) -> bool:
+    """Whether any process is past its time budget: every process of a DDP group must stop after the same round
+    (the next round's all-reduce would wait for a process that stopped)."""
+    if world == 1:
+        return mine
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if mine else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def framework_loop(args: argparse.Namespace) -> tuple[Step, Any, Shared]:
     """The framework's loop, and the model, optimizer and loader it prepared (as the user built them)."""
     model, loader = build(args.model)
@@ -207,6 +219,13 @@ def main() -> None:
     p.add_argument(
         "--block", type=int, default=0, help="steps per turn in the paired comparison (default: by model size)"
     )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="paired: stop after the round that passes this many seconds (at least 6 rounds; --steps still caps "
+        "them), so a slow machine (bf16 without native instructions) keeps the bench's time bounded",
+    )
     args = p.parse_args()
     steps = args.steps or {"tiny": 3000, "medium": 150, "8m": 80, "30m": 24}[args.model]
     warm = max(20, steps // 10) if args.model in ("tiny", "medium") else 4
@@ -248,6 +267,7 @@ def main() -> None:
             wall.append(run(chunk))
             cpu.append(time.process_time() - start)
 
+        began = time.perf_counter()
         for r in range(max(2, steps // chunk)):
             if r % 2:
                 timed(fw, fw_s, fw_c)
@@ -255,6 +275,8 @@ def main() -> None:
             else:
                 timed(raw, raw_s, raw_c)
                 timed(fw, fw_s, fw_c)
+            if args.seconds and r + 1 >= 6 and out_of_time(time.perf_counter() - began > args.seconds, world):
+                break
         ratios = sorted(r / f for f, r in zip(fw_s, raw_s, strict=True))
         cpu_ratios = [r / f for f, r in zip(fw_c, raw_c, strict=True) if f > 0]
         result = {
