@@ -60,9 +60,11 @@ def summary_verdict(met: bool | str, check: str | None, counted: dict[str, tuple
     and says so. Rows without such a count, or whose middle half does not reach the target, stay as measured."""
     if met is True:
         return "yes"
+    if isinstance(met, str):  # the section's own sentence (e.g. "yes, with reseed_workers=False") comes first
+        return met
     if check and check in counted and counted[check][1] is True:
         return f"yes, by instructions: accel adds {counted[check][0].split(' ')[0]} (the wall median is within its rounds' middle half)"
-    return met if isinstance(met, str) else "**no**"
+    return "**no**"
 
 
 def step_overhead(acc_py: str | None, repeats: int) -> str:
@@ -248,7 +250,7 @@ def ddp_sizes(repeats: int) -> str:
                 )
                 rows.append(
                     f"| {label} | {'fp32' if precision == 'no' else 'bf16 autocast'} | {accum} "
-                    f"| {got['raw_steps_per_s']:.1f} | {got['steps_per_s']:.1f} | {ratio:.3f} | {q1:.3f}-{q3:.3f} "
+                    f"| {got['raw_steps_per_s']:.3g} | {got['steps_per_s']:.3g} | {ratio:.3f} | {q1:.3f}-{q3:.3f} "
                     f"| {ratio_cell(got.get('cpu_ratio_to_raw'))} | {got['rounds']} |"
                 )
     return "\n".join(rows) + (

@@ -58,7 +58,12 @@ def test_a_miss_stays_a_miss_without_a_count_or_when_the_count_misses() -> None:
     assert run.summary_verdict(False, None, COUNTED) == "**no**"
     assert run.summary_verdict(False, "instructions per step, DDP (one process), tiny MLP, bf16", COUNTED) == "**no**"
     assert run.summary_verdict(False, "instructions per step, never counted", COUNTED) == "**no**"
-    assert run.summary_verdict("yes, with reseed_workers=False", None, COUNTED) == "yes, with reseed_workers=False"
+
+
+def test_a_sections_own_sentence_comes_before_the_count() -> None:
+    sentence = "yes, with reseed_workers=False"
+    assert run.summary_verdict(sentence, None, COUNTED) == sentence
+    assert run.summary_verdict(sentence, "instructions per step, tiny MLP", COUNTED) == sentence
 
 
 def test_every_row_the_summary_decides_by_a_count_points_at_a_counted_row() -> None:
