@@ -62,6 +62,16 @@ def med(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def ddp_setting(precision: str, accum: int) -> str:
+    """The label bench/instructions.py counts a one-process DDP loop under, for ``--mixed-precision``/``--accum``;
+    bench/run.py's ddp-sizes rows name the same label to find that count."""
+    return (
+        "DDP (one process), tiny MLP"
+        + (", bf16" if precision == "bf16" else "")
+        + (f", accumulate({accum})" if accum > 1 else "")
+    )
+
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), or platform's guess: figures from different machines differ 2x."""
     try:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import callgrind, callgrind_total, worker_or_measure
+from _common import callgrind, callgrind_total, ddp_setting, worker_or_measure
 
 STEPS = 256  # per phase, after 64 warm-up steps; four passes over the tiny model's 64-batch loader
 
@@ -86,8 +86,7 @@ def phases() -> dict[str, Callable[[int], Any]]:
                 plugins=["ddp"],
                 mixed_precision=precision,
             )
-            label = "DDP (one process), tiny MLP" + (", bf16" if precision == "bf16" else "")
-            label += f", accumulate({accum})" if accum > 1 else ""
+            label = ddp_setting(precision, accum)
             step, loader, _ = step_loop.framework_loop(args)
             out[f"{label}|raw"] = step_loop.runner(*step_loop.raw_loop(args, 2), False)
             out[f"{label}|accel"] = step_loop.runner(step, loader, False)
