@@ -48,7 +48,10 @@ def gone_within(pids: list[int], seconds: float) -> list[int]:
         time.sleep(0.1)
     left = [p for p in pids if alive(p)]
     for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended after the last look
+            pass
     return left
 
 
