@@ -9,6 +9,11 @@ pytest-xdist workers), or the environment variable ``ACCEL_SUITE_BUDGET`` (``0``
 :data:`MARGIN` (a fraction) or ``ACCEL_SUITE_BUDGET_MARGIN``. A session that ran a single module is reported but never
 checked. Under pytest-xdist the controller alone times the session (the workers send it their reports): the total is
 the session's wall time and a module's seconds are the sum of its tests' durations on every worker.
+
+Run in one process on Linux, it also reads the machine's CPU time (``/proc/stat``) before and after each test: a
+module's line then says how busy the machine's CPUs were while its tests ran, and the summary names the tests that
+left the most CPU time idle (core-seconds of wall time nobody used: sleeps, timeouts, waits on a process that
+itself waits). On a machine where the suite is CPU-bound these are where waiting, not work, costs time.
 docs/design.md "The test suite's time budget" says why these numbers.
 """
 
@@ -23,6 +28,7 @@ import pytest
 ENV_BUDGET = "ACCEL_SUITE_BUDGET"
 ENV_MARGIN = "ACCEL_SUITE_BUDGET_MARGIN"
 SHOWN = 10  # slowest modules printed
+IDLE_SHOWN = 8  # tests that left the most CPU idle
 #: The main suite's budget on the 2-core machine. Serially it took 2329 s (1,383 tests, last full run); `make test` now
 #: runs it on 2 pytest-xdist workers (branch `speed`: a 4-module subset took 738 s serially and 429 s on 2 workers,
 #: -42%, on a loaded machine) and test_resume_real_loaders' one-process variants share two runs (~90 s less), which
@@ -36,6 +42,19 @@ MARGIN = 0.2
 
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """``(busy, all)`` CPU seconds of the whole machine since boot (``/proc/stat``; summed over its CPUs), or None
+    where there is no ``/proc/stat``. Idle and iowait are not busy; guest time is already inside user time."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = sum(fields)
+    return (total - fields[3] - fields[4]) / tick, total / tick
 
 
 def _number(text: str, where: str) -> float:
@@ -59,6 +78,11 @@ class SuiteBudget:
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.start = time.monotonic()
         self.total = 0.0
+        #: per module and per test, the machine's busy and total CPU seconds while it ran (one process only)
+        self.measure_cpu = workers <= 1 and cpu_times() is not None
+        self.cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.test_cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._cpu_at: tuple[float, float] | None = None
 
     @property
     def limit(self) -> float:
@@ -72,6 +96,29 @@ class SuiteBudget:
 
     def pytest_sessionstart(self) -> None:
         self.start = time.monotonic()
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.measure_cpu:
+            self._cpu_at = cpu_times()
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        now = cpu_times() if self.measure_cpu else None
+        if now is None or self._cpu_at is None:
+            return
+        busy, total = now[0] - self._cpu_at[0], now[1] - self._cpu_at[1]
+        for store in (self.cpu[module_of(nodeid)], self.test_cpu[nodeid]):
+            store[0] += busy
+            store[1] += total
+        self._cpu_at = None
+
+    def busy_share(self, module: str) -> str:
+        busy, total = self.cpu.get(module, (0.0, 0.0))
+        return f"  (CPUs {busy / total:.0%} busy)" if total > 0 else ""
+
+    def most_idle(self) -> list[tuple[str, float]]:
+        """The tests that left the most CPU time idle (core-seconds), most first."""
+        idle = ((nodeid, total - busy) for nodeid, (busy, total) in self.test_cpu.items())
+        return sorted(idle, key=lambda kv: -kv[1])[:IDLE_SHOWN]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = module_of(report.nodeid)
@@ -92,7 +139,16 @@ class SuiteBudget:
         limit = f"budget {self.budget:.4g} s + {self.margin:.0%} = {self.limit:.4g} s" if self.budget else "no budget"
         tr.write_line(f"total {self.total:.1f} s wall, {len(self.seconds)} modules ({limit}); slowest modules:")
         for module, seconds in self.slowest():
-            tr.write_line(f"{seconds:9.1f} s  {len(self.tests[module]):4d} tests  {module}")
+            tr.write_line(f"{seconds:9.1f} s  {len(self.tests[module]):4d} tests  {module}{self.busy_share(module)}")
+        busy = sum(b for b, _ in self.cpu.values())
+        total = sum(t for _, t in self.cpu.values())
+        if total > 0:
+            tr.write_line(
+                f"the machine's CPUs were {busy / total:.0%} busy while tests ran ({total - busy:.0f} core-s idle); "
+                "the tests that left the most idle:"
+            )
+            for nodeid, idle in self.most_idle():
+                tr.write_line(f"{idle:9.1f} core-s idle  {nodeid}")
         if self.over():
             names = ", ".join(f"{m} ({s:.0f} s)" for m, s in self.slowest()[:3])
             tr.write_line(

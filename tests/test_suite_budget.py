@@ -3,10 +3,13 @@ two small test modules, one of them slow; the budget is given through the enviro
 
 from __future__ import annotations
 
+import os
+import re
+import time
 from pathlib import Path
 
 import pytest
-from suite_budget import BUDGET, SERIAL_BUDGET
+from suite_budget import BUDGET, SERIAL_BUDGET, cpu_times
 
 pytest_plugins = ["pytester"]
 
@@ -94,3 +97,33 @@ def test_under_xdist_the_controller_reports_the_whole_session(
     over = suite.runpytest_subprocess("-n", "2")
     assert over.ret == pytest.ExitCode.TESTS_FAILED
     assert sum("budget exceeded" in line for line in over.stdout.lines) == 1
+
+
+def test_the_machines_idle_cpu_is_reported_per_module_and_per_test(suite: pytest.Pytester) -> None:
+    """Run in one process on Linux: a module's line says how busy the machine's CPUs were during its tests, and
+    the summary lists the tests by the CPU time they left idle (here every test, fewer than IDLE_SHOWN)."""
+    cores = os.cpu_count() or 1
+    result = suite.runpytest()
+    assert result.ret == 0
+    lines = result.stdout.lines
+    (line,) = [line for line in lines if "tests  test_slow.py" in line]  # 0.4 s: /proc/stat counts in 10 ms ticks
+    share = re.search(r"test_slow.py  \(CPUs (\d+)% busy\)$", line)
+    assert share is not None and 0 <= int(share.group(1)) <= 100, line
+    first = next(i for i, line in enumerate(lines) if "the tests that left the most idle:" in line)
+    assert re.match(r"the machine's CPUs were \d+% busy while tests ran \(\d+ core-s idle\)", lines[first])
+    idle = {line.split("core-s idle  ")[1]: float(line.split()[0]) for line in lines[first + 1 : first + 4]}
+    assert set(idle) == {"test_slow.py::test_a", "test_slow.py::test_b", "test_quick.py::test_c"}
+    # a test cannot leave idle more CPU time than the machine had while it ran (its wall time on every core)
+    assert all(0 <= seconds <= 2.0 * cores for seconds in idle.values()), idle
+
+
+def test_cpu_times_are_the_machines_and_grow() -> None:
+    first = cpu_times()
+    if first is None:
+        pytest.skip("no /proc/stat on this system")
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # keep one CPU busy for a moment
+        pass
+    second = cpu_times()
+    assert second is not None
+    assert 0 <= first[0] <= first[1] and second[0] - first[0] >= 0.1 and second[1] - first[1] >= 0.2
