@@ -34,10 +34,11 @@ docs: setup
 # tests (--durations=25); tests/suite_budget.py prints the total and the 10 slowest modules and fails the run when it
 # took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off). PYTEST_WORKERS=N runs it on N pytest-xdist
 # workers (--dist loadfile: whole modules per worker, so a module's shared fixtures, a launch several tests read, a
-# Slurm cluster, an MLflow server, are still built once). The default is 0, one process: on the 2-core machine the
-# full suite on 2 workers took 2,238 s against 2,329 s in one process (the suite is CPU-bound: every test ran about
-# twice as long beside the other worker), so workers only pay where there are more cores (docs/design.md).
-PYTEST_WORKERS ?= 0
+# Slurm cluster, an MLflow server, are still built once). The default is 2 (since session 15): with the launches'
+# processes forked warm, the suite left the 2 cores 37 % idle in one process (1,483 core-s over 2,044 s); on 2
+# workers it took 1,247 s, back to back on the same machine, every test passing (docs/design.md, "Session 15").
+# PYTEST_WORKERS=0 runs it in one process (and its summary then names the tests that leave the CPUs idle).
+PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 test: setup
 	$(BIN)/python -m pytest $(XDIST) --durations=25
