@@ -44,6 +44,9 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit, per second
+
+
 def cpu_times() -> tuple[float, float] | None:
     """``(busy, all)`` CPU seconds of the whole machine since boot (``/proc/stat``; summed over its CPUs), or None
     where there is no ``/proc/stat``. Idle and iowait are not busy; guest time is already inside user time."""
@@ -52,9 +55,8 @@ def cpu_times() -> tuple[float, float] | None:
             fields = [int(v) for v in fh.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = sum(fields)
-    return (total - fields[3] - fields[4]) / tick, total / tick
+    return (total - fields[3] - fields[4]) / _TICK, total / _TICK
 
 
 def _number(text: str, where: str) -> float:
@@ -78,10 +80,9 @@ class SuiteBudget:
         self.tests: dict[str, set[str]] = defaultdict(set)
         self.start = time.monotonic()
         self.total = 0.0
-        #: per module and per test, the machine's busy and total CPU seconds while it ran (one process only)
+        #: per test, the machine's busy and total CPU seconds while it ran (one process only)
         self.measure_cpu = workers <= 1 and cpu_times() is not None
-        self.cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        self.test_cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.test_cpu: dict[str, tuple[float, float]] = {}
         self._cpu_at: tuple[float, float] | None = None
 
     @property
@@ -105,14 +106,16 @@ class SuiteBudget:
         now = cpu_times() if self.measure_cpu else None
         if now is None or self._cpu_at is None:
             return
-        busy, total = now[0] - self._cpu_at[0], now[1] - self._cpu_at[1]
-        for store in (self.cpu[module_of(nodeid)], self.test_cpu[nodeid]):
-            store[0] += busy
-            store[1] += total
+        self.test_cpu[nodeid] = (now[0] - self._cpu_at[0], now[1] - self._cpu_at[1])
         self._cpu_at = None
 
+    def cpu_of(self, module: str | None = None) -> tuple[float, float]:
+        """Busy and total CPU seconds over the tests of ``module`` (None: every test)."""
+        times = [t for nodeid, t in self.test_cpu.items() if module is None or module_of(nodeid) == module]
+        return sum(b for b, _ in times), sum(t for _, t in times)
+
     def busy_share(self, module: str) -> str:
-        busy, total = self.cpu.get(module, (0.0, 0.0))
+        busy, total = self.cpu_of(module)
         return f"  (CPUs {busy / total:.0%} busy)" if total > 0 else ""
 
     def most_idle(self) -> list[tuple[str, float]]:
@@ -140,8 +143,7 @@ class SuiteBudget:
         tr.write_line(f"total {self.total:.1f} s wall, {len(self.seconds)} modules ({limit}); slowest modules:")
         for module, seconds in self.slowest():
             tr.write_line(f"{seconds:9.1f} s  {len(self.tests[module]):4d} tests  {module}{self.busy_share(module)}")
-        busy = sum(b for b, _ in self.cpu.values())
-        total = sum(t for _, t in self.cpu.values())
+        busy, total = self.cpu_of()
         if total > 0:
             tr.write_line(
                 f"the machine's CPUs were {busy / total:.0%} busy while tests ran ({total - busy:.0f} core-s idle); "
