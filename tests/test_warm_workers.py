@@ -43,9 +43,15 @@ facts = {
     "environ_var": [e for e in open("/proc/self/environ", "rb").read().decode().split("\0") if "FACT_VAR" in e],
 }
 warm = "warm_zygote" in sys.modules
-with open(os.path.join(sys.argv[1], f"facts{os.environ.get('RANK', '0')}.json"), "w") as f:
+path = os.path.join(sys.argv[1], f"facts{os.environ.get('RANK', '0')}")
+with open(path + ".tmp", "w") as f:
     json.dump({"facts": facts, "warm": warm}, f)
+os.replace(path + ".tmp", path + ".json")  # whole, or not there: the launcher may stop rank 0 once rank 1 failed
 if os.environ.get("RANK") == "1":
+    import time
+    deadline = time.monotonic() + 120  # rank 0 may start later (cold, on a busy machine): fail once it has written
+    while not os.path.exists(os.path.join(sys.argv[1], "facts0.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     def deeper():
         raise ValueError("rank 1 fails on purpose")
     deeper()
