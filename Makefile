@@ -76,6 +76,10 @@ LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=tor
 # test otherwise compiles it on the suite's clock while the second core idles; torch's build lock makes a test that
 # comes first wait for this build instead of starting another.
 BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server setup-deepspeed-ops
+# The later suites run two at a time (make -j2; each one's output shown whole when it ends): each is one pytest
+# process in a venv of its own and keeps one core busy, so one after the other they left the second core idle
+# (session 16: 428 s in turn on the 2-core machine). Longest first.
+LATER_SUITES = test-xla $(TORCH_MATRIX:%=test-torch-%) test-ipex test-plugin-alone-smoke
 test-all: setup setup-slurm
 	@echo "== building the venvs of the later suites and the MLflow server's in the background (venv-build.log)"; \
 	$(MAKE) --no-print-directory -j$(words $(BACKGROUND_SETUP)) --output-sync=target $(BACKGROUND_SETUP) \
@@ -85,7 +89,7 @@ test-all: setup setup-slurm
 	if wait $$build; then echo "== venvs built"; \
 	else echo "== building the venvs failed:"; cat venv-build.log; status=1; fi; \
 	[ $$status = 0 ] || exit $$status; \
-	$(MAKE) --no-print-directory test-xla test-ipex test-plugin-alone-smoke $(TORCH_MATRIX:%=test-torch-%)
+	$(MAKE) --no-print-directory -j2 --output-sync=target $(LATER_SUITES)
 
 # Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
 # venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test

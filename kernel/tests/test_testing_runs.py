@@ -64,7 +64,7 @@ def processes_of_any() -> list[str]:
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                found.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+                found.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 continue
     return found
