@@ -256,6 +256,7 @@ def test_prepared_scheduler_reads_and_writes_go_to_the_wrapped_scheduler() -> No
 # ---- Megatron-LM -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.requires_plugins("ddp")  # MULTI_CPU selects it; without it the launch is refused for that instead
 def test_a_megatron_section_with_another_strategy_is_refused_in_one_line(tmp_path: Path) -> None:
     """megatron_lm_config runs on accel-plugin-parallel (plugins/parallel/tests/test_pipeline.py); with MULTI_CPU (ddp) it is refused."""
     config = tmp_path / "megatron.yaml"
