@@ -67,8 +67,6 @@ test-fast: setup
 # torches: LATER_VENVS) are built in the background while the main suite runs (their pip steps wait mostly on the
 # network and the disk, and they install with --no-compile), their output in venv-build.log, shown when a build
 # fails; the suites that use them come after (docs/design.md "The torch matrix in CI").
-# They run at the lowest CPU priority (nice 19): the suite's tests come first, the builds take what the tests leave
-# (the tests that need the MLflow server or the DeepSpeed op wait for it, and that wait leaves the CPU to it).
 # The MLflow tests' server environment (full mlflow, ~850 MB: plugins/mlflow/tests/mlflow_server.py) is built there
 # too: the first test that needs it waits for it (a file lock) instead of installing it on the suite's clock.
 LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
@@ -84,7 +82,7 @@ BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server setup-deepspeed-ops
 LATER_SUITES = test-xla $(TORCH_MATRIX:%=test-torch-%) test-ipex test-plugin-alone
 test-all: setup setup-slurm
 	@echo "== building the venvs of the later suites and the MLflow server's in the background (venv-build.log)"; \
-	nice -n 19 $(MAKE) --no-print-directory -j$(words $(BACKGROUND_SETUP)) --output-sync=target $(BACKGROUND_SETUP) \
+	$(MAKE) --no-print-directory -j$(words $(BACKGROUND_SETUP)) --output-sync=target $(BACKGROUND_SETUP) \
 		> venv-build.log 2>&1 & build=$$!; \
 	status=0; \
 	$(MAKE) --no-print-directory test || status=$$?; \
