@@ -63,10 +63,11 @@ test-fast: setup
 # What CI runs (.ci/run): Debian's Slurm for tests/test_slurm.py, the main suite, then, two at a time, the XLA and
 # IPEX plugins in their own venvs, the torch matrix: the smoke tests on the declared floor (torch 2.7.0) and on the
 # newest torch (2.14.1), each in its own slim venv (`make test-torch-matrix`), and each plugin's folder with only
-# that plugin installed (its quick tests: `make test-plugin-alone`). The venvs of everything after the main suite (XLA, IPEX, plugins alone, the two
-# torches: LATER_VENVS) are built in the background while the main suite runs (their pip steps wait mostly on the
-# network and the disk, and they install with --no-compile), their output in venv-build.log, shown when a build
-# fails; the suites that use them come after (docs/design.md "The torch matrix in CI").
+# that plugin installed (its quick tests: `make test-plugin-alone`). The venvs of everything after the main suite
+# (XLA, IPEX, plugins alone, the two torches: LATER_VENVS) are built in the background while the main suite runs
+# (their pip steps wait mostly on the network and the disk, and they install with --no-compile), their output in
+# venv-build.log, shown when a build fails; the suites that use them come after (docs/design.md "The torch matrix
+# in CI").
 # The MLflow tests' server environment (full mlflow, ~850 MB: plugins/mlflow/tests/mlflow_server.py) is built there
 # too: the first test that needs it waits for it (a file lock) instead of installing it on the suite's clock.
 LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
@@ -78,7 +79,8 @@ BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server setup-deepspeed-ops
 # The later suites run two at a time (make -j2; each one's output shown whole when it ends): each is one pytest
 # process in a venv of its own and keeps one core busy, so one after the other they left the second core idle.
 # Two at a time, the plugins' folders run for real alone (their quick tests, `make test-plugin-alone`) in the time
-# the folders' collection alone took in turn (session 16, 2-core machine: 419 s against 428 s). Longest first.
+# the folders' collection alone took in turn (session 16, 2-core machine: 419 s against 428 s). XLA, the longest
+# (146-166 s), starts first.
 LATER_SUITES = test-xla $(TORCH_MATRIX:%=test-torch-%) test-ipex test-plugin-alone
 test-all: setup setup-slurm
 	@echo "== building the venvs of the later suites and the MLflow server's in the background (venv-build.log)"; \
