@@ -43,6 +43,34 @@ def test_the_last_line_names_the_process_that_failed_first(tmp_path: Path) -> No
     )
 
 
+def failed(local_rank: int, exitcode: int, timestamp: int, tmp_path: Path) -> Any:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank, 1000 + local_rank, exitcode, str(tmp_path / "no-error-file.json"))
+    failure.timestamp = timestamp  # what torch's agent set: int(time.time()) when its poll saw this exit
+    return failure
+
+
+def test_the_first_failure_is_found_when_torchs_poll_crosses_a_second(tmp_path: Path) -> None:
+    """Before: CI printed `process 0 of 2 exited with code 1 (1 more failed after it)` for the run above: torch's
+    agent stamps each failure it sees with `int(time.time())`, one after another, and rank 0's failure was stamped in
+    second 100 and rank 1's in second 101, though rank 1 raised first (the noted times say so)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from accel.distributed import failure_line
+
+    settings: Any = {"num_processes": 2}
+    exc = ChildFailedError("script", {0: failed(0, 1, 100, tmp_path), 1: failed(1, 1, 101, tmp_path)})
+    line, code = failure_line(exc, settings, None, {0: 99.7, 1: 99.6})
+    assert line.startswith("accel: process 1 of 2 exited with code 1 (1 more failed after it); ") and code == 1, line
+    # with no noted times torch's seconds decide; within one second a process stopped by SIGTERM comes last
+    line, _ = failure_line(exc, settings, None, {})
+    assert line.startswith("accel: process 0 of 2 exited with code 1"), line
+    stopped = ChildFailedError("script", {0: failed(0, -15, 100, tmp_path), 1: failed(1, 1, 100, tmp_path)})
+    line, code = failure_line(stopped, settings, None, {1: 100.2})
+    assert line.startswith("accel: process 1 of 2 exited with code 1") and code == 1, line
+
+
 # ---- plugin names that match nothing, ACCELERATE_* variables, log_with ----------------------------------------------
 
 

@@ -192,15 +192,19 @@ def failure_line(
     exc: Any, settings: Settings, log_dir: str | None, noted: Mapping[int, float] | None = None
 ) -> tuple[str, int]:
     """One line for torch's ``ChildFailedError`` (which process failed first, how, where its output is) and the exit
-    code to return. ``noted``: when an exception ended each worker, by rank (:func:`accel.processes.failure_times`);
-    torch's own timestamps have whole seconds only. Within one second: a process ended by SIGTERM (torchrun's agent
-    stops the others that way) comes last; one with no noted time ended without a Python exception (``sys.exit``,
-    a crash, another signal) and comes before those noted; ties keep torch's order."""
+    code to return. ``noted``: when an exception ended each worker, by rank (:func:`accel.processes.failure_times`).
+    torch's own timestamps have whole seconds only, and they are the time its agent *saw* the exit: two exits seen
+    in one poll can get different seconds when the poll crosses a second. So a noted time is used in place of
+    torch's, and torch's only for a process with none. Within one second: a process ended by SIGTERM (torchrun's
+    agent stops the others that way) comes last; one with no noted time ended without a Python exception
+    (``sys.exit``, a crash, another signal) and comes before those noted; ties keep torch's order."""
     noted = noted or {}
 
     def order(item: tuple[int, Any]) -> tuple[int, bool, float]:
         rank, failure = item
-        return failure.timestamp, failure.exitcode == -signal.SIGTERM, noted.get(rank, float("-inf"))
+        at = noted.get(rank)
+        second = int(at) if at is not None else failure.timestamp
+        return second, failure.exitcode == -signal.SIGTERM, float("-inf") if at is None else at
 
     failures = sorted(exc.failures.items(), key=order)
     rank, first = failures[0]
