@@ -227,3 +227,29 @@ def test_a_killed_launcher_takes_its_warm_processes_with_it(tmp_path: Path) -> N
             for pid in pids:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("argv", "served"),
+    [
+        (["python", "/venv/bin/accel", "launch", "-n", "2", "train.py"], True),
+        (["python", "-m", "accel.commands.launch", "-n", "2", "train.py"], True),
+        (["python", "-m", "accel.commands.cli", "launch", "--config_file", "c.yaml", "train.py"], True),
+        (["python", "-m", "accel.commands.cli", "launch", "--dry-run", "train.py"], False),
+        (["python", "-m", "accel.commands.cli", "config", "--config_file", "c.yaml"], False),
+        (["python", "-m", "accel.commands.launch", "--help"], False),
+    ],
+)
+def test_which_command_lines_are_accel_launch(argv: list[str], served: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which launchers the hook forks warm: `python -m accel.commands.cli launch` (tests/test_config_tree.py launches
+    its written files that way) is accel launch too; a dry run, its help and other commands are not."""
+    import importlib.util
+
+    monkeypatch.delenv("WARM_WORKERS_DIR", raising=False)  # loading the client must not act on this process
+    spec = importlib.util.spec_from_file_location("warm_client", Path(__file__).parent / "warm_workers" / "client.py")
+    assert spec is not None and spec.loader is not None
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    command = client.script_command(argv)
+    assert command is not None
+    assert client._launcher(command) is served

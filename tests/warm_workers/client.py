@@ -55,6 +55,8 @@ FLAGS = frozenset("uBEsOq")
 SERVE = "import sys; sys.path.insert(0, %r); import warm_zygote; del sys.path[0]; warm_zygote.serve()"
 #: accel launch's module, which tests also run with ``python -m``
 LAUNCH_MODULE = "accel.commands.launch"
+#: the CLI's module: ``python -m accel.commands.cli launch ...`` is accel launch too
+CLI_MODULE = "accel.commands.cli"
 #: Signals passed on to the forked process (torchrun and accel stop workers with SIGTERM; accel.testing asks for
 #: stacks with SIGABRT; tests send the others).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGABRT", "SIGUSR1", "SIGUSR2")
@@ -234,13 +236,16 @@ def _worker() -> bool:
 
 
 def _launcher(command: tuple[list[str], str, str, list[str]]) -> bool:
-    """``accel launch`` (or ``python -m accel.commands.launch``, as ``accel.testing``'s launch helpers run it) that
+    """``accel launch`` (or ``python -m accel.commands.launch``, as ``accel.testing``'s launch helpers run it, or
+    ``python -m accel.commands.cli launch``) that
     will start processes (not a dry run, not its help), given :func:`script_command` of this process."""
     _flags, kind, target, args = command
     if kind == "script" and os.path.basename(target) == "accel" and args[:1] == ["launch"]:
         rest = args[1:]
     elif kind == "module" and target == LAUNCH_MODULE:
         rest = args
+    elif kind == "module" and target == CLI_MODULE and args[:1] == ["launch"]:
+        rest = args[1:]
     else:
         return False
     return not {"--dry-run", "--dry_run", "-h", "--help"} & set(rest)
