@@ -29,12 +29,12 @@ ENV_BUDGET = "ACCEL_SUITE_BUDGET"
 ENV_MARGIN = "ACCEL_SUITE_BUDGET_MARGIN"
 SHOWN = 10  # slowest modules printed
 IDLE_SHOWN = 8  # tests that left the most CPU idle
-#: The main suite's budget on the 2-core machine. Serially it took 2329 s (1,383 tests, last full run); `make test` now
-#: runs it on 2 pytest-xdist workers (branch `speed`: a 4-module subset took 738 s serially and 429 s on 2 workers,
-#: -42%, on a loaded machine) and test_resume_real_loaders' one-process variants share two runs (~90 s less), which
-#: projects ~1,450 s; 1800 s leaves room for CI's slower machine while a suite run serially again (2329 s > 1800 s +
-#: 20%) fails the check. Lower it once CI has shown the real figure (issue 29's target: 900 s).
-BUDGET = 1800.0
+#: The main suite's budget on workers. Issue 29's target is 900 s on the 2-core machine; since session 17 (the warm
+#: servers freeze their objects out of the collector's reach) a full run there takes 786 s. CI's own machine ran
+#: the same tree 1.31x slower than this one (stop 40: 1,291 s against 987 s here, before that change), so ~1,030 s
+#: is expected there; 1,200 s (+20 %: 1,440 s) leaves room for its spread and still fails a suite that loses most
+#: of that change or goes back to one process. Was 1800 s until session 17.
+BUDGET = 1200.0
 #: The budget of a session run in one process (plain `pytest`, or PYTEST_WORKERS=0): the serial suite's old budget.
 SERIAL_BUDGET = 3250.0
 MARGIN = 0.2
