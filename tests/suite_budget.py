@@ -29,12 +29,13 @@ ENV_BUDGET = "ACCEL_SUITE_BUDGET"
 ENV_MARGIN = "ACCEL_SUITE_BUDGET_MARGIN"
 SHOWN = 10  # slowest modules printed
 IDLE_SHOWN = 8  # tests that left the most CPU idle
-#: The main suite's budget on workers. Issue 29's target is 900 s on the 2-core machine; since session 17 (the warm
-#: servers freeze their objects out of the collector's reach) a full run there takes 786 s. CI's own machine ran
-#: the same tree 1.31x slower than this one (stop 40: 1,291 s against 987 s here, before that change), so ~1,030 s
-#: is expected there; 1,200 s (+20 %: 1,440 s) leaves room for its spread and still fails a suite that loses most
-#: of that change or goes back to one process. Was 1800 s until session 17.
-BUDGET = 1200.0
+#: The main suite's budget on workers. Issue 29's target is 900 s on the 2-core machine: since session 17 (the warm
+#: servers freeze their objects out of the collector's reach) a full run there takes 786 s on its own. In `.ci/run`
+#: the later suites' venvs (~27 GB of wheels to unpack) and DeepSpeed's op are built beside it and take about a
+#: third of the CPU: 1,180 s in session 17's clean-clone run (1,205 s before that change; CI's own machine: 1,291 s
+#: for stop 40). 1,500 s (+20 %: 1,800 s) leaves room for CI's machine and its spread and still fails a suite that
+#: goes back to one process (2,329 s). Was 1,800 s until session 17.
+BUDGET = 1500.0
 #: The budget of a session run in one process (plain `pytest`, or PYTEST_WORKERS=0): the serial suite's old budget.
 SERIAL_BUDGET = 3250.0
 MARGIN = 0.2
