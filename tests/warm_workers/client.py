@@ -237,8 +237,8 @@ def _worker() -> bool:
 
 def _launcher(command: tuple[list[str], str, str, list[str]]) -> bool:
     """``accel launch`` (or ``python -m accel.commands.launch``, as ``accel.testing``'s launch helpers run it, or
-    ``python -m accel.commands.cli launch``) that
-    will start processes (not a dry run, not its help), given :func:`script_command` of this process."""
+    ``python -m accel.commands.cli launch``) that will start processes (not a dry run, not its help), given
+    :func:`script_command` of this process."""
     _flags, kind, target, args = command
     if kind == "script" and os.path.basename(target) == "accel" and args[:1] == ["launch"]:
         rest = args[1:]
