@@ -5,8 +5,8 @@ the other ``.pth`` files (the editable installs' finders), every Python process 
 ``WARM_WORKERS_DIR`` is set (the test session turned warm workers on: the root conftest.py) and either
 ``TORCHELASTIC_RUN_ID`` or ``ACCEL_CONFIG`` is (torchrun started this process as a worker, or accel launch started it
 as its one process) or it is ``accel launch`` itself (``accel launch``, ``python -m accel.commands.launch`` or
-``python -m accel.commands.cli launch``, when it starts processes). It then goes on only for ``python [-u] SCRIPT ARGS`` and
-``python [-u] -m NAME ARGS``.
+``python -m accel.commands.cli launch``, when it starts processes). It then goes on only for
+``python [-u] SCRIPT ARGS`` and ``python [-u] -m NAME ARGS``.
 
 Such a process is a fresh interpreter that has not imported torch yet. Instead of importing it (2-4 CPU seconds with
 ``torch._dynamo``, which the first optimizer imports), it asks a warm server (``warm_zygote.py``) that imported torch
