@@ -240,12 +240,11 @@ def _launcher(command: tuple[list[str], str, str, list[str]]) -> bool:
     ``python -m accel.commands.cli launch``) that will start processes (not a dry run, not its help), given
     :func:`script_command` of this process."""
     _flags, kind, target, args = command
-    if kind == "script" and os.path.basename(target) == "accel" and args[:1] == ["launch"]:
+    cli = (kind == "script" and os.path.basename(target) == "accel") or (kind == "module" and target == CLI_MODULE)
+    if cli and args[:1] == ["launch"]:
         rest = args[1:]
     elif kind == "module" and target == LAUNCH_MODULE:
         rest = args
-    elif kind == "module" and target == CLI_MODULE and args[:1] == ["launch"]:
-        rest = args[1:]
     else:
         return False
     return not {"--dry-run", "--dry_run", "-h", "--help"} & set(rest)
