@@ -56,6 +56,9 @@ class Option:
     #: A mode setting (``mixed_precision``: ``"precision"``, ``dynamo_backend``: ``"compile"``): ``"no"`` or a mode of
     #: this kind that a plugin provides (:class:`Modes`).
     modes: Modes | None = field(default=None, compare=False)
+    #: A mapping whose keys name other options with this prefix dropped (``parallelism_config``'s ``"tp_size"`` is
+    #: option ``parallelism_config_tp_size``): each such key's value is checked by that option (:func:`resolve`).
+    fields: str = ""
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -94,10 +97,8 @@ class Option:
             except ValueError:
                 raise UsageError(f"{bad} expects a number, got {raw!r}") from None
         elif self.type == "list":
-            if isinstance(raw, str):
-                value = [part.strip() for part in raw.split(",") if part.strip()]
-            elif isinstance(raw, (list, tuple)):
-                value = list(raw)
+            if isinstance(raw, (str, list, tuple)):
+                value = split_list([raw] if isinstance(raw, str) else raw)
             else:
                 raise UsageError(f"{bad} expects a list, got {raw!r}")
         elif self.type == "mapping":
@@ -137,6 +138,15 @@ class Option:
         if self.check is not None and (problem := self.check(value)):
             raise UsageError(f"{bad} {problem}, got {raw!r}")
         return value
+
+
+def split_list(items: Iterable[Any]) -> list[Any]:
+    """The entries of a list option: each string entry split at its commas (``--flag a,b`` and a repeated
+    ``--flag a --flag b`` are both ``[a, b]``), stripped, empty ones dropped; other entries kept as they are."""
+    out: list[Any] = []
+    for item in items:
+        out.extend((p.strip() for p in item.split(",") if p.strip()) if isinstance(item, str) else [item])
+    return out
 
 
 #: How a mode appears among the modes of a capability declared without one (``"compile"``: every backend).
@@ -200,7 +210,7 @@ class Modes:
         owned = every or any(self.kind in info["provides"] for info in known_plugins()["plugins"].values())
         if key in spelling and (not owned or key in named):
             return spelling[key]
-        if key in spelling or self.declared is None or every:
+        if key.strip() and (key in spelling or self.declared is None or every):
             return value
         providers = "; ".join(f"{name}: {', '.join(modes)}" for name, modes in installed.items())
         more = ", ".join(f"{dist} ({', '.join(modes)})" for dist, modes in self.published().items())
@@ -237,13 +247,15 @@ class Options:
         handler: str | Iterable[str] = (),
         check: Callable[[Any], str | None] | None = None,
         modes: str = "",
+        fields: str = "",
     ) -> None:
         """Declare an option. ``config_key`` is a dotted path (``"fsdp_config.fsdp_offload_params"``) or a tuple;
         ``flags`` adds extra spellings (``"-n"``); ``env`` lists environment variables read, first found wins;
         ``handler`` names the kwargs-handler fields that set it (``"GradScalerKwargs.init_scale"``, see
         :mod:`accel.utils.handlers`); ``refused`` maps values that are
         recognised but not supported to the one line saying what to use instead; ``modes`` makes it a mode
-        setting of that capability kind (``"precision"``: ``"no"`` or a mode some plugin provides, :class:`Modes`)."""
+        setting of that capability kind (``"precision"``: ``"no"`` or a mode some plugin provides, :class:`Modes`);
+        ``fields`` (a mapping option) makes each key ``k`` of its value checked by option ``<fields>k``."""
         if type not in TYPES:
             raise PluginError(f"plugin {self.current_plugin!r} declares option {name!r} with unknown type {type!r}")
         if name in self._by_name:
@@ -267,6 +279,7 @@ class Options:
             handler=(handler,) if isinstance(handler, str) else tuple(handler),
             check=check,
             modes=Modes(modes, self.declared) if modes else None,
+            fields=fields,
         )
 
     def remove_plugin(self, plugin: str) -> None:
@@ -287,6 +300,20 @@ class Options:
 
     def defaults(self) -> dict[str, Any]:
         return {opt.name: opt.default for opt in self._by_name.values()}
+
+    def coerce_fields(self, opt: Option, value: Any, label: str) -> Any:
+        """``value`` of mapping option ``opt`` with each key that names an option (see ``Option.fields``) converted
+        and checked by that option, so a field is refused as its own flag would be; other keys are left as they
+        are. A UsageError names the key (``Kernel(parallelism_config={'pp_microbatches': ...})``)."""
+        if not opt.fields or not isinstance(value, Mapping):
+            return value
+        out = dict(value)
+        for key, raw in value.items():
+            name = key if str(key).startswith(opt.fields) else f"{opt.fields}{key}"
+            where = f"{label[:-4]}{{{key!r}: ...}})" if label.endswith("=...)") else f"{label} field {key!r}"
+            if raw is not None and name in self._by_name:
+                out[key] = self._by_name[name].coerce(raw, where)
+        return out
 
 
 def core_options(options: Options) -> None:
@@ -609,18 +636,21 @@ def resolve(
     sources: dict[str, str] = {}
     env = os.environ if env is None else env
     for opt in options:
-        value, source = opt.default, "default"
+        value, source, label = opt.default, "default", ""
         if config and opt.name in config:
-            value, source = config[opt.name], "file"
+            value, source, label = config[opt.name], "file", f"config key {opt.dotted}"
         found = env_value(opt, env)
         if found is not None:
-            value, source = found[0], f"env {found[1]}"
+            value, source, label = found[0], f"env {found[1]}", f"environment variable {found[1]}"
         if launched and opt.name in launched:
-            value, source = opt.coerce(launched[opt.name], "ACCEL_CONFIG"), "launch"
+            value, source, label = opt.coerce(launched[opt.name], "ACCEL_CONFIG"), "launch", "ACCEL_CONFIG"
         if flags and flags.get(opt.name) is not None:
-            value, source = opt.coerce(flags[opt.name], f"`--{opt.name}`"), "flag"
+            value, source, label = opt.coerce(flags[opt.name], f"`--{opt.name}`"), "flag", f"`--{opt.name}`"
         if kwargs and kwargs.get(opt.name) is not None:
-            value, source = opt.coerce(kwargs[opt.name], f"Kernel({opt.name}=...)"), "argument"
+            label = f"Kernel({opt.name}=...)"
+            value, source = opt.coerce(kwargs[opt.name], label), "argument"
+        if label:
+            value = options.coerce_fields(opt, value, label)
         values[opt.name] = value
         sources[opt.name] = source
     return values, sources
