@@ -75,6 +75,24 @@ def test_fsdp_option_on_the_mesh_matches_one_process(case: str, reference: Any, 
     assert res["block_forwards"] == ref_res["block_forwards"] * (2 if recompute else 1)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_activation_checkpointing_on_one_process_without_fsdp_matches_the_kernel_alone(
+    reference: Any, tmp_path: Path
+) -> None:
+    # its own option, on any mesh: here one process, no mesh dimension, no FSDP
+    args = ["-n", "1", "--plugin", "parallel", "--parallelism_config_activation_checkpointing", "true"]
+    proc = run([ACCEL, "launch", "-q", *args, str(WORKER), "train", str(tmp_path / "out")], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    res, params = result(tmp_path / "out")
+    ref_res, ref_params = reference
+    assert res["world"] == 1 and res["plugins"] == ["parallel"] and res["shard_units"] == 0
+    assert res["checkpointed"] == 3 and res["block_forwards"] == 2 * ref_res["block_forwards"]  # recomputed
+    assert res["losses"] == pytest.approx(ref_res["losses"], rel=LOSS_TOL)
+    for name, value in ref_params.items():
+        torch.testing.assert_close(params[name], value, rtol=0, atol=PARAM_TOL, msg=name)
+
+
 def test_fsdp_options_without_data_parallel_dims_are_refused(tmp_path: Path) -> None:
     script = tmp_path / "noop.py"
     script.write_text("raise SystemExit('must not run')\n")

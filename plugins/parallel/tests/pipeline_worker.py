@@ -31,6 +31,7 @@ from parallel_worker import (  # the same batches and gathered state, the same c
 )
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed._composable.contract import _get_registry
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Kernel
@@ -150,6 +151,10 @@ def train(kernel: Kernel, args: argparse.Namespace) -> None:
         },
     }
     res["mesh"] = mesh_of(kernel)
+    # layers of this process that recompute their activations in backward (torch's composable checkpoint)
+    res["checkpointed"] = {
+        k: sum("checkpoint" in (_get_registry(m) or {}) for m in models[k].modules()) for k in prepared
+    }
     res["schedule"] = next((c.plan.pp_schedule for c in kernel.components if hasattr(c, "plan")), None)
     # the sequence length a decoder layer's second norm computes on here (the whole sequence, or with sequence
     # parallelism its 1/tp shard): the first one this process holds

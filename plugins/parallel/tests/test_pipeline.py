@@ -302,6 +302,66 @@ def test_an_accelerate_megatron_yaml_trains_on_four_processes(reference: Result,
     assert_matches(res, reference, DECODERS)  # the script clips at 1.0 too: the second clipping changes nothing
 
 
+MEGATRON_AC_YAML = MEGATRON_YAML.replace(
+    "  megatron_lm_gradient_clipping", "  megatron_lm_recompute_activations: true\n  megatron_lm_gradient_clipping"
+)
+
+
+def test_megatron_recompute_activations_maps_to_activation_checkpointing_on_any_mesh(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    (tmp_path / "c.yaml").write_text(MEGATRON_AC_YAML)
+    proc = run([ACCEL, "launch", "--dry-run", "--config_file", "c.yaml", "train.py"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr  # tp=2 x pp=2: no data-parallel dimension, no FSDP, accepted
+    assert "activation_checkpointing=True" in proc.stderr
+    bad = MEGATRON_YAML.replace("num_micro_batches: 2", "num_micro_batches: 0")
+    (tmp_path / "c.yaml").write_text(bad)
+    proc = run([ACCEL, "launch", "--dry-run", "--config_file", "c.yaml", "train.py"], tmp_path, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("accel: error")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "`megatron_lm_config.megatron_lm_num_micro_batches` must be at least 1, got 0" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_activation_checkpointing_on_pp_2_x_tp_2_without_data_parallel_matches_one_process(
+    reference: Result, tmp_path: Path
+) -> None:
+    # Megatron-LM's recompute_activations on tp=2 x pp=2: checkpointing without FSDP (no data-parallel dimension)
+    (tmp_path / "c.yaml").write_text(MEGATRON_AC_YAML)
+    launch(tmp_path, "--config_file", str(tmp_path / "c.yaml"), str(WORKER), str(tmp_path / "out"), "--models", "qwen2")
+    res = result(tmp_path / "out", models=("qwen2",))
+    assert (res[0]["world"], res[0]["dp"], res[0]["mesh"]["pp"], res[0]["mesh"]["tp"]) == (4, 1, 2, 2)
+    assert res[0]["checkpointed"] == {"qwen2": 2}  # this process's 2 of the 4 decoder layers
+    assert reference[0]["checkpointed"] == {"qwen2": 0, "mlp": 0, "tied": 0, "neox": 0}
+    assert_matches(res, reference, ("qwen2",))
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        ("layers.1,layers.1", "names layers.1 more than once"),
+        ("layers.1", "gives 1 split point(s) (layers.1), but pp_size=3 with schedule 1f1b has 3 stages: give 2"),
+    ],
+)
+def test_split_points_are_comma_separated_and_checked_before_launch(tmp_path: Path, points: str, message: str) -> None:
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    good = run(
+        [ACCEL, "launch", "--dry-run", *pp(3, 3, "--parallelism_config_pp_split_points", "layers.1,layers.3")]
+        + ["train.py"],
+        tmp_path,
+        timeout=120,
+    )
+    assert good.returncode == 0, good.stderr
+    assert "    stage 1: layers from layers.1 before layers.3; ranks [1]" in good.stdout
+    proc = run(
+        [ACCEL, "launch", "--dry-run", *pp(3, 3, "--parallelism_config_pp_split_points", points), "train.py"],
+        tmp_path,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("accel: error")]
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
 def test_estimate_memory_rows_for_pp_count_the_busiest_stage() -> None:
     from accel.memory import MemoryQuery, ModelSummary, ParameterInfo
     from accel_parallel.memory import rows

@@ -51,6 +51,7 @@ __all__ = [
     "ParamSwap",
     "ShardConfig",
     "ShardedStrategy",
+    "checkpoint_layers",
     "clip_grad_norm",
     "dcp_save",
     "declare_shard_options",
@@ -242,15 +243,7 @@ def shard_model(
 
     units = wrap_units(model, config)
     if config.activation_checkpointing:
-        if not units:
-            raise UsageError(
-                f"{config.prefix}activation_checkpointing needs layers to checkpoint: set "
-                f"{config.prefix}transformer_layer_cls_to_wrap (or {config.prefix}auto_wrap_policy SIZE_BASED_WRAP)"
-            )
-        from torch.distributed._composable import checkpoint
-
-        for unit in units:
-            checkpoint(unit)
+        checkpoint_layers(model, config, units)
     mp = (
         MixedPrecisionPolicy(param_dtype=config.param_dtype, reduce_dtype=torch.float32)
         if config.param_dtype is not None
@@ -279,11 +272,31 @@ def shard_model(
     return model
 
 
+def checkpoint_layers(
+    model: nn.Module, config: ShardConfig, units: list[nn.Module] | None = None, option: str = ""
+) -> list[nn.Module]:
+    """Activation checkpointing, on its own (no sharding needed): each of ``units`` (default: the layers
+    :func:`wrap_units` picks) recomputes its activations in backward (torch's composable ``checkpoint``,
+    non-reentrant), in place; returns them. ``option`` names the setting that asked for it in the one line that
+    refuses a model with no such layer (default: ``<prefix>activation_checkpointing``). Local."""
+    from torch.distributed._composable import checkpoint
+
+    units = wrap_units(model, config) if units is None else units
+    if not units:
+        raise UsageError(
+            f"{option or config.prefix + 'activation_checkpointing'} needs layers to checkpoint: set "
+            f"{config.prefix}transformer_layer_cls_to_wrap (or {config.prefix}auto_wrap_policy SIZE_BASED_WRAP)"
+        )
+    for unit in units:
+        checkpoint(unit)
+    return units
+
+
 def _average_gradients(model: Any, mesh: Any = None) -> None:
     """Make the ``fully_shard`` modules in ``model`` average their gradients over ``mesh`` (1-D: FSDP; 2-D: HSDP,
     replicas x shards; default: the 1-D mesh of its sharded parameters) where the torch in use sums them: on torch 2.7
     and 2.8, gloo's ``reduce_scatter_tensor`` ignores ``ReduceOp.AVG`` (which FSDP2 uses for fp32 and bf16
-    gradients) and sums, so the gradients on CPU were N times too large (issue 29). Read from the torch in use: one
+    gradients) and sums, so the gradients on CPU were N times too large. Read from the torch in use: one
     reduce-scatter of ones with ``AVG`` over the shard dimension; when that is not 1, each module divides its reduced
     gradients by it in FSDP2's ``set_all_reduce_hook`` (which then replaces a hook the script set). **Collective**
     over ``mesh``."""

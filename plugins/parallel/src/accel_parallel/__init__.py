@@ -26,6 +26,8 @@ DIMS = ("dp_replicate", "dp_shard", "cp", "tp")
 #: The prefix of the options of FSDP on the data-parallel dims (``parallelism_config_fsdp_offload_params``, ...):
 #: accel-plugin-fsdp's ``fsdp_*`` options of the same names and meanings (:func:`accel.spi.sharded.declare_shard_options`).
 FSDP_PREFIX = "parallelism_config_fsdp_"
+#: Activation checkpointing on any mesh (tp, pp, FSDP, one process): Megatron-LM's recompute_activations.
+AC_OPTION = "parallelism_config_activation_checkpointing"
 #: The keys of the ``parallelism_config`` mapping this plugin reads (Accelerate's ``ParallelismConfig`` fields).
 FIELDS = (
     "pp_size",
@@ -74,6 +76,11 @@ def _sp_size_one(value: Any) -> str | None:
     )
 
 
+def _distinct(value: Any) -> str | None:
+    twice = sorted({str(v) for v in value if list(value).count(v) > 1})
+    return f"names {', '.join(twice)} more than once (each split point starts one stage)" if twice else None
+
+
 def _tp_plan(value: Any) -> str | None:
     bad = sorted(str(s) for s in value.values() if str(s) not in TP_STYLES)
     return f"names unknown tensor-parallel style(s) {', '.join(bad)} (known: {', '.join(TP_STYLES)})" if bad else None
@@ -85,7 +92,7 @@ MEGATRON = {
     "megatron_lm_tp_degree": "parallelism_config_tp_size",
     "megatron_lm_pp_degree": "parallelism_config_pp_size",
     "megatron_lm_num_micro_batches": "parallelism_config_pp_microbatches",
-    "megatron_lm_recompute_activations": "parallelism_config_fsdp_activation_checkpointing",
+    "megatron_lm_recompute_activations": AC_OPTION,
     "megatron_lm_gradient_clipping": "",
     "megatron_lm_use_distributed_optimizer": "",
     "megatron_lm_sequence_parallelism": "parallelism_config_tp_sequence_parallel",
@@ -153,6 +160,7 @@ def accel_add_options(options: Options) -> None:
         "parallelism_config_pp_split_points",
         type="list",
         default=[],
+        check=_distinct,
         config_key="parallelism_config.parallelism_config_pp_split_points",
         env=("PARALLELISM_CONFIG_PP_SPLIT_POINTS",),
         help="Comma-separated names of the layers that start stages 1, 2, ... (e.g. model.layers.2); "
@@ -223,6 +231,17 @@ def accel_add_options(options: Options) -> None:
         "Default: the model's Hugging Face tp_plan (base_model_tp_plan and its head's).",
     )
 
+    options.add(
+        AC_OPTION,
+        type="bool",
+        default=False,
+        config_key="parallelism_config.parallelism_config_activation_checkpointing",
+        env=("PARALLELISM_CONFIG_ACTIVATION_CHECKPOINTING",),
+        help="Recompute the activations of each layer in backward instead of keeping them, on any mesh (tp, pp, "
+        "FSDP or one process): the layers FSDP would wrap (parallelism_config_fsdp_auto_wrap_policy; by default "
+        "the model's _no_split_modules). Megatron-LM's recompute_activations.",
+    )
+
     def fsdp(name: str, **kw: Any) -> None:
         options.add(name, config_key=f"parallelism_config.{name}", env=(name.upper(),), **kw)
 
@@ -236,15 +255,15 @@ def accel_add_options(options: Options) -> None:
     megatron(
         "megatron_lm_num_micro_batches",
         type="int",
-        default=0,
-        minimum=0,
-        help="Megatron-LM's num_micro_batches: sets parallelism_config_pp_microbatches.",
+        default=None,
+        minimum=1,
+        help="Megatron-LM's num_micro_batches (1 or more): sets parallelism_config_pp_microbatches.",
     )
     megatron(
         "megatron_lm_recompute_activations",
         type="bool",
         default=False,
-        help="Megatron-LM's recompute_activations: activation checkpointing of each layer (needs dp > 1: FSDP's).",
+        help="Megatron-LM's recompute_activations: sets parallelism_config_activation_checkpointing.",
     )
     megatron(
         "megatron_lm_gradient_clipping",
@@ -273,6 +292,7 @@ def accel_add_options(options: Options) -> None:
         default=None,
         cli=False,
         config_key="parallelism_config.parallelism_config_object",
+        fields="parallelism_config_",  # each field is checked by its parallelism_config_<field> option
         help="Kernel argument: Accelerate's ParallelismConfig (or a dict of its fields); its sizes win over "
         "the parallelism_config_* flags and file keys.",
     )
@@ -420,7 +440,7 @@ def megatron_settings(settings: Settings) -> dict[str, Any]:
     if settings["megatron_lm_num_micro_batches"]:
         out["parallelism_config_pp_microbatches"] = int(settings["megatron_lm_num_micro_batches"])
     if settings["megatron_lm_recompute_activations"]:
-        out["parallelism_config_fsdp_activation_checkpointing"] = True
+        out[AC_OPTION] = True
     if settings["megatron_lm_sequence_parallelism"] and tp > 1:
         out["parallelism_config_tp_sequence_parallel"] = True
     return out
@@ -474,6 +494,7 @@ def mesh_plan(settings: Settings) -> MeshPlan:
     if schedule not in PP_SCHEDULES:
         raise UsageError(f"parallelism_config pp_schedule {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
     points = _field(given, "pp_split_points") or settings["parallelism_config_pp_split_points"] or ()
+    check_split_points(points, pp, schedule)
     seq = _field(given, "tp_sequence_parallel")
     if seq is None:
         seq = mega.get("parallelism_config_tp_sequence_parallel", settings["parallelism_config_tp_sequence_parallel"])
@@ -483,6 +504,19 @@ def mesh_plan(settings: Settings) -> MeshPlan:
             "activations between tensor-parallel regions; set parallelism_config_tp_size > 1 or drop it"
         )
     return MeshPlan((sizes[0], sizes[1], sizes[2], sizes[3]), pp, schedule, tuple(str(p) for p in points), bool(seq))
+
+
+def check_split_points(points: Any, pp: int, schedule: str) -> None:
+    """Refuse split points (names of the layers that start stages 1, 2, ...) that do not give one per stage
+    boundary."""
+    from accel_parallel.pipeline import stages_per_rank
+
+    n = pp * stages_per_rank(schedule)
+    if points and n > 1 and len(points) != n - 1:
+        raise UsageError(
+            f"parallelism_config_pp_split_points gives {len(points)} split point(s) ({', '.join(map(str, points))}), "
+            f"but pp_size={pp} with schedule {schedule} has {n} stages: give {n - 1} layer name(s), comma-separated"
+        )
 
 
 def check_plan(plan: MeshPlan, world: int, where: str, machines: int = 1) -> None:

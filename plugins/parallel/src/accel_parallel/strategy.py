@@ -5,13 +5,14 @@ from the plugin API's sharded-training toolkit (:mod:`accel.spi.sharded`). torch
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from accel.spi import KernelView, LaunchPlan, Settings, Topology, UsageError, hookimpl, launch_with_torchrun
-from accel.spi.sharded import ShardConfig, ShardedStrategy, clip_grad_norm, shard_model
-from accel_parallel import FSDP_PREFIX, MeshPlan, cp_refusal
+from accel.spi.sharded import ShardConfig, ShardedStrategy, checkpoint_layers, clip_grad_norm, shard_model
+from accel_parallel import AC_OPTION, FSDP_PREFIX, MeshPlan, cp_refusal
 
 if TYPE_CHECKING:
     from torch import nn
@@ -105,9 +106,20 @@ class ParallelStrategy(ShardedStrategy):
             check_heads(model, self.plan.size("tp"))
             plan = tp_plan(model, self.settings["parallelism_config_tp_plan"])
             apply_tensor_parallel(model, self.mesh["tp"], plan, sequence=self.plan.sequence_parallel)
+        config = self.shard_config()
         mesh = self.fsdp_mesh()
         if mesh is not None:
-            shard_model(model, ShardConfig.from_settings(self.settings, FSDP_PREFIX), mesh, self.device)
+            shard_model(model, config, mesh, self.device)
+        elif config.activation_checkpointing:  # no FSDP: the layers are checkpointed on their own
+            checkpoint_layers(model, config, option=AC_OPTION)
+
+    def shard_config(self, **overrides: Any) -> ShardConfig:
+        """FSDP's settings on the data-parallel dims; activation checkpointing when either its own option
+        (any mesh) or FSDP's asks for it."""
+        config = ShardConfig.from_settings(self.settings, FSDP_PREFIX, **overrides)
+        if self.settings[AC_OPTION]:
+            config = dataclasses.replace(config, activation_checkpointing=True)
+        return config
 
     def pipeline(self, kernel: KernelView, model: nn.Module) -> None:
         import weakref
@@ -126,12 +138,14 @@ class ParallelStrategy(ShardedStrategy):
                     for stage in stages:
                         object.__setattr__(stage, "sequence_mesh", self.mesh["tp"])  # see StageModule
             mesh = self.fsdp_mesh()
+            layer_classes = tuple(getattr(pruned, "_no_split_modules", None) or ())
+            given = tuple(self.settings[f"{FSDP_PREFIX}transformer_layer_cls_to_wrap"] or ())
+            config = self.shard_config(layer_classes=given or layer_classes)
             if mesh is not None:
-                layer_classes = tuple(getattr(pruned, "_no_split_modules", None) or ())
-                given = tuple(self.settings[f"{FSDP_PREFIX}transformer_layer_cls_to_wrap"] or ())
-                config = ShardConfig.from_settings(self.settings, FSDP_PREFIX, layer_classes=given or layer_classes)
                 for stage in stages:
                     shard_model(stage, config, mesh, self.device)
+            elif config.activation_checkpointing:  # no FSDP: this process's layers are checkpointed on their own
+                checkpoint_layers(pruned, config, option=AC_OPTION)
 
         n_stages = self.plan.pp * pipeline.stages_per_rank(self.plan.pp_schedule)
         wrapped = pipeline.build(
