@@ -213,16 +213,51 @@ def test_bad_added_hooks_fail_only_their_plugin(installed: Path) -> None:
         env={"ACCEL_PLUGINS": ""},
         extra=[
             ("b", module("b", accel_shout_words=words)),
-            ("a", module("a", accel_hookspecs=["accel_shout.hookspecs"])),
+            ("shout", module("shout", accel_hookspecs=["accel_shout.hookspecs"])),
             ("c", module("c", accel_hookspecs=["accel_nowhere.hookspecs"])),
         ],
     )
     status = {r.name: (r.status, r.reason) for r in plugins.all_records}
-    assert status["a"] == ("loaded", "")
+    assert status["shout"] == ("loaded", "")
     assert status["b"][0] == "failed" and "invalid hook implementation" in status["b"][1] and "colour" in status["b"][1]
     assert status["c"] == (
         "failed",
         "accel_hookspecs 'accel_nowhere.hookspecs': ModuleNotFoundError: No module named 'accel_nowhere'",
+    )
+
+
+def test_added_hooks_carry_their_plugins_name_and_a_string_is_not_a_list(installed: Path) -> None:
+    """A hook added without its plugin's prefix (``my_custom_hook``) or with another plugin's (``accel_ddp_extra``),
+    and ``accel_hookspecs = "pkg.specs"`` (a string, not a list), each fail their plugin with one line."""
+    import sys
+    import types
+
+    from accel.spi import hookspec
+
+    specs = types.ModuleType("accel_custom_specs")
+    for name in ("my_custom_hook", "accel_ddp_extra"):
+        setattr(specs, name, hookspec(lambda kernel: None))
+    sys.modules["accel_custom_specs"] = specs
+    try:
+        plugins = Plugins.load(
+            env={"ACCEL_PLUGINS": ""},
+            extra=[
+                ("custom", types.SimpleNamespace(accel_hookspecs=["accel_custom_specs"])),
+                ("stringy", types.SimpleNamespace(accel_hookspecs="accel_shout.hookspecs")),
+            ],
+        )
+    finally:
+        del sys.modules["accel_custom_specs"]
+    status = {r.name: (r.status, r.reason) for r in plugins.all_records}
+    assert status["custom"] == (
+        "failed",
+        "accel_hookspecs 'accel_custom_specs': hook(s) accel_ddp_extra, my_custom_hook must be named "
+        "accel_custom_<what> (a plugin's own hooks carry its name); rename accel_ddp_extra to accel_custom_ddp_extra",
+    )
+    assert status["stringy"] == (
+        "failed",
+        "accel_hookspecs must be a list of strings, got the string 'accel_shout.hookspecs'; write "
+        "accel_hookspecs = ['accel_shout.hookspecs']",
     )
 
 

@@ -233,13 +233,28 @@ class Plugins:
         entry that fails to import or holds no hook fails its plugin; an implementation registered earlier that an
         added spec finds invalid fails the implementing plugin."""
         for rec, module in registered:
-            for spec in getattr(module, "accel_hookspecs", ()):
+            listed = getattr(module, "accel_hookspecs", ())
+            if isinstance(listed, str):
+                cls._refuse(
+                    pm,
+                    rec,
+                    module,
+                    f"accel_hookspecs must be a list of strings, got the string {listed!r}; "
+                    f"write accel_hookspecs = [{listed!r}]",
+                )
+                continue
+            for spec in listed:
                 if rec.status != "loaded":
                     break
                 try:
                     mod_name, _, attr = str(spec).partition(":")
                     target = importlib.import_module(mod_name)
-                    pm.add_hookspecs(getattr(target, attr) if attr else target)
+                    target = getattr(target, attr) if attr else target
+                    problem = hook_names_problem(rec.name, target)
+                    if problem:
+                        cls._refuse(pm, rec, module, f"accel_hookspecs {spec!r}: {problem}")
+                        break
+                    pm.add_hookspecs(target)
                 except pluggy.PluginValidationError as exc:
                     bad_rec, bad_module = next(((r, m) for r, m in registered if m is exc.plugin), (rec, module))
                     cls._refuse(pm, bad_rec, bad_module, f"invalid hook implementation: {exc}")
@@ -606,6 +621,21 @@ def contract_problem(pm: pluggy.PluginManager, plugin: Any, what: str) -> str | 
                     "the default"
                 )
     return None
+
+
+def hook_names_problem(plugin: str, target: Any) -> str | None:
+    """What is wrong with the names of the hooks ``target`` (a module or class of ``accel_hookspecs``) declares for
+    plugin ``plugin``, or None: each must start with ``accel_<plugin>_``, so that it cannot collide with the
+    kernel's hooks or another plugin's."""
+    prefix = f"{hookspecs.PROJECT}_{plugin.replace('-', '_')}_"
+    marker = f"{hookspecs.PROJECT}_spec"
+    bad = sorted(n for n in dir(target) if hasattr(getattr(target, n, None), marker) and not n.startswith(prefix))
+    if not bad:
+        return None
+    return (
+        f"hook(s) {', '.join(bad)} must be named {prefix}<what> (a plugin's own hooks carry its name); rename "
+        f"{bad[0]} to {prefix}{bad[0].removeprefix(hookspecs.PROJECT + '_')}"
+    )
 
 
 def class_problem(cls: type, pm: pluggy.PluginManager | None = None) -> str | None:
