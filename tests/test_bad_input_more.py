@@ -1,4 +1,4 @@
-"""More bad input (issue 17 item 6, the config and plugin-loading part): each case is one clear line naming the bad
+"""More bad input (the config and plugin-loading part): each case is one clear line naming the bad
 value and the fix, exit code 2, no traceback, nothing written or overwritten. Plugins that misbehave are real
 distributions from tests/plugin_pkgs, pip-installed by ``clitools.install``; a plugin that fails is shown as failed
 and leaves every run that does not ask for it alone."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,60 @@ def test_non_numeric_process_variables_are_named(tmp_path: Path, variable: str, 
         f"environment variable {variable} must be a whole number, got 'two'; unset it "
         "(launchers set it) or set it to a number"
     )
+
+
+# ---- one validator per option, whatever the surface --------------------------------------------------------------
+
+# (id, `accel launch` arguments or a config file (text), Kernel arguments, what the one line says on both surfaces)
+SURFACES = [
+    (
+        "pp-microbatches-negative",
+        ["--parallelism_config_pp_microbatches", "-3"],
+        {"parallelism_config": {"pp_size": 1, "pp_microbatches": -3}},
+        "must be at least 0, got ",
+    ),
+    (
+        "pp-split-points-twice",
+        ["--parallelism_config_pp_split_points", "layers.1,layers.1"],
+        {"parallelism_config": {"pp_split_points": ["layers.1", "layers.1"]}},
+        "names layers.1 more than once",
+    ),
+    (
+        "pp-split-points-not-a-list",
+        "parallelism_config:\n  parallelism_config_pp_split_points: 5\n",
+        {"parallelism_config": {"pp_split_points": 5}},
+        "expects a list, got 5",
+    ),
+    (
+        "tp-size-0",
+        ["--parallelism_config_tp_size", "0"],
+        {"parallelism_config": {"tp_size": 0}},
+        "must be at least 1, got ",
+    ),
+    (
+        "megatron-micro-batches-0",
+        "megatron_lm_config:\n  megatron_lm_num_micro_batches: 0\n",
+        {"megatron_lm_num_micro_batches": 0},
+        "must be at least 1, got 0",
+    ),
+    ("dynamo-backend-empty", ["--dynamo_backend", ""], {"dynamo_backend": ""}, "must be no or a compile mode"),
+    ("mixed-precision-empty", ["--mixed_precision", ""], {"mixed_precision": ""}, "must be no or a precision mode"),
+]
+
+
+@pytest.mark.parametrize(("case_id", "cli", "kwargs", "needle"), SURFACES, ids=[c[0] for c in SURFACES])
+@pytest.mark.requires_plugins("parallel", "dynamo")
+def test_a_value_refused_on_one_surface_is_refused_on_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case_id: str, cli: list[str] | str, kwargs: dict, needle: str
+) -> None:
+    from accel import Kernel, UsageError
+
+    args = cli if isinstance(cli, list) else ["--config_file", "c.yaml"]
+    if isinstance(cli, str):
+        (tmp_path / "c.yaml").write_text(cli)
+    result = run(["launch", "--dry-run", *args, PROBE], clean_env(tmp_path, hide=False), cwd=tmp_path)
+    check_one_line_error(result, [needle])
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCEL_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        Kernel(**kwargs)
