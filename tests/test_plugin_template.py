@@ -44,6 +44,13 @@ def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> 
     assert taken.returncode == 2 and "already exists and is not empty" in taken.stderr
     assert [p.name for p in target.iterdir()] == ["mine.txt"] and (target / "mine.txt").read_text() == "keep me"
     assert not (tmp_path / "accel-plugin-ok").exists()
+    for name, needle in [
+        ("ddp", "plugin name 'ddp' is taken by the installed plugin 'ddp' (accel-plugin-ddp)"),
+        ("x" * 300, "plugin name is 300 characters long; use at most 64"),
+    ]:
+        refused = accel_cli(["new-plugin", name], tmp_path, cwd=tmp_path)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and needle in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr and list(tmp_path.glob("accel-plugin-*")) == []
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 KINDS = ("tracker", "strategy", "precision", "compiler", "launcher")
 KERNEL_REQUIREMENT = "accel-kernel>=0.1.1,<0.2"  # admits this kernel (docs/plugin-api.md, Stability)
+MAX_NAME = 64  # the directory accel-plugin-NAME and the module accel_NAME stay far below file-name limits
 
 
 def template_files(kind: str) -> dict[str, str]:
@@ -40,6 +41,8 @@ def template_files(kind: str) -> dict[str, str]:
 
 def render(name: str, kind: str = "tracker") -> dict[str, str]:
     """The files of a new plugin called ``name``: ``{relative path: text}``."""
+    if len(name) > MAX_NAME:
+        raise UsageError(f"plugin name is {len(name)} characters long; use at most {MAX_NAME}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise UsageError(
             f"plugin name {name!r} must start with a lowercase letter and hold only a-z, 0-9 and _ "
@@ -58,6 +61,22 @@ def render(name: str, kind: str = "tracker") -> dict[str, str]:
         path.replace("__name__", name): string.Template(text).substitute(values)
         for path, text in template_files(kind).items()
     }
+
+
+def taken(name: str) -> str:
+    """Who already uses plugin name ``name`` (an installed plugin's distribution, or a published plugin's), or an
+    empty string: a second plugin of that name would shadow it (entry-point names are unique)."""
+    from importlib import metadata
+
+    from accel.options import known_plugins
+    from accel.plugins import GROUP
+
+    for ep in metadata.entry_points(group=GROUP):
+        if ep.name == name:
+            dist = getattr(ep.dist, "name", None) or "a distribution"
+            return f"the installed plugin {name!r} ({dist})"
+    published = known_plugins()["plugins"].get(name)
+    return f"the published plugin {name!r} ({published['distribution']})" if published else ""
 
 
 def write(target: Path, files: dict[str, str]) -> None:
@@ -81,6 +100,12 @@ def new_plugin_command(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(list(argv))
     files = render(args.name, args.kind)
+    owner = taken(args.name)
+    if owner:
+        raise UsageError(
+            f"plugin name {args.name!r} is taken by {owner}, which a new plugin of that name would shadow; "
+            f"choose another name (e.g. my_{args.name})"
+        )
     target = Path(args.directory or f"accel-plugin-{args.name.replace('_', '-')}")
     write(target, files)
     print(f"wrote a {args.kind} plugin to {target}/ ({len(files)} files). Next:")
