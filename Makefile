@@ -17,7 +17,7 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) r
 	$(BIN)/python -m pip install -q $(TORCH)          # first: never let pip pick a (CUDA) torch
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --no-build-isolation -e kernel $(foreach p,$(PLUGINS),-e $(p))
-	$(BIN)/python tests/warm_workers/install.py    # the tests' warm workers (docs/design.md)
+	$(BIN)/python tests/warm_workers/install.py    # the tests' warm workers (CONTRIBUTING.md)
 	touch $@
 
 demo: setup
@@ -34,9 +34,9 @@ docs: setup
 # tests (--durations=25); tests/suite_budget.py prints the total and the 10 slowest modules and fails the run when it
 # took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off). PYTEST_WORKERS=N runs it on N pytest-xdist
 # workers (--dist loadfile: whole modules per worker, so a module's shared fixtures, a launch several tests read, a
-# Slurm cluster, an MLflow server, are still built once). The default is 2 (since session 15): with the launches'
-# processes forked warm, the suite left the 2 cores 37 % idle in one process (1,483 core-s over 2,044 s); on 2
-# workers it took 1,247 s, back to back on the same machine, every test passing (docs/design.md, "Session 15").
+# Slurm cluster, an MLflow server, are still built once). The default is 2: with the launches' processes forked
+# warm, the suite left the 2 cores 37 % idle in one process (1,483 core-s over 2,044 s); on 2 workers it took
+# 1,247 s, back to back on the same machine, every test passing (CONTRIBUTING.md, "Two pytest-xdist workers").
 # PYTEST_WORKERS=0 runs it in one process (and its summary then names the tests that leave the CPUs idle).
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
@@ -66,8 +66,8 @@ test-fast: setup
 # that plugin installed (its quick tests: `make test-plugin-alone`). The venvs of everything after the main suite
 # (XLA, IPEX, plugins alone, the two torches: LATER_VENVS) are built in the background while the main suite runs
 # (their pip steps wait mostly on the network and the disk, and they install with --no-compile), their output in
-# venv-build.log, shown when a build fails; the suites that use them come after (docs/design.md "The torch matrix
-# in CI").
+# venv-build.log, shown when a build fails; the suites that use them come after (CONTRIBUTING.md "The torch
+# matrix in CI").
 # The MLflow tests' server environment (full mlflow, ~850 MB: plugins/mlflow/tests/mlflow_server.py) is built there
 # too: the first test that needs it waits for it (a file lock) instead of installing it on the suite's clock.
 LATER_VENVS = setup-xla setup-ipex $(ALONE_VENV)/.installed $(TORCH_MATRIX:%=torch-venv-%)
@@ -79,7 +79,7 @@ BACKGROUND_SETUP = $(LATER_VENVS) setup-mlflow-server setup-deepspeed-ops
 # The later suites run two at a time (make -j2; each one's output shown whole when it ends): each is one pytest
 # process in a venv of its own and keeps one core busy, so one after the other they left the second core idle.
 # Two at a time, the plugins' folders run for real alone (their quick tests, `make test-plugin-alone`) in the time
-# the folders' collection alone took in turn (session 16, 2-core machine: 419 s against 428 s). XLA, the longest
+# the folders' collection alone took in turn (2-core machine: 419 s against 428 s). XLA, the longest
 # (146-166 s), starts first.
 LATER_SUITES = test-xla $(TORCH_MATRIX:%=test-torch-%) test-ipex test-plugin-alone
 test-all: setup setup-slurm
@@ -93,7 +93,7 @@ test-all: setup setup-slurm
 	[ $$status = 0 ] || exit $$status; \
 	$(MAKE) --no-print-directory -j2 --output-sync=target $(LATER_SUITES)
 
-# Each plugin's tests with only that plugin and the kernel installed (issue 29: `pytest plugins/<name>` works in such a
+# Each plugin's tests with only that plugin and the kernel installed (`pytest plugins/<name>` works in such a
 # venv), and kernel/tests with no plugin at all. One venv, .venv-alone: torch 2.13.0 first, then the kernel, the test
 # requirements and the plugins' third-party dependencies (DeepSpeed, MLflow, W&B, TensorBoard: no accel plugin);
 # each plugin is installed with --no-deps, tested, and uninstalled again. ALONE_PYTEST picks the tests (default: the

@@ -8,7 +8,7 @@ the DeepSpeed tests already built their op once), unless the caller set one. A r
 build leaves a lock there that accel then refuses to launch beside (tests/test_fault_files.py): in ``~/.cache`` that
 lock broke the next suite's DeepSpeed dry runs (test_config_tree, the DeepSpeed conformance class).
 
-Warm workers (``tests/warm_workers``, docs/design.md "Warm workers in the test suite"): the worker processes torchrun
+Warm workers (``tests/warm_workers``, CONTRIBUTING.md "Warm workers in the test suite"): the worker processes torchrun
 starts for the session's tests are forked from a server that imported torch once, instead of importing it each
 (2-4 CPU s per worker), where the venv has the hook ``make setup`` installs. ``WARM_WORKERS=0`` in the session's
 environment turns this off for the session; in a launch's environment, for that launch's workers."""

@@ -1,4 +1,4 @@
-"""The test suite's time budget (issue 29): a pytest plugin that records how long each test module takes, prints the
+"""The test suite's time budget: a pytest plugin that records how long each test module takes, prints the
 total and the slowest modules at the end of the session, and fails the session when it ran past its budget by more
 than the margin.
 
@@ -14,7 +14,7 @@ Run in one process on Linux, it also reads the machine's CPU time (``/proc/stat`
 module's line then says how busy the machine's CPUs were while its tests ran, and the summary names the tests that
 left the most CPU time idle (core-seconds of wall time nobody used: sleeps, timeouts, waits on a process that
 itself waits). On a machine where the suite is CPU-bound these are where waiting, not work, costs time.
-docs/design.md "The test suite's time budget" says why these numbers.
+CONTRIBUTING.md, "The test suite's time budget", says why these numbers.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ ENV_BUDGET = "ACCEL_SUITE_BUDGET"
 ENV_MARGIN = "ACCEL_SUITE_BUDGET_MARGIN"
 SHOWN = 10  # slowest modules printed
 IDLE_SHOWN = 8  # tests that left the most CPU idle
-#: The main suite's budget on workers. Issue 29's target is 900 s on the 2-core machine: since session 17 (the warm
-#: servers freeze their objects out of the collector's reach) a full run there takes 786 s on its own. In `.ci/run`
-#: the later suites' venvs (~27 GB of wheels to unpack) and DeepSpeed's op are built beside it and take about a
-#: third of the CPU: 1,180 s in session 17's clean-clone run (1,205 s before that change; CI's own machine: 1,291 s
-#: for stop 40). 1,500 s (+20 %: 1,800 s) leaves room for CI's machine and its spread and still fails a suite that
-#: goes back to one process (2,329 s). Was 1,800 s until session 17.
+#: The main suite's budget on workers. The aim is 900 s on the 2-core machine; with the warm servers' objects frozen
+#: out of the collector's reach a full run there takes 786 s on its own. In `.ci/run` the later suites' venvs
+#: (~27 GB of wheels to unpack) and DeepSpeed's op are built beside it and take about a third of the CPU: 1,180 s in
+#: a clean-clone run (CI's own machine: 1,291 s before the freeze). 1,500 s (+20 %: 1,800 s) leaves room for CI's
+#: machine and its spread and still fails a suite that goes back to one process (2,329 s).
 BUDGET = 1500.0
 #: The budget of a session run in one process (plain `pytest`, or PYTEST_WORKERS=0): the serial suite's old budget.
 SERIAL_BUDGET = 3250.0

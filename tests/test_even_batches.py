@@ -1,4 +1,4 @@
-"""even_batches=False never hangs (issue 17 item 4b, docs/design.md): on 2 real processes (ddp, gloo), for
+"""even_batches=False never hangs (docs/design.md, "The Kernel loop"): on 2 real processes (ddp, gloo), for
 map-style and iterable datasets, loaded in the process or by worker processes, the process that runs out of data
 gets empty batches until every process has finished the epoch; DDP's all-reduce and gather_for_metrics stay in
 step, and gather_for_metrics returns every sample exactly once per epoch. A hang fails on the timeout."""

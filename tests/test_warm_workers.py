@@ -1,4 +1,4 @@
-"""The suite's warm workers (tests/warm_workers, docs/design.md "Warm workers in the test suite") must be invisible
+"""The suite's warm workers (tests/warm_workers, CONTRIBUTING.md "Warm workers in the test suite") must be invisible
 to what a test checks: a worker forked from the warm server sees what a cold one sees (argv, ``__main__``,
 ``sys.path``, environment, working directory, umask, streams, signal handlers, /proc/PID/cmdline and environ, a
 traceback without the server's frames, the exit code), and a launcher killed with SIGKILL takes its forked processes with it.

@@ -1,4 +1,4 @@
-"""Warm workers for the test suite: the client half (docs/design.md, "Warm workers in the test suite").
+"""Warm workers for the test suite: the client half (CONTRIBUTING.md, "Warm workers in the test suite").
 
 ``make setup`` puts ``zz_accel_warm_workers.pth`` in the dev venv's site-packages (``install.py``): at start-up, after
 the other ``.pth`` files (the editable installs' finders), every Python process of the venv runs this file only when

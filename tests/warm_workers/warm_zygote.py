@@ -1,4 +1,4 @@
-"""Warm workers for the test suite: the server half (docs/design.md, "Warm workers in the test suite").
+"""Warm workers for the test suite: the server half (CONTRIBUTING.md, "Warm workers in the test suite").
 
 Started by the first cold torchrun worker of an environment (``client.py``), with that worker's interpreter,
 flags and environment, less its ``PYTHONPATH``. It imports torch once, with what an optimizer's construction imports (``torch._dynamo``), runs
@@ -39,7 +39,7 @@ def _preload() -> None:
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # imports torch._dynamo, as a worker's would
     # What the server built stays alive as long as it does, so out of the collector's reach: without this, the first
     # full collection in every forked run walked (and, touching each object's header, copied) all of torch's objects
-    # again. A trivial two-process launch cost 2.7 user CPU s without this, 0.9 s with it (docs/design.md, "Session 17").
+    # again. A trivial two-process launch cost 2.7 user CPU s without this, 0.9 s with it (CONTRIBUTING.md).
     import gc
 
     gc.collect()
