@@ -1,4 +1,4 @@
-"""Benchmark: a prepared DataLoader against the raw DataLoader it was made from, in one process (issue 30).
+"""Benchmark: a prepared DataLoader against the raw DataLoader it was made from, in one process.
 
     python bench/dataloader.py [--rounds 5] [--workers 0 2 4] [--json]
 

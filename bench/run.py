@@ -1,9 +1,9 @@
-"""All of issue 9's benchmarks in one run; results go to docs/benchmarks.md (sections between bench markers).
+"""All the benchmarks in one run; results go to docs/benchmarks.md (sections between bench markers).
 
     python bench/run.py [--repeats 5] [--no-accelerate] [--device cpu|cuda] [--only step-overhead ...]
 
 Every comparison alternates its implementations (A B C A B C ...) and reports medians and ratios, and each target
-of issue 9 is checked into a summary table. Accelerate runs from a scratch venv (bench/.venv-accelerate, or
+is checked into a summary table. Accelerate runs from a scratch venv (bench/.venv-accelerate, or
 $ACCEL_BENCH_ACCELERATE_VENV) created on first use with torch 2.13.0 installed first. ``--device cuda`` runs the
 step loops (raw, accel, Accelerate; NCCL for DDP) on the GPU. The "instructions" section needs valgrind (it says
 so and is skipped without it).
@@ -207,7 +207,7 @@ def ddp_overhead(acc_py: str | None, repeats: int) -> str:
             f"| {label} | {rate['raw']:.0f} | {rate['accel']:.0f} | {acc_rate} | {separate:.3f} | {same_script:.3f} | {paired:.3f} | {acc_ratio} |"
         )
     return "\n".join(rows) + (
-        '\n\n"Separate processes": the issue\'s comparison, `accel launch --plugin ddp` against a raw '
+        '\n\n"Separate processes": the target\'s comparison, `accel launch --plugin ddp` against a raw '
         'torchrun DDP script, medians over alternating runs; "raw / raw" runs the raw script a '
         "second time in the same rotation, so it shows what this comparison reads when nothing "
         'differs. "Same processes": each launched pair of processes also runs a raw DDP loop on the '
@@ -220,7 +220,7 @@ DDP_SIZES = {"tiny": "tiny MLP (7k parameters)", "8m": "8.4M parameters", "30m":
 
 
 def ddp_sizes(repeats: int) -> str:
-    """Issue 30: accel's prepared DDP model against a raw DistributedDataParallel in the same 2-process group, the
+    """accel's prepared DDP model against a raw DistributedDataParallel in the same 2-process group, the
     two loops alternating block by block (step_loop.py --paired under ``accel launch -n 2 --plugin ddp``), at three
     model sizes, fp32 and bf16 autocast, with and without accumulation. ``repeats`` scales the rounds."""
     rows = [
@@ -300,7 +300,7 @@ def dataloader_section(repeats: int) -> str:
         )
         if prepared["ratio"] >= 0.98 or off is None:
             target(what, ">= 0.98x raw", f"{prepared['ratio']:.3f}x {spread})", prepared["ratio"] >= 0.98, check)
-        else:  # issue 30: reseeding's cost made visible, and avoidable by an option
+        else:  # reseeding's cost made visible, and avoidable by an option
             met = "yes, with reseed_workers=False" if off["ratio"] >= 0.98 else False
             target(
                 what,
@@ -507,7 +507,7 @@ def main() -> None:
         rows.append(f"| {w} | {g} | {m} | {summary_verdict(ok, check, counted)} | [{name}](#{anchor}), {when} |")
     write_section(
         "summary",
-        "### Targets\n\nEvery target of issues 9, 17 (asynchronous save), 28 (pipeline memory) and 30, from the latest run of "
+        "### Targets\n\nEvery target, from the latest run of "
         "each section (`bench/results.json`). A wall-time row whose median misses while the middle half of its rounds "
         "reaches the target is decided by the instruction count of the same work where one exists (accel adds <= 2 %: "
         "met, and the cell says so).\n\n" + "\n".join(rows) + "\n",
@@ -530,7 +530,7 @@ def instruction_count() -> str:
             a, b = per[name], per[f"{label}|accel"]
             target(
                 f"instructions per step, {label}",
-                "accel adds <= 2 % to the raw step (issue 30: the rest of a time gap is torch's work)",
+                "accel adds <= 2 % to the raw step (the rest of a time gap is torch's work)",
                 f"{b / a - 1:+.2%} ({b - a:+,.0f})",
                 b / a <= 1.02,
             )
@@ -596,7 +596,7 @@ def loader_instructions() -> str:
     )
 
 
-ASYNC_SIZES_MIB = (64, 256, 1024, 2048)  # issue 30: the checkpoint's size, 64 MiB to 2 GiB
+ASYNC_SIZES_MIB = (64, 256, 1024, 2048)  # the checkpoint's size, 64 MiB to 2 GiB
 
 
 def checkpoint_async(repeats: int) -> str:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-#: in, hidden, out, batch; parameters: tiny 7k, medium 6.3M, 8m 8.4M, 30m 33.6M (the sizes of issue 30)
+#: in, hidden, out, batch; parameters: tiny 7k, medium 6.3M, 8m 8.4M, 30m 33.6M (the DDP-by-size rows)
 SIZES = {
     "tiny": (32, 64, 10, 16),
     "medium": (512, 2048, 512, 64),
