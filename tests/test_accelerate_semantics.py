@@ -1,5 +1,5 @@
-"""Accelerate's utilities, data-loader state and process control as accel has them (issue 26: bugs and missing
-pieces), on real processes (gloo on 127.0.0.1, free ports).
+"""Accelerate's utilities, data-loader state and process control as accel has them, on real processes (gloo on
+127.0.0.1, free ports).
 
 What Accelerate 1.15 gives was measured on 2 CPU processes (torch 2.13.0, ``torchrun --nproc_per_node 2`` of a probe
 script using ``Accelerator(cpu=True)``) and is written here as ``ACCELERATE_*``; where accel differs on purpose the

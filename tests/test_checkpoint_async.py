@@ -1,4 +1,4 @@
-"""Asynchronous save (issue 17): ``save_state(asynchronous=True)`` / the ``async_save`` option.
+"""Asynchronous save: ``save_state(asynchronous=True)`` / the ``async_save`` option.
 
 The loop is blocked only for the copy to CPU memory; the write, fsync and publish happen on a background thread
 with the synchronous save's atomicity, and the next save, load_state, end_training and interpreter exit finish (or

@@ -1,4 +1,4 @@
-"""Checkpoints across real processes (issue 3): exact resume in a new process (1 and 2 DDP processes), automatic
+"""Checkpoints across real processes: exact resume in a new process (1 and 2 DDP processes), automatic
 numbering after a restart, kill -9 during save_state, and elastic restarts with `accel launch --max_restarts 2`."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from clitools import GOOD_AND_BROKEN, TESTS, clean_env, install, pythonpath, run
 
 PROBE = str(TESTS / "scripts" / "cli_probe.py")
 
-#: Every seed flag of the issue with a value, underscore spelling (not --cpu: with --gpu_ids it is a contradiction).
+#: Every seed flag with a value, underscore spelling (not --cpu: with --gpu_ids it is a contradiction).
 SEED_FLAGS = [
     "--multi_gpu",
     "--num_processes",

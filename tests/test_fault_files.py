@@ -1,4 +1,4 @@
-"""Fault injection (issue 27): hostile or broken files and silent long work in the CLI: ``accel config`` with a
+"""Fault injection: hostile or broken files and silent long work in the CLI: ``accel config`` with a
 place it cannot write, a huge config file, an absurd ``--num_processes``, ``accel estimate-memory``'s defaults and
 its slow builds, and a stale DeepSpeed build lock. Each case is one line and a non-zero exit code, or a line that
 says what long work is being done. Real processes, real files; no mock."""

@@ -1,4 +1,4 @@
-"""Fault injection: forged, corrupt and unwritable checkpoints (issue 17), and the error messages around them.
+"""Fault injection: forged, corrupt and unwritable checkpoints, and the error messages around them.
 
 Each test prints what it tried and what survived (run with ``-s`` to see it). Loading never runs code from a
 checkpoint: every forged file carries a pickle whose unpickling would create a marker file, and the marker must
@@ -259,7 +259,7 @@ def test_read_only_target(tmp_path: Path, tmpfs: Path | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# error messages (issue 17 item 6, the checkpoint part)
+# error messages (the checkpoint part)
 
 
 def test_load_state_on_a_regular_file_says_so(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Fault injection (issue 17): SIGKILL during synchronous and asynchronous saves, on 1 and 2 processes (DDP, gloo).
+"""Fault injection: SIGKILL during synchronous and asynchronous saves, on 1 and 2 processes (DDP, gloo).
 
 `tests/scripts/ckpt_crash.py` saves automatic checkpoints in a loop (total_limit=2); before each save every parameter
 and momentum buffer is set to the step number. A trial starts it (resuming from the newest complete checkpoint,

@@ -1,4 +1,4 @@
-"""Where the tests live (issue 29): kernel/tests, plugins/<name>/tests, tests/. ``pytest`` from the repository root
+"""Where the tests live: kernel/tests, plugins/<name>/tests, tests/. ``pytest`` from the repository root
 runs every folder (pyproject.toml ``testpaths``), and the folders' module names never collide (pytest's default import
 mode puts each test module's folder on ``sys.path``, so two ``test_x.py`` would be one module)."""
 

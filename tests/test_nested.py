@@ -1,4 +1,4 @@
-"""accel.nested.map_tensors, the one walk over nested tensor structures (issue 19), and the places that use it:
+"""accel.nested.map_tensors, the one walk over nested tensor structures, and the places that use it:
 a model prepared under bf16 returns fp32 tensors inside named tuples too (AutocastModule's promise)."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Exact resume with the dataloaders real scripts use (issue 17 items 2 and 3, issue 16's skip_first_batches after
+"""Exact resume with the dataloaders real scripts use (and Accelerate's skip_first_batches after
 load_state): a run saves in the middle of an epoch and goes on; a new process loads that checkpoint and trains to
 the same step. The batches it trains on (sample ids and augmented values) and its final parameters must be bitwise
 those of the first run. Samples are augmented in the dataset with python's, numpy's and torch's generators, the
 model has dropout. Variants: num_workers 0/1/2 with and without persistent workers, map-style and iterable datasets,
 shuffling, a WeightedRandomSampler and a DistributedSampler the script makes itself, one process and two (ddp on
 gloo), and Accelerate's documented resume (load_state, then skip_first_batches with the position). The variants
-share their runs (issue 29): one run (of one process, or a launch of two) saves every variant in turn, a second one
+share their runs: one run (of one process, or a launch of two) saves every variant in turn, a second one
 resumes every variant, each variant with its own seeds, checkpoint and records (and, launched, its own process
 group), and each is still asserted by its own test.
 
@@ -320,7 +320,7 @@ def test_reseed_workers_option(reseed: bool) -> None:
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("even", [False, True])
 def test_one_process_iterable_shard_takes_the_fast_path_to_the_same_samples(drop_last: bool, even: bool) -> None:
-    """One process reads an iterable dataset without grouping samples (issue 30: the grouping cost ~8 % of a fast
+    """One process reads an iterable dataset without grouping samples (the grouping cost ~8 % of a fast
     loader's throughput); what it hands out is what the general path hands out, short last group included."""
     from accel.sampling import IterableDatasetShard
 
@@ -335,7 +335,7 @@ def test_one_process_iterable_shard_takes_the_fast_path_to_the_same_samples(drop
 
 
 def test_random_states_leave_numpy_random_alone_until_it_is_loaded() -> None:
-    """issue 30: the prepared loader of an iterable dataset reads the random states before every batch it reads
+    """The prepared loader of an iterable dataset reads the random states before every batch it reads
     ahead. numpy 2 loads ``numpy.random`` on first use; until then nothing drew from its global generator, so its
     state (50 µs a read) is not read, and reading the others does not load it. Once loaded, it is saved as before."""
     code = (
@@ -355,7 +355,7 @@ def test_random_states_leave_numpy_random_alone_until_it_is_loaded() -> None:
 
 
 def test_numpy_state_read_through_its_words_is_numpy_own() -> None:
-    """issue 30: numpy's global state is read again only when its raw words changed or a cached gaussian was
+    """numpy's global state is read again only when its raw words changed or a cached gaussian was
     pending (``randn`` uses that up without drawing); every read must equal ``numpy.random.get_state()``."""
     np = pytest.importorskip("numpy")
     from accel.sampling import _numpy_read, _numpy_state
@@ -385,7 +385,7 @@ def test_numpy_state_read_through_its_words_is_numpy_own() -> None:
 
 
 def test_python_state_read_through_its_words_is_pythons_own() -> None:
-    """issue 30: python's global ``random`` state is read again only when its raw words changed; the cached gaussian
+    """python's global ``random`` state is read again only when its raw words changed; the cached gaussian
     is taken as it is at each read (``gauss()`` uses it up without drawing). Every read must equal
     ``random.getstate()``."""
     import random

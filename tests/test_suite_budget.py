@@ -1,4 +1,4 @@
-"""The suite's time budget (tests/suite_budget.py, issue 29): real pytest sessions (pytester, in-process) of
+"""The suite's time budget (tests/suite_budget.py): real pytest sessions (pytester, in-process) of
 two small test modules, one of them slow; the budget is given through the environment as CI would."""
 
 from __future__ import annotations

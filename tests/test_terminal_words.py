@@ -1,4 +1,4 @@
-"""Issue 27, "wrong or missing words" and "output": each mistake gets one line naming the value and the fix (and the
+"""Words at the terminal, wrong or missing, and output: each mistake gets one line naming the value and the fix (and the
 exit code a script or command ends with), and the output fits a pipe. Each test's docstring says what was printed
 before."""
 

@@ -173,7 +173,7 @@ def test_tracker_that_is_not_installed_names_the_distribution(tmp_path: Path) ->
 def test_disabled_or_misspelt_tracker_is_one_clear_error() -> None:
     with pytest.raises(UsageError, match="plugin 'wandb' is installed but disabled: not in ACCEL_PLUGINS"):
         make_kernel([], log_with=["wandb"])
-    # the name a user passes, not the capability `tracker:tensorboard` (issue 27)
+    # the name a user passes, not the capability `tracker:tensorboard`
     with pytest.raises(UsageError, match=r"^log_with='tensorbord' names no tracker; did you mean `tensorboard`\?"):
         make_kernel(["tensorboard"], log_with=["tensorbord"])
 

@@ -1,4 +1,4 @@
-"""accel.utils and the Kernel utilities of issue 16: set_seed, tqdm, find_executable_batch_size, LocalSGD, the
+"""accel.utils and the Kernel utilities: set_seed, tqdm, find_executable_batch_size, LocalSGD, the
 kwargs handlers (Kernel(kwargs_handlers=...)), Kernel.profile, set_trigger/check_trigger and the ddp plugin's
 communication hooks. Single-process tests first; then one `accel launch -n 2` (ddp, gloo) of
 tests/scripts/utils_checks.py read by the multi-process tests."""
@@ -435,7 +435,7 @@ def test_ddp_communication_hooks_register_and_train(ranks: list[dict[str, Any]])
                 assert error.startswith(f"UsageError: {what} cannot be used"), error
                 assert error.endswith(("; choose another hook", "; use power_sgd")), error
     assert [rec["no"]["ddp"] for rec in hooks] == [[True, True, False]] * 2  # static_graph, bucket view, buffers
-    # the plugin's defaults: gradient_as_bucket_view on (issue 30), torch's for the other two
+    # the plugin's defaults: gradient_as_bucket_view on, torch's for the other two
     assert [rec["fp16"]["ddp"] for rec in hooks] == [[False, True, True]] * 2
     assert hooks[0]["fp16"]["after"] != hooks[0]["no"]["after"]  # fp16 compression changed the gradients
     assert hooks[0]["power_sgd"]["after"] != hooks[0]["no"]["after"]  # PowerSGD from its 2nd step

@@ -1,4 +1,4 @@
-"""Move test modules beside their code (issue 29): a plugin's own tests to ``plugins/<name>/tests``, the kernel's to
+"""Move test modules beside their code: a plugin's own tests to ``plugins/<name>/tests``, the kernel's to
 ``kernel/tests``; cross-plugin and end-to-end suites stay in ``tests/``.
 
     python tools/relayout.py          # git mv + rewrites; prints what it did
@@ -222,7 +222,7 @@ def rewrite(path: Path, edits: list[tuple[str, str]], apply: bool) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Move test modules beside their code (issue 29).")
+    parser = argparse.ArgumentParser(description="Move test modules beside their code.")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is left to do")
     apply = not parser.parse_args().check
     todo: list[str] = []

@@ -1,4 +1,4 @@
-"""save_state / load_state / save_model / skip_first_batches in one process (issue 3).
+"""save_state / load_state / save_model / skip_first_batches in one process.
 
 Multi-process, restart, crash and elastic tests are in test_checkpoint_processes.py.
 """

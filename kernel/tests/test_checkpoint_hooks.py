@@ -1,4 +1,4 @@
-"""The state hooks go through pluggy (issue 19): wrapper implementations of accel_save_state / accel_load_state /
+"""The state hooks go through pluggy: wrapper implementations of accel_save_state / accel_load_state /
 accel_state_items run and see each component's answer (the kernel's own default implementation included, called
 last), and pluggy's call monitoring sees the calls."""
 

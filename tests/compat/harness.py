@@ -366,7 +366,7 @@ def accelerate_python() -> str | None:
     candidates = [
         os.environ.get("ACCEL_COMPAT_ACCELERATE_PYTHON", ""),
         str(ROOT / ".venv-compat-accelerate" / "bin" / "python"),
-        str(ROOT / ".venv-acc" / "bin" / "python"),  # the smaller one of the issue-26 briefs (torch, then accelerate)
+        str(ROOT / ".venv-acc" / "bin" / "python"),  # the smaller venv some set-ups build (torch, then accelerate)
     ]
     for candidate in candidates:
         if candidate and Path(candidate).exists():

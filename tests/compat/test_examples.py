@@ -36,7 +36,7 @@ N = 2  # processes
 
 
 def waiting(feature: str) -> pytest.MarkDecorator:
-    """A feature of issue 16 another branch is adding: the example fails until it lands in main."""
+    """A feature accel does not have yet: the example fails (strict xfail) until it does."""
     return pytest.mark.xfail(strict=True, reason=f"waiting for {feature}")
 
 

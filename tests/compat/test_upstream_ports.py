@@ -1,4 +1,4 @@
-"""Scripts of Accelerate and of projects built on it, ported with the guide's renames only (issue 26).
+"""Scripts of Accelerate and of projects built on it, ported with the guide's renames only.
 
 Each upstream file is committed unmodified under ``upstream/<project>/<path>``; its port is beside it
 (``<name>_accel.py``). ``test_port_is_upstream_renamed`` shows that the port is the upstream file with the renames of

@@ -1,4 +1,4 @@
-"""Fault injection for big-model loading (issue 27): hostile or broken checkpoint files, indexes, device maps,
+"""Fault injection for big-model loading: hostile or broken checkpoint files, indexes, device maps,
 memory budgets and offload folders each give one line of one error type naming the file (or value) and the reason:
 :class:`accel_bigmodel.loading.CheckpointLoadError` (an ``accel.CheckpointError``) for files,
 :class:`accel.utils.DeviceMapError` (an ``accel.UsageError``) for maps and budgets. Files are made in tmp_path."""

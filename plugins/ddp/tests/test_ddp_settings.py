@@ -1,4 +1,4 @@
-"""The DistributedDataParallel settings the ddp plugin builds with (gradient_as_bucket_view on by default, issue 30)
+"""The DistributedDataParallel settings the ddp plugin builds with (gradient_as_bucket_view on by default)
 train exactly as a raw torch DDP model with torch's defaults does: two real CPU processes on gloo, one process
 group, accel's prepared model and a raw DDP copy of it trained side by side with accumulation and clipping."""
 
