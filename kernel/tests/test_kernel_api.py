@@ -169,3 +169,37 @@ def test_collectives_are_identities_on_one_process(kernel: Kernel) -> None:
         loader = kernel.prepare(DataLoader(TensorDataset(torch.arange(7)), batch_size=3))
         gathered = [i for (x,) in loader for i in kernel.gather_for_metrics(x).tolist()]
     assert gathered == list(range(7))
+
+
+def test_prepare_refuses_a_list_a_dataset_and_gather_of_non_tensors_in_one_line(kernel: Kernel) -> None:
+    from accel import UsageError
+
+    model, opt, loader, _ = parts()
+    with pytest.raises(UsageError, match=r"argument 1 is a list of objects to prepare; .* kernel.prepare\(\*objects\)"):
+        kernel.prepare([model, opt])
+    with pytest.raises(
+        UsageError, match=r"argument 2 is a Dataset \(TensorDataset\), not a DataLoader; .*DataLoader\("
+    ):
+        kernel.prepare(model, loader.dataset)
+    assert kernel.prepare([1, 2]) == [1, 2]  # a list of nothing to prepare passes through, as other objects do
+    for value, name in [({"a": 1}, "int"), ("text", "str"), ([torch.ones(1), object()], "object")]:
+        with pytest.raises(UsageError, match=f"takes tensors .*, got {name}; use kernel.gather_object()"):
+            kernel.gather(value)
+    with pytest.raises(TypeError):  # the exception Accelerate raises, too
+        kernel.gather("text")
+
+
+@pytest.mark.requires_plugins("amp")
+def test_a_model_another_kernel_wrapped_is_not_wrapped_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from accel import UsageError
+
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    first = make_kernel(registered=["amp"], mixed_precision="bf16")
+    prepared = first.prepare(torch.nn.Linear(2, 2))
+    assert first.prepare(prepared) is prepared  # this kernel's own: returned as it is
+    first.end_training()
+    second = make_kernel(registered=["amp"], mixed_precision="bf16")
+    with pytest.raises(UsageError, match=r"argument 1 is a model another Kernel prepared already \(a AutocastModule"):
+        second.prepare(prepared)
+    assert isinstance(second.prepare(second.unwrap_model(prepared)), torch.nn.Module)
+    second.end_training()

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -372,9 +373,15 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._hot = HotHooks(self.plugins.pm)
         kinds: list[str] = []
         models, optimizers, schedulers, dataloaders = [], [], [], []
-        for obj in args:
+        for position, obj in enumerate(args, 1):
             if self._is_prepared(obj):  # prepared before (by this kernel): returned as it is, never wrapped twice
                 kinds.append("other")
+            elif obj in _WRAPPED_MODELS:
+                raise UsageError(
+                    f"kernel.prepare() argument {position} is a model another Kernel prepared already (a "
+                    f"{type(obj).__name__} around it); wrapping it again would run it twice over; prepare the "
+                    "original model once, or pass kernel.unwrap_model(model) to this Kernel"
+                )
             elif isinstance(obj, torch.nn.Module):
                 kinds.append("model")
                 models.append(obj)
@@ -402,6 +409,8 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         for original, inner in zip(models, w_models, strict=True):
             wrapped = AutocastModule(inner, self._autocast) if self._autocast is not None else inner
             self._originals[id(wrapped)] = original
+            if wrapped is not original:
+                _WRAPPED_MODELS[wrapped] = original
             self._inner[id(wrapped)] = inner
             self._models.append(wrapped)
         prepared_opts = [PreparedOptimizer(self, o) for o in w_opts]
@@ -495,7 +504,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         """The module the script passed to ``prepare`` for this prepared model: that very object, whatever wrapper
         the strategy and the autocast returned around it (an object ``prepare`` did not return is returned as it is).
         ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
-        original = self._originals.get(id(model), model)
+        original = self._originals.get(id(model))
+        if original is None:  # another Kernel's (or no Kernel's) model
+            original = _WRAPPED_MODELS.get(model, model)
         if not keep_torch_compile and hasattr(original, "_orig_mod"):
             original = cast(torch.nn.Module, original._orig_mod)
         return original
@@ -795,6 +806,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
 
 
 _ACTIVE: list[Kernel] = []
+#: The models any Kernel of this process returned wrapped (not the script's own object) -> the script's model: never
+#: wrapped again; ``unwrap_model`` of any Kernel finds the script's model.
+_WRAPPED_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
 
 #: What a pickled Kernel carries to another process: the run's facts, nothing that runs collectives or hooks.
 _DETACHED_FACTS = (
@@ -829,7 +843,7 @@ def check_prepare_arguments(args: Sequence[Any]) -> None:
     iterator or generator (it would be used up by the first epoch and never sharded), the same object twice."""
     import collections.abc
 
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
     if args and all(obj is None for obj in args):
         raise UsageError(f"kernel.prepare() got only None; {PREPARE_TAKES}")
@@ -841,17 +855,34 @@ def check_prepare_arguments(args: Sequence[Any]) -> None:
                 f"{where} is a tensor; {PREPARE_TAKES}; move a tensor with tensor.to(kernel.device), or wrap data in "
                 "a Dataset and a DataLoader"
             )
+        if isinstance(obj, Dataset):
+            raise UsageError(
+                f"{where} is a Dataset ({type(obj).__name__}), not a DataLoader; {PREPARE_TAKES}: pass "
+                "DataLoader(dataset, batch_size=...) and it is split between processes"
+            )
+        if isinstance(obj, (list, tuple)) and any(_preparable(x) for x in obj):
+            raise UsageError(
+                f"{where} is a {type(obj).__name__} of objects to prepare; pass them as separate arguments: "
+                "kernel.prepare(*objects), or model, optimizer = kernel.prepare(model, optimizer)"
+            )
         if isinstance(obj, collections.abc.Iterator) and not isinstance(obj, DataLoader):
             raise UsageError(
                 f"{where} is an iterator ({type(obj).__name__}), which is used up after one pass and cannot be "
                 f"split between processes; {PREPARE_TAKES}: pass the DataLoader itself"
             )
-        if isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, DataLoader)) or hasattr(obj, "get_last_lr"):
+        if _preparable(obj):
             first = seen.setdefault(id(obj), position)
             if first != position:
                 raise UsageError(
                     f"{where} is the same {type(obj).__name__} object as argument {first}; pass each object once"
                 )
+
+
+def _preparable(obj: Any) -> bool:
+    """Whether ``prepare`` takes ``obj`` (a model, optimizer, DataLoader or LR scheduler)."""
+    from torch.utils.data import DataLoader
+
+    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, DataLoader)) or hasattr(obj, "get_last_lr")
 
 
 def no_grad_message(loss: Any) -> str:

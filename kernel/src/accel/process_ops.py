@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from accel.data import GradientState
 
 
+class NotTensorsError(UsageError, TypeError):
+    """``gather`` of something that is not tensors: a UsageError (one line) and the TypeError Accelerate raises."""
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 def refuse_unpicklable(value: Any) -> None:
     """A UsageError for a ``gather_for_metrics`` value that is neither tensors nor picklable, raised on every process
     before any collective (a pickling error inside ``all_gather_object`` would leave the other processes waiting)."""
@@ -233,6 +241,13 @@ class ProcessOpsMixin:
     def gather(self, tensor: Any) -> Any:
         """Gather tensors (or nested structures of them) from all processes and concatenate on dim 0, in process
         order. Works when processes hold different numbers of rows."""
+        try:
+            map_tensors(_same, tensor, strict=True)  # checked whole before any collective
+        except TypeError as exc:
+            raise NotTensorsError(
+                f"kernel.gather() takes tensors (or lists, tuples and dicts of them), {exc.args[0].split(', ')[-1]}; "
+                "use kernel.gather_object() for other picklable objects"
+            ) from None
         if self.num_processes == 1:
             return tensor
         return map_tensors(self._gather_one, tensor, strict=True)
