@@ -240,6 +240,10 @@ def test_a_launcher_dropping_settings_fails(site: Path, tmp_path: Path, kind: st
     for setting in DROPPED:
         assert f"- {setting} was neither honoured nor refused" in str(failed.value), str(failed.value)
     assert str(failed.value).count(" was neither honoured nor refused") == len(DROPPED), str(failed.value)
+    first = str(failed.value).splitlines()[0]  # every ignored setting named on the first line
+    assert first.startswith("launch settings the launcher ignores: ") and set(first.split(": ")[1].split(", ")) == set(
+        DROPPED
+    ), first
 
 
 @pytest.mark.parametrize("kind", ["strategy", "launcher"])
@@ -337,3 +341,173 @@ def test_the_unchanged_compiler_template_passes_the_same_checks(
     site: Path, accel_home: Path, fresh_dynamo: None
 ) -> None:
     install(site, "mut_plain", "compiler", {}).test_compiled_model_computes_and_trains_like_the_eager_one()
+
+
+# ---- plugins that are wired right and do nothing: the kit checks the effect --------------------------------------
+
+BACKEND_RETURN = "        return graph.forward\n"
+NO_GRAD_BACKEND = """        import torch
+
+        def run(*args: Any) -> Any:
+            with torch.no_grad():
+                return graph.forward(*args)
+
+        return run
+"""
+RETURNS_COMPILED = """        import torch
+
+        return torch.compile(model, backend=self.backend)  # type: ignore[return-value]
+"""
+LAUNCHER = "launcher.py"
+AUTOCAST_LINE = "        return functools.partial(torch.autocast, device, dtype=torch.float16)\n"
+STATE_LINE = '        return {"mut_forget_scaler": self.scaler}\n'
+FORGETFUL_STATE = """        scaler = self.scaler
+
+        class Forgetful:
+            def state_dict(self) -> Any:
+                return scaler.state_dict()
+
+            def load_state_dict(self, state: Any) -> None:
+                pass  # restores nothing
+
+        return {"mut_forget_scaler": Forgetful()}
+"""
+
+#: ``{plant: (template kind, changes, the kit test that must fail, what its message must say)}``: one plugin per
+#: way of being wired right and doing nothing.
+PLANTS: dict[str, tuple[str, dict[str, Edits], str, str]] = {
+    "mut_uncompiled": (
+        "compiler",
+        {"compiler.py": (COMPILE_LINE, RETURNS_COMPILED)},
+        "test_compiled_model_computes_and_trains_like_the_eager_one",
+        r"plugin 'mut_uncompiled' compiled nothing: the prepared model's forward ran eagerly.*returning "
+        r"torch.compile\(model\) compiles a model nobody calls",
+    ),
+    "mut_stale": (
+        "compiler",
+        {"compiler.py": (BACKEND_RETURN, "        return lambda *args: graph.forward(*example_inputs)\n")},
+        "test_compiled_model_computes_and_trains_like_the_eager_one",
+        r"returned the first batch's output for a second, different batch: its outputs do not follow its inputs",
+    ),
+    "mut_detached": (
+        "compiler",
+        {"compiler.py": (BACKEND_RETURN, NO_GRAD_BACKEND)},
+        "test_compiled_model_computes_and_trains_like_the_eager_one",
+        r"the output of the model plugin 'mut_detached' compiled does not require grad .* the compiled code cut the "
+        r"autograd graph",
+    ),
+    "mut_cuda": (
+        "precision",
+        {PRECISION: (AUTOCAST_LINE, AUTOCAST_LINE.replace("device,", '"cuda",'))},
+        "test_autocast_is_scoped_to_the_forward",
+        r"mixed_precision='mut_cuda' did not change the compute dtype on the run's device \('cpu'\): the prepared "
+        r"model's first linear layer computed in torch.float32.*a hard-coded 'cuda'",
+    ),
+    "mut_forget": (
+        "precision",
+        {PRECISION: (STATE_LINE, FORGETFUL_STATE)},
+        "test_state_round_trips_through_checkpoints",
+        r"checkpoint item 'mut_forget_scaler' of plugin 'mut_forget' came back from load_state unlike it was saved "
+        r"\(saved against loaded\): \['scale'\]: 32768.0 against 65536.0 \(loaded as a new Kernel starts it: "
+        r"nothing was restored\)",
+    ),
+    "mut_count": (
+        "launcher",
+        {LAUNCHER: ('        n = settings["num_processes"]\n', "        n = 2\n")},
+        "test_a_real_launch_carries_out_the_plan",
+        r"a real `accel launch -n 1` started 2 worker process\(es\), not 1.*\n.*a real `accel launch -n 3` started 2 "
+        r"worker process\(es\), not 3 .*never a fixed count",
+    ),
+    "mut_env": (
+        "launcher",
+        {
+            LAUNCHER: (
+                '{**plan.env, "RANK"',
+                '{**os.environ, **{k: plan.env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", '
+                '"LOCAL_WORLD_SIZE")}, "RANK"',
+            )
+        },
+        "test_a_real_launch_carries_out_the_plan",
+        r"a real `accel launch -n 3` started workers \(RANK 0, 1, 2\) without ACCEL_CONFIG: start each worker with "
+        r"plan.env",
+    ),
+    "mut_restarts": (
+        "launcher",
+        {
+            LAUNCHER: [
+                ('    "max_restarts",\n', ""),
+                (
+                    "subprocesses{where}): {shlex",
+                    "subprocesses{where}): --max_restarts={settings['max_restarts']} {shlex",
+                ),
+            ]
+        },
+        "test_a_real_launch_carries_out_the_plan",
+        r"max_restarts was not carried out: a real `accel launch -n 1 --max_restarts 1` whose worker exited with 7 "
+        r"once did not start it again and exited with 7",
+    ),
+}
+
+
+@pytest.fixture
+def effect_checks(tmp_path: Path, accel_home: Path, fresh_dynamo: None, autocast_kept: None) -> Path:
+    """What the suites' own fixtures do (a private ACCEL_HOME, fresh dynamo caches, autocast restored)."""
+    return tmp_path
+
+
+def run_kit_test(suite: Any, test: str, tmp_path: Path) -> None:
+    method = getattr(suite, test)
+    method(tmp_path) if "tmp_path" in method.__code__.co_varnames else method()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_plugin_that_does_nothing_fails_naming_the_problem(site: Path, effect_checks: Path, plant: str) -> None:
+    kind, changes, test, message = PLANTS[plant]
+    suite = install(site, plant, kind, changes)
+    with pytest.raises(AssertionError) as failed:
+        run_kit_test(suite, test, effect_checks)
+    assert re.search(message, str(failed.value)), str(failed.value)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind", ["compiler", "precision", "launcher"])
+def test_the_unchanged_templates_pass_the_effect_checks(site: Path, effect_checks: Path, kind: str) -> None:
+    suite = install(site, f"mut_same_{kind}", kind, {})
+    for test in {test for plant_kind, _, test, _ in PLANTS.values() if plant_kind == kind}:
+        (effect_checks / test).mkdir()
+        run_kit_test(suite, test, effect_checks / test)
+
+
+def test_a_state_difference_says_where_and_how_many() -> None:
+    """Two long tensors that print alike (``tensor([0, 0, 0, ..., 0])``) are told apart by index and count."""
+    import torch
+
+    from accel.testing.model_check import state_difference
+
+    saved = {"state": {"buffer": torch.zeros(1000, dtype=torch.uint8), "steps": 3}}
+    loaded = {"state": {"buffer": torch.zeros(1000, dtype=torch.uint8), "steps": 3}}
+    assert state_difference(saved, loaded) is None
+    saved["state"]["buffer"][[500, 700]] = 9
+    assert state_difference(saved, loaded) == (
+        "['state']['buffer']: 2 of 1000 elements differ, the first at index 500: 9 against 0"
+    )
+    loaded["state"]["buffer"] = torch.zeros(10, dtype=torch.uint8)
+    assert "torch.uint8 of shape (1000,) against torch.uint8 of shape (10,)" in str(state_difference(saved, loaded))
+
+
+def test_a_check_gained_since_a_plugins_release_warns_with_every_problem_on_the_first_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pytest's warnings summary shows a warning's first line only: every ignored setting is named there."""
+    from accel.testing import conformance
+
+    monkeypatch.setattr(conformance, "written_for", lambda plugin: (0, 1, 0))
+
+    def check() -> None:
+        raise AssertionError("launch settings the launcher ignores: tee, log_dir\n- tee was ...\n- log_dir was ...")
+
+    with pytest.warns(FutureWarning) as caught:
+        conformance.added_check("old", "0.1.1", "0.2.0", check)
+    first = str(caught[0].message).splitlines()[0]
+    assert "ignores: tee, log_dir - tee was ... - log_dir was ..." in first, first

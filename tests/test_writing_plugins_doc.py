@@ -43,3 +43,28 @@ def test_the_example_script_logs_through_the_tracker(tmp_path: Path) -> None:
     events = [json.loads(line) for line in (tmp_path / "out" / "jsonl" / "demo.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["init"] + ["log"] * 5 + ["end"]
     assert events[0]["config"] == {"lr": 0.1} and [e["step"] for e in events[1:6]] == [0, 1, 2, 3, 4]
+
+
+def test_every_attribute_of_every_conformance_suite_is_in_the_table() -> None:
+    """The table of "The conformance suites: what you set" names, for each suite, everything it reads from a
+    subclass (its public attributes and methods, ``test_*`` aside)."""
+    from accel.testing import conformance
+
+    section = DOC.read_text().split("## The conformance suites: what you set\n")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    suites = [
+        conformance.TrackerConformance,
+        conformance.StrategyConformance,
+        conformance.PrecisionConformance,
+        conformance.CompilerConformance,
+        conformance.LauncherConformance,
+    ]
+    for suite in suites:
+        documented = {
+            name
+            for who, what, *_ in rows
+            if who == "| every suite" or f"`{suite.__name__}`" in who
+            for name in re.findall(r"`(\w+)", what)
+        }
+        public = {a for a in dir(suite) if not a.startswith(("_", "test_"))}
+        assert public <= documented, f"{suite.__name__}: {sorted(public - documented)} not in the table"

@@ -22,7 +22,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("env", "accel.commands.info:env_command", "versions, platform, devices, plugins and config file, ready to paste in a bug report"),
     ("config", "accel.commands.config:config_command", "write the config file: questions, or `config default`; also `config update`, `config show`"),
     ("test", "accel.commands.test_cmd:test_command", "run a short real check of the installation with the current config (accel test -n 2)"),
-    ("new-plugin", "accel.commands.new_plugin:new_plugin_command", "write a new plugin project (tracker or strategy) from a template, with its tests"),
+    ("new-plugin", "accel.commands.new_plugin:new_plugin_command", "write a new plugin project (tracker, strategy, precision, compiler or launcher: --kind) from a template, with its tests"),
     ("estimate-memory", "accel.commands.estimate_memory:estimate_memory_command", "per-process training memory of a model under each installed strategy (--json)"),
 )  # fmt: skip
 

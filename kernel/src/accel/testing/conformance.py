@@ -23,9 +23,11 @@ The suites check behaviour, not only answers: a tracker's records are read back 
 exactly once, in order, and no file under the test's directory may stay open after ``end_training()``; a
 strategy's local gradients must stay local on the micro-batches that do not synchronise (and agree after the
 ones that do), each process must see its own share of the data, and ``unwrap_model`` must return the very module
-object the user prepared; a precision plugin's autocast must end with the forward, and gradients reach every
-parameter; a compiled model must compute and train like the eager one, on the user's own module; a launcher (and a
-strategy's launcher) must honour or refuse every launch setting.
+object the user prepared; a precision plugin's autocast must end with the forward, change the compute dtype on the run's device, and let
+gradients reach every parameter; a compiler's backend must receive the graphs of the prepared model, and the
+compiled model compute and train like the eager one, on the user's own module, its outputs following its inputs; a
+launcher (and a strategy's launcher) must honour or refuse every launch setting, and its real launches start the
+processes asked, with the plan's environment, restarting them when it honours ``max_restarts``.
 
 Each suite's ``registered()`` is the ``ACCEL_PLUGINS`` allow-list of its runs, and (for the suites that build a
 Kernel in the test's process) ``kernel_kwargs()`` the arguments that make the plugin take part.
@@ -367,7 +369,8 @@ def added_check(plugin: str, added_in: str, breaking: str, check: Callable[[], N
     try:
         check()
     except AssertionError as exc:
-        finding = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # one line, every problem on it: pytest's warnings summary shows only a warning's first line
+        finding = " ".join(line.strip() for line in str(exc).strip().splitlines()) or type(exc).__name__
         warnings.warn(
             FutureWarning(
                 f"plugin {plugin!r} (written for accel-kernel {'.'.join(map(str, since))}) fails a check the kit "
@@ -417,6 +420,36 @@ class _LaunchSettingsChecks:
             self.launch_check_added_in,
             "0.2.0",
             lambda: check_launch_settings(launch, tmp_path / "kit-logs", free_port(), started),
+        )
+
+    #: The process counts the real launches of :meth:`test_a_real_launch_carries_out_the_plan` ask for.
+    real_launch_counts: tuple[int, ...] = (1, 3)
+
+    @pytest.mark.multiprocess
+    def test_a_real_launch_carries_out_the_plan(self, tmp_path: Path) -> None:
+        """Real launches, not dry runs, of a small script: with each of ``real_launch_counts`` (``-n 1``, ``-n 3``)
+        exactly that many workers start, ranks 0 to N-1, each with the plan's environment (``ACCEL_CONFIG``); with
+        ``--max_restarts 1`` (unless refused) a worker that fails once is started again and the run succeeds."""
+        from accel.testing.launch_check import WORKER, check_real_launches
+
+        script = tmp_path / "worker.py"
+        script.write_text(WORKER)
+
+        def launch(n: int, flags: Sequence[str], args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+            return run_launch(
+                ["--quiet", *self.chosen(), *flags, str(script), *args],
+                num_processes=n,
+                registered=self.registered(),
+                home=tmp_path / "home",
+                check=False,
+                timeout=120,
+            )
+
+        added_check(
+            self.name,
+            self.launch_check_added_in,
+            "0.2.0",
+            lambda: check_real_launches(launch, tmp_path / "runs", self.real_launch_counts),
         )
 
 
@@ -681,7 +714,8 @@ class _InProcessChecks(_PluginChecks):
 
 class PrecisionConformance(_InProcessChecks):
     """What a precision plugin must do: take part for its mode, run the forward of prepared models (and nothing
-    else) under its autocast, let gradients reach every trainable parameter with the values float32 gives (within
+    else) under its autocast, which computes in ``compute_dtype`` (by default: anything but float32) on the run's
+    device, let gradients reach every trainable parameter with the values float32 gives (within
     ``tolerance``, relative), and save and load its state (a loss scale) with checkpoints. Subclass it and set
     ``name`` and ``mode`` (the ``mixed_precision`` value it provides); the kernels are built with
     ``kernel_kwargs()``, by default ``{"mixed_precision": mode}``."""
@@ -689,6 +723,24 @@ class PrecisionConformance(_InProcessChecks):
     role = "precision"
     mode: str = ""
     tolerance: float = 1e-2
+    #: The dtype (its torch name: "float16", "bfloat16") a linear layer of a prepared model computes in under the
+    #: mode, on the device of the run; ``None``: any dtype but float32 (the mode must change the compute dtype).
+    compute_dtype: str | None = None
+
+    def _check_compute_dtype(self, device: str, seen: Any) -> None:
+        """The forward of a prepared model computed in the mode's dtype on the run's device (not float32)."""
+        import torch
+
+        wanted = getattr(torch, self.compute_dtype) if self.compute_dtype else None
+        if seen == wanted or (wanted is None and seen != torch.float32):
+            return
+        raise AssertionError(
+            f"mixed_precision={self.mode!r} did not change the compute dtype on the run's device ({device!r}): the "
+            f"prepared model's first linear layer computed in {seen}"
+            + (f", not {wanted}" if wanted is not None else "")
+            + f". The autocast plugin {self.name!r} makes must be for the device the run uses (torch.autocast("
+            "kernel.device.type, ...)); an autocast for another device type (a hard-coded 'cuda') casts nothing here"
+        )
 
     def kernel_kwargs(self) -> dict[str, Any]:
         return {"mixed_precision": self.mode}
@@ -755,6 +807,7 @@ class PrecisionConformance(_InProcessChecks):
                 f"kernel.autocast() gives on={expected[0]} computing in {expected[1]}: the forward of prepared models "
                 "must run under the plugin's autocast"
             )
+            self._check_compute_dtype(device, inside[1])
         finally:
             kernel.end_training()
 
@@ -799,7 +852,7 @@ class PrecisionConformance(_InProcessChecks):
         """The plugin's checkpoint items (``accel_state_items``: a loss scale...) come back from ``load_state`` in
         a new Kernel as they were saved. The run includes a step whose loss is infinite, so a dynamic loss scale
         differs from a fresh one."""
-        from accel.testing.model_check import Probe, data, loss_of, prepared, same_state
+        from accel.testing.model_check import Probe, data, loss_of, prepared, state_difference
 
         saved = self._train_and_save(tmp_path / "checkpoint")
         kernel = self.kernel()
@@ -810,10 +863,13 @@ class PrecisionConformance(_InProcessChecks):
             loaded = self._plugin_state(kernel)
             assert loaded.keys() == saved.keys(), f"checkpoint items {sorted(saved)} saved, {sorted(loaded)} loaded"
             for key, state in saved.items():
-                assert same_state(loaded[key], state), (
-                    f"checkpoint item {key!r} of plugin {self.name!r} was saved as {state} and came back from "
-                    f"load_state as {loaded[key]} (a new Kernel starts with {fresh[key]}): its load_state_dict must "
-                    "restore what state_dict returned"
+                differs = state_difference(state, loaded[key])
+                untouched = state_difference(fresh[key], loaded[key]) is None
+                assert differs is None, (
+                    f"checkpoint item {key!r} of plugin {self.name!r} came back from load_state unlike it was saved "
+                    f"(saved against loaded): {differs}"
+                    + (" (loaded as a new Kernel starts it: nothing was restored)" if untouched else "")
+                    + "; the plugin's load_state_dict must restore what its state_dict returned"
                 )
             x, y = data(kernel.device)
             kernel.backward(loss_of(model(x), y))  # training goes on after loading
@@ -852,9 +908,11 @@ class PrecisionConformance(_InProcessChecks):
 
 
 class CompilerConformance(_InProcessChecks):
-    """What a compiler plugin must do: take part for its backend, and compile in place, so that the prepared model
-    computes what the eager model computes, with the same gradients, and training it trains the user's module
-    (``unwrap_model`` returns that module; its state dict keys do not change). Subclass it and set ``name`` and
+    """What a compiler plugin must do: take part for its backend, and compile in place, so that graphs of the
+    prepared model reach a ``torch.compile`` backend in its forward, and the prepared model computes what the eager
+    model computes (on a second batch too: outputs follow inputs), with the same gradients (its output requires
+    grad), and training it trains the user's module (``unwrap_model`` returns that module; its state dict keys do
+    not change). Subclass it and set ``name`` and
     ``backend`` (the ``dynamo_backend`` value it answers); the kernels are built with ``kernel_kwargs()``, by
     default ``{"dynamo_backend": backend}``."""
 
@@ -889,7 +947,7 @@ class CompilerConformance(_InProcessChecks):
     def test_compiled_model_computes_and_trains_like_the_eager_one(self) -> None:
         import torch
 
-        from accel.testing.model_check import LR, Net, data, loss_of, prepared, relative_error
+        from accel.testing.model_check import LR, Net, compiled_graphs, data, loss_of, prepared, relative_error
 
         kernel = self.kernel()
         try:
@@ -902,9 +960,24 @@ class CompilerConformance(_InProcessChecks):
                 "compile in place (accel_transform_model), so that the user's module stays the module"
             )
             x, y = data(kernel.device)
-            output, expected = model(x), reference(x)
+            graphs = compiled_graphs()
+            output = model(x)
+            assert compiled_graphs() > graphs, (
+                f"plugin {self.name!r} compiled nothing: the prepared model's forward ran eagerly, no graph of it "
+                "reached a torch.compile backend. accel_transform_model must compile the model in place "
+                "(model.compile(backend=...)); its return value is ignored, so returning torch.compile(model) "
+                "compiles a model nobody calls"
+            )
+            expected = reference(x)
             error = relative_error(output, expected)
             assert error <= self.tolerance, f"the compiled model's outputs differ from the eager model's by {error:.3g}"
+            assert output.requires_grad, (
+                f"the output of the model plugin {self.name!r} compiled does not require grad (the eager model's "
+                "does): the compiled code cut the autograd graph, so training cannot reach the parameters (a backend "
+                "running the graph under torch.no_grad() or inference_mode, or returning detached tensors?); the "
+                "compiled forward must keep autograd as the eager one does"
+            )
+            self._outputs_follow_the_inputs(model, reference, output)
             kernel.backward(loss_of(output, y))
             loss_of(expected, y).backward()
             params = dict(net.named_parameters())
@@ -935,11 +1008,38 @@ class CompilerConformance(_InProcessChecks):
         finally:
             kernel.end_training()
 
+    def _outputs_follow_the_inputs(self, model: Any, reference: Any, first: Any) -> None:
+        """A second batch of the same shapes (the compiled code is reused, not recompiled) gives the eager model's
+        output for that batch, not the first batch's."""
+        import torch
+
+        from accel.testing.model_check import data, relative_error
+
+        x2, _ = data(first.device, seed=2)
+        second = model(x2).detach()  # with grad on, as the first call: grad mode is one of dynamo's guards
+        with torch.no_grad():
+            expected = reference(x2)
+        error = relative_error(second, expected)
+        if error <= self.tolerance:
+            return
+        stale = relative_error(second, first) <= self.tolerance
+        assert not stale, (
+            f"the model plugin {self.name!r} compiled returned the first batch's output for a second, different "
+            "batch: its outputs do not follow its inputs (does the backend's compiled function run the graph on the "
+            "example_inputs it was given at compile time instead of the arguments of each call?)"
+        )
+        raise AssertionError(
+            f"on a second batch the compiled model's outputs differ from the eager model's by {error:.3g} "
+            f"(tolerance {self.tolerance}; the first batch agreed): the compiled code does not compute from each "
+            "call's inputs"
+        )
+
 
 class LauncherConformance(_LaunchSettingsChecks, _PluginChecks):
     """What a launcher plugin (a component that answers ``accel_launch`` and nothing else of training) must do:
-    answer ``accel_launch`` when chosen with ``--plugin NAME``, honour or refuse every launch setting, and start
-    workers that train together (two processes through the strategy that takes part: accel-plugin-ddp by
+    answer ``accel_launch`` when chosen with ``--plugin NAME``, honour or refuse every launch setting (dry runs),
+    start as many workers as asked with the plan's environment and carry out ``max_restarts`` (real launches), and
+    start workers that train together (two processes through the strategy that takes part: accel-plugin-ddp by
     default). Subclass it and set ``name``; override ``registered()`` to train through another strategy."""
 
     role = "launcher"

@@ -7,10 +7,16 @@ printed (its command line) or in the environment it gives the workers (``ACCEL_C
 setting whoever launches); or **refuse** it: exit 2 with one line naming the setting, and nothing started.
 A launcher that does neither runs something else than what was asked (``--num_machines 2`` as two separate
 one-machine jobs, ``--max_restarts`` with no restart).
+
+A dry run shows what a launcher says it does; real launches of a small script (:data:`WORKER`) show what it does:
+with ``-n 1`` and ``-n 3`` exactly that many workers, ranks 0 to N-1, each with the plan's environment
+(``ACCEL_CONFIG``), and with ``--max_restarts 1`` (unless refused) a worker that failed once started again
+(:func:`check_real_launches`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -146,10 +152,105 @@ def check_launch_settings(launch: Launch, log_dir: Path, port: int, started: Cal
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda p: check_probe(p, launch), all_probes))
     problems = [problem for problem, _ in results if problem]
+    names = [
+        problem.split(" ", 1)[0] if " was neither honoured" in problem else probe.settings[0]
+        for probe, (problem, _) in zip(all_probes, results, strict=True)
+        if problem
+    ]
     refused = [probe for probe, (problem, was_refused) in zip(all_probes, results, strict=True) if was_refused]
     if refused and not problems:
         extra = started(refused[0])
         if extra:
             problems.append(f"{' '.join(refused[0].flags)}: refused in a dry run, yet a real launch {extra}")
+            names.append(refused[0].settings[0])
     if problems:
-        raise AssertionError("launch settings the launcher ignores:\n" + "\n".join(f"- {p}" for p in problems))
+        raise AssertionError(
+            f"launch settings the launcher ignores: {', '.join(names)}\n" + "\n".join(f"- {p}" for p in problems)
+        )
+
+
+#: The script of the real launches: each worker writes what it was started with to ``OUT/worker-PID.json``; with a
+#: second argument, the first worker to start exits with 7 instead, once (a run that is restarted then succeeds).
+WORKER = """import json, os, sys
+out = sys.argv[1]
+if len(sys.argv) > 2 and not os.path.exists(os.path.join(out, "failed")):
+    open(os.path.join(out, "failed"), "w").close()
+    sys.exit(7)
+with open(os.path.join(out, f"worker-{os.getpid()}.json"), "w") as f:
+    json.dump({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "ACCEL_CONFIG")}, f)
+"""
+
+#: ``(num_processes, flags, worker script arguments) -> finished process``: a real ``accel launch`` of
+#: :data:`WORKER`.
+RealLaunch = Callable[[int, Sequence[str], Sequence[str]], subprocess.CompletedProcess[str]]
+
+
+def _workers(out: Path) -> list[dict[str, str | None]]:
+    return [json.loads(path.read_text()) for path in sorted(out.glob("worker-*.json"))]
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> str:
+    return f"{what} exited with {proc.returncode}: {proc.stderr.strip()[-800:]!r}"
+
+
+def check_process_count(launch: RealLaunch, root: Path, n: int) -> list[str]:
+    """A real ``accel launch -n N`` starts exactly N workers, ranks 0..N-1, each given the plan's environment
+    (``ACCEL_CONFIG``, with this ``num_processes``): the problems found."""
+    out = root / f"n{n}"
+    out.mkdir(parents=True)
+    proc = launch(n, [], [str(out)])
+    if proc.returncode != 0:
+        return [_failed(f"a real `accel launch -n {n}`", proc)]
+    workers = _workers(out)
+    if len(workers) != n:
+        return [
+            f"a real `accel launch -n {n}` started {len(workers)} worker process(es), not {n} (its dry run plans "
+            f"{n}): start settings['num_processes'] workers, never a fixed count"
+        ]
+    problems = []
+    ranks = sorted(int(w["RANK"] or 0) for w in workers)
+    if ranks != list(range(n)):
+        problems.append(f"a real `accel launch -n {n}` gave its workers RANK {ranks}, not 0 to {n - 1}")
+    without = [w["RANK"] for w in workers if not w["ACCEL_CONFIG"]]
+    if without:
+        problems.append(
+            f"a real `accel launch -n {n}` started workers (RANK {', '.join(map(str, without))}) without "
+            "ACCEL_CONFIG: start each worker with plan.env, the environment the dry run shows (settings such as "
+            "mixed_precision and dynamo_backend reach the workers only through it), adding to it, never replacing it"
+        )
+    else:
+        counts = {json.loads(str(w["ACCEL_CONFIG"])).get("num_processes", n) for w in workers}
+        if counts != {n}:
+            problems.append(f"a real `accel launch -n {n}` gave its workers ACCEL_CONFIG with num_processes {counts}")
+    return problems
+
+
+def check_restarts(launch: RealLaunch, root: Path) -> list[str]:
+    """With ``--max_restarts 1``, a launcher that does not refuse it starts a worker that failed once again, and
+    the run succeeds: the problems found."""
+    out = root / "restart"
+    out.mkdir(parents=True)
+    proc = launch(1, ["--max_restarts", "1"], [str(out), "fail-once"])
+    ran = (out / "failed").exists()
+    if proc.returncode == 2 and not ran:
+        return []  # refused (the dry-run check sees that it is refused in one line)
+    if proc.returncode == 0 and ran and _workers(out):
+        return []
+    return [
+        f"max_restarts was not carried out: a real `accel launch -n 1 --max_restarts 1` whose worker exited with 7 "
+        f"once {'started no worker' if not ran else 'did not start it again'} and exited with {proc.returncode}; "
+        "restart the workers up to max_restarts times (or refuse the setting in one line, exit 2), never only show "
+        "it in the dry run"
+    ]
+
+
+def check_real_launches(launch: RealLaunch, root: Path, counts: Sequence[int]) -> None:
+    """Real launches (side by side): one per process count of ``counts`` and one with ``--max_restarts 1``. Raises
+    AssertionError naming every problem."""
+    with ThreadPoolExecutor(len(counts) + 1) as pool:
+        futures = [pool.submit(check_process_count, launch, root, n) for n in counts]
+        futures.append(pool.submit(check_restarts, launch, root))
+        found = [future.result() for future in futures]
+    problems = [problem for each in found for problem in each]
+    if problems:
+        raise AssertionError("a real launch does not carry out its plan:\n" + "\n".join(f"- {p}" for p in problems))

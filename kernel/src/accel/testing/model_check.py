@@ -41,9 +41,17 @@ class Probe(Net):
         return self.out(torch.relu(hidden))
 
 
-def data(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
+def data(device: torch.device, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch ``(inputs, targets)``; another ``seed`` gives another batch of the same shapes."""
+    g = torch.Generator().manual_seed(seed)
     return torch.randn(SAMPLES, FEATURES, generator=g).to(device), torch.randn(SAMPLES, 2, generator=g).to(device)
+
+
+def compiled_graphs() -> int:
+    """How many graphs TorchDynamo has captured and handed to a ``torch.compile`` backend in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -82,12 +90,53 @@ def restore_autocast(device_type: str, state: tuple[bool, torch.dtype, int]) -> 
 
 def same_state(a: Any, b: Any) -> bool:
     """Whether two state dicts hold the same values (tensors equal, floats equal up to rounding)."""
+    return state_difference(a, b) is None
+
+
+def _tensor_difference(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Where two tensors differ: shape or dtype, else how many elements and the first differing one."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{a.dtype} of shape {tuple(a.shape)} against {b.dtype} of shape {tuple(b.shape)}"
+    a, b = a.detach().cpu(), b.detach().cpu()
+    unequal = a != b
+    if a.is_floating_point() or a.is_complex():
+        unequal &= ~(torch.isnan(a) & torch.isnan(b))
+    count = int(unequal.sum())
+    if not count:
+        return None
+    first = tuple(int(i) for i in unequal.nonzero()[0])
+    at = first if len(first) != 1 else first[0]
+    return f"{count} of {a.numel()} elements differ, the first at index {at}: {a[first].item()!r} against {b[first].item()!r}"
+
+
+def state_difference(a: Any, b: Any, where: str = "") -> str | None:
+    """The first place where two state dicts differ, in words (``None``: they hold the same values, tensors equal,
+    floats equal up to rounding): its key path, and for a tensor how many elements differ and the first of them
+    (``a``'s value, then ``b``'s)."""
+    here = where or "the value"
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a.cpu(), b.cpu())
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{here}: a {type(a).__name__} against a {type(b).__name__}"
+        found = _tensor_difference(a, b)
+        return f"{here}: {found}" if found else None
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+        if a.keys() != b.keys():
+            return f"{here}: keys {sorted(map(str, a))} against {sorted(map(str, b))}"
+        for key in a:
+            found = state_difference(a[key], b[key], f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+        if len(a) != len(b):
+            return f"{here}: {len(a)} items against {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = state_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
     if isinstance(a, float) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-6) or (math.isnan(a) and math.isnan(b))
-    return bool(a == b)
+        same = math.isclose(a, b, rel_tol=1e-6) or (math.isnan(a) and math.isnan(b))
+    else:
+        same = bool(a == b)
+    return None if same else f"{here}: {a!r:.80} against {b!r:.80}"
