@@ -167,6 +167,20 @@ def test_a_shard_linked_out_of_its_folder_is_refused_and_the_hugging_face_cache_
     assert model(IDS).shape == (1, 3, 50)
 
 
+def test_a_tensor_the_model_does_not_have_is_named_even_when_the_index_does_not_list_it(tmp_path: Path) -> None:
+    index = _sharded(tmp_path / "ckpt")
+    shard = index.parent / "model-00002-of-00002.safetensors"
+    from safetensors.torch import load_file
+
+    save_file({**load_file(os.fspath(shard)), "stray.weight": torch.zeros(2)}, os.fspath(shard))
+    with pytest.warns(UserWarning, match=r"1 tensor\(s\) the model does not have were not loaded, first: stray.weight"):
+        model = load_checkpoint_and_dispatch(_empty(), index.parent)
+    assert model(IDS).shape == (1, 3, 50)
+    with pytest.raises(CheckpointMismatch) as exc:  # strict, as Accelerate's strict=True
+        load_checkpoint_in_model(_empty(), index.parent, strict=True)
+    assert "1 checkpoint tensor(s) the model does not have, first: stray.weight" in _one_line(exc, CheckpointMismatch)
+
+
 # ---- dtypes ---------------------------------------------------------------------------------------------------------
 
 
@@ -207,6 +221,10 @@ def _absent_accelerator() -> int:
         ({"device_map": "auto", "max_memory": "absent"}, "names accelerator {absent}, but this machine has"),
         ({"device_map": "auto", "max_memory": ["1GB"]}, "max_memory must be a dict {device: size}"),
         ({"device_map": "auto", "max_memory": "10GB"}, "max_memory must be a dict {device: size}"),
+        (
+            {"device_map": "auto", "max_memory": {"tpu9": "1GB", "cpu": "1GB"}},
+            "max_memory ('tpu9'): cannot read the device 'tpu9': use ",
+        ),
         (
             {"device_map": {"blocks": "cpu", "embed": "cpu", "haed": "cpu", "": "cpu"}},
             "the device map names 'haed' (did you mean 'head'?), which is not a module or tensor of the model",

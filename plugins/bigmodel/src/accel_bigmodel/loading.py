@@ -191,6 +191,7 @@ class CheckpointIndex:
                 assert found is not None
                 found.add(name)
         self.entries: dict[str, Entry] = {}
+        unlisted: dict[str, Entry] = {}
         for file, names in wanted.items():
             if not file.is_file():
                 raise CheckpointLoadError(
@@ -211,9 +212,14 @@ class CheckpointIndex:
                         ) from None
                     aliases.update(_str_map(stored, "the accel.aliases metadata", file))
                 for key in fh.keys():
+                    piece = fh.get_slice(key)
+                    entry = Entry(os.fspath(file), key, piece.get_dtype(), tuple(piece.get_shape()))
                     if names is None or key in names:
-                        piece = fh.get_slice(key)
-                        self.entries[key] = Entry(os.fspath(file), key, piece.get_dtype(), tuple(piece.get_shape()))
+                        self.entries[key] = entry
+                    else:  # stored in a shard but not in the index: read as Accelerate does (whole shards)
+                        unlisted.setdefault(key, entry)
+        for key, entry in unlisted.items():  # a tensor the model lacks is then named like any other
+            self.entries.setdefault(key, entry)
         for dropped, kept in aliases.items():
             if kept in self.entries and dropped not in self.entries:
                 self.entries[dropped] = self.entries[kept]

@@ -141,15 +141,25 @@ def normalize_device(device: Device) -> int | str:
         if device.isdigit():
             return int(device)
         accelerator = torch.accelerator.current_accelerator()
-        parsed = torch.device(device)
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:  # torch: "Invalid device string"
+            raise DeviceMapError(f"cannot read the device {device!r}: {valid_devices()}") from None
         if accelerator is not None and parsed.type == accelerator.type:
             return parsed.index or 0
         return device
     if isinstance(device, int):
         return device
-    raise DeviceMapError(
-        f"cannot read the device {device!r}: use an accelerator index, 'cpu', 'disk' or a device string"
-    )
+    raise DeviceMapError(f"cannot read the device {device!r}: {valid_devices()}")
+
+
+def valid_devices() -> str:
+    """The devices a device map or ``max_memory`` may name on this machine, as the end of an error line."""
+    count = torch.accelerator.device_count() if torch.accelerator.is_available() else 0
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or not count:
+        return "use 'cpu' or 'disk' (this machine has no accelerator)"
+    return f"use an accelerator index 0..{count - 1} (or '{accelerator.type}:N'), 'cpu' or 'disk'"
 
 
 def torch_device(device: int | str) -> torch.device:
@@ -199,7 +209,10 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> Orde
                 f"{type(max_memory).__name__} {max_memory!r:.60}"
             )
         for device, size in max_memory.items():
-            normalized = normalize_device(device)
+            try:
+                normalized = normalize_device(device)
+            except DeviceMapError as exc:
+                raise DeviceMapError(f"max_memory ({device!r}): {exc}") from None
             check_device(normalized, f"max_memory ({device!r})")
             budgets[normalized] = convert_file_size_to_int(size)
     order = (
