@@ -11,12 +11,15 @@ PLUGINS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.t
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-dev.txt Makefile tests/warm_workers/install.py
+$(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) compat/accelerate/pyproject.toml \
+		requirements-dev.txt Makefile tests/warm_workers/install.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)          # first: never let pip pick a (CUDA) torch
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
-	$(BIN)/python -m pip install -q --no-build-isolation -e kernel $(foreach p,$(PLUGINS),-e $(p))
+	$(BIN)/python -m pip install -q --no-build-isolation -e kernel $(foreach p,$(PLUGINS),-e $(p)) -e compat/accelerate
+	$(BIN)/python compat/accelerate/install_startup_hook.py  # the wheel's .pth, which an editable install lacks
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/accelerate-real accelerate==1.15.0  # the reference
 	$(BIN)/python tests/warm_workers/install.py    # the tests' warm workers (CONTRIBUTING.md)
 	touch $@
 
@@ -48,12 +51,15 @@ test: setup
 # kernel library never imports accel.commands, no import cycle among kernel modules; [tool.importlinter] in
 # pyproject.toml). Every check runs even when an earlier one fails; the target fails if any did.
 # `$(BIN)/ruff check --fix $(LINT_PATHS)` fixes import order and the other mechanical findings.
-LINT_PATHS := kernel plugins tests bench examples docs tools
+LINT_PATHS := kernel plugins compat tests bench examples docs tools
 lint: setup
 	@status=0; \
 	echo "ruff check"; $(BIN)/ruff check $(LINT_PATHS) || status=1; \
 	echo "ruff format --check"; $(BIN)/ruff format --check --output-format concise $(LINT_PATHS) || status=1; \
 	echo "mypy"; $(BIN)/mypy kernel/src/accel $(filter-out %.egg-info,$(wildcard plugins/*/src/accel_*)) tools || status=1; \
+	echo "mypy (accel-accelerate)"; (cd compat/accelerate/src && MYPYPATH=.:accel_accelerate/shadow ../../../$(BIN)/mypy -m accel_accelerate \
+		-m accel_accelerate.startup -m accel_accelerate.__main__ -p accelerate --config-file ../../../pyproject.toml) \
+		|| status=1; \
 	echo "lint-imports"; $(BIN)/lint-imports --no-cache || status=1; \
 	exit $$status
 

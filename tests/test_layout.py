@@ -18,12 +18,19 @@ OWN_VENV = {"plugins/xla/tests", "plugins/ipex/tests"}
 
 def test_testpaths_name_every_test_folder() -> None:
     testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
-    folders = {str(p.relative_to(ROOT)) for p in ROOT.glob("plugins/*/tests")} - OWN_VENV
+    folders = {str(p.relative_to(ROOT)) for p in [*ROOT.glob("plugins/*/tests"), *ROOT.glob("compat/*/tests")]}
+    folders -= OWN_VENV
     assert sorted(testpaths) == sorted({"kernel/tests", "tests", *folders})
 
 
 def test_module_names_are_unique_across_folders() -> None:
-    folders = [ROOT / "kernel" / "tests", ROOT / "tests", ROOT / "tests" / "compat", *ROOT.glob("plugins/*/tests")]
+    folders = [
+        ROOT / "kernel" / "tests",
+        ROOT / "tests",
+        ROOT / "tests" / "compat",
+        *ROOT.glob("plugins/*/tests"),
+        *ROOT.glob("compat/*/tests"),
+    ]
     names = Counter(p.name for folder in folders for p in folder.glob("*.py") if p.name != "conftest.py")
     assert [name for name, n in names.items() if n > 1] == []
 

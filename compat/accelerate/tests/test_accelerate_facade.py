@@ -1,0 +1,289 @@
+"""accel-accelerate: the switch that decides which ``accelerate`` a process imports, the names libraries import
+from it, and transformers' ``Trainer`` run unchanged on it, compared with Hugging Face Accelerate 1.15 itself on the
+same machine, torch and transformers (``make setup`` installs it into ``.venv/accelerate-real``, outside
+site-packages, so a test puts it on ``PYTHONPATH`` where it wants it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accel_accelerate.startup import SHADOW, decide
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "scripts" / "trainer_regression.py"
+REAL = Path(sys.prefix) / "accelerate-real"
+
+
+def real_accelerate() -> Path:
+    if not (REAL / "accelerate" / "__init__.py").is_file():
+        pytest.fail(f"Accelerate 1.15 is not installed in {REAL}: run `make setup`")
+    return REAL
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(command: list[str], env: dict[str, str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_ACCELERATE", "ACCEL_CONFIG", "PYTHONPATH")}
+    env.update(PYTHONWARNINGS="ignore", WARM_WORKERS="0", **extra)
+    return env
+
+
+# ---- the switch --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "other", "on"),
+    [
+        ({"ACCEL_ACCELERATE": "1"}, True, True),
+        ({"ACCEL_ACCELERATE": "0"}, False, False),
+        ({"ACCEL_ACCELERATE": "off"}, False, False),
+        ({}, False, True),  # only accel's is installed
+        ({}, True, False),  # plain python beside the real one: the real one
+        ({"ACCEL_CONFIG": "{}"}, True, True),  # a worker of accel launch
+        ({"ACCEL_CONFIG": "{}", "ACCEL_ACCELERATE": "0"}, True, False),
+        ({"ACCEL_ACCELERATE": "maybe"}, False, False),
+    ],
+)
+def test_which_accelerate_a_process_imports(tmp_path: Path, env: dict[str, str], other: bool, on: bool) -> None:
+    path = [str(tmp_path)]
+    if other:
+        (tmp_path / "accelerate").mkdir()
+        (tmp_path / "accelerate" / "__init__.py").write_text("")
+    assert decide(env, path)[0] is on
+
+
+def probe(env: dict[str, str], tmp_path: Path) -> dict[str, Any]:
+    code = (
+        "import json, importlib.metadata as md, accelerate, transformers.utils as u;"
+        "print(json.dumps([accelerate.__file__, accelerate.__version__, md.version('accelerate'),"
+        " u.is_accelerate_available()]))"
+    )
+    proc = run([sys.executable, "-c", code], env, tmp_path)
+    file, version, metadata, available = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "facade": file.startswith(SHADOW),
+        "version": version,
+        "metadata": metadata,
+        "available": available,
+        "stderr": proc.stderr,
+    }
+
+
+def test_the_switch_in_real_processes(tmp_path: Path) -> None:
+    real = str(real_accelerate())
+    alone = probe(environment(), tmp_path)
+    assert alone == {**alone, "facade": True, "version": "1.15.0", "metadata": "1.15.0", "available": True}
+    beside = probe(environment(PYTHONPATH=real), tmp_path)  # plain python with Hugging Face's installed
+    assert beside["facade"] is False and beside["version"] == "1.15.0"
+    assert probe(environment(PYTHONPATH=real, ACCEL_ACCELERATE="1"), tmp_path)["facade"] is True
+    assert probe(environment(PYTHONPATH=real, ACCEL_CONFIG="{}"), tmp_path)["facade"] is True
+    assert probe(environment(PYTHONPATH=real, ACCEL_CONFIG="{}", ACCEL_ACCELERATE="0"), tmp_path)["facade"] is False
+    wrong = probe(environment(PYTHONPATH=real, ACCEL_ACCELERATE="yes please"), tmp_path)
+    assert wrong["facade"] is False
+    assert wrong["stderr"].count("\n") == 1 and "ACCEL_ACCELERATE='yes please' is not understood" in wrong["stderr"]
+
+
+def test_python_m_accel_accelerate_says_which_and_why(tmp_path: Path) -> None:
+    proc = run([sys.executable, "-m", "accel_accelerate"], environment(PYTHONPATH=str(real_accelerate())), tmp_path)
+    assert "off: Accelerate is installed at" in proc.stdout
+    assert "import accelerate -> " + str(REAL) in proc.stdout
+
+
+# ---- what libraries import ---------------------------------------------------------------------------------------
+
+#: every name transformers 5 and diffusers 0.42 import from accelerate (at import time or when a feature is used)
+IMPORTED = {
+    "accelerate": [
+        "Accelerator",
+        "ParallelismConfig",
+        "PartialState",
+        "cpu_offload",
+        "cpu_offload_with_hook",
+        "dispatch_model",
+        "infer_auto_device_map",
+        "init_empty_weights",
+        "skip_first_batches",
+    ],
+    "accelerate.commands.config": ["default_config_file", "load_config_from_file"],
+    "accelerate.hooks": ["AlignDevicesHook", "CpuOffload", "add_hook_to_module", "remove_hook_from_module"],
+    "accelerate.logging": ["get_logger"],
+    "accelerate.parallelism_config": ["ParallelismConfig"],
+    "accelerate.state": ["AcceleratorState", "PartialState"],
+    "accelerate.utils": [
+        "CustomDtype",
+        "DataLoaderConfiguration",
+        "DeepSpeedPlugin",
+        "DeepSpeedSchedulerWrapper",
+        "DistributedDataParallelKwargs",
+        "DistributedType",
+        "DummyOptim",
+        "DummyScheduler",
+        "FullyShardedDataParallelPlugin",
+        "GradientAccumulationPlugin",
+        "TorchDynamoPlugin",
+        "compute_module_sizes",
+        "extract_model_from_parallel",
+        "find_executable_batch_size",
+        "get_balanced_memory",
+        "get_max_memory",
+        "infer_auto_device_map",
+        "load_fsdp_model",
+        "load_fsdp_optimizer",
+        "load_offloaded_weights",
+        "offload_weight",
+        "reduce",
+        "release_memory",
+        "save_fsdp_model",
+        "save_fsdp_optimizer",
+        "save_offload_index",
+        "send_to_device",
+        "set_module_tensor_to_device",
+        "broadcast_object_list",
+    ],
+    "accelerate.utils.constants": ["FSDP_AUTO_WRAP_POLICY", "FSDP_SHARDING_STRATEGY"],
+    "accelerate.utils.deepspeed": ["HfDeepSpeedConfig"],
+    "accelerate.utils.imports": ["is_fp8_available"],
+    "accelerate.utils.memory": ["clear_device_cache", "release_memory", "should_reduce_batch_size"],
+    "accelerate.utils.modeling": ["clean_device_map", "convert_file_size_to_int", "get_max_layer_size"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(IMPORTED))
+def test_every_name_libraries_import_is_there(module: str) -> None:
+    import importlib
+
+    found = importlib.import_module(module)
+    assert [name for name in IMPORTED[module] if not hasattr(found, name)] == []
+
+
+def test_set_module_tensor_to_device_and_clean_device_map() -> None:
+    import torch
+    from accelerate.utils import set_module_tensor_to_device
+    from accelerate.utils.modeling import clean_device_map
+
+    layer = torch.nn.Linear(2, 2, device="meta")
+    set_module_tensor_to_device(layer, "weight", "cpu", value=torch.ones(2, 2, dtype=torch.float64))
+    assert layer.weight.device.type == "cpu" and layer.weight.dtype == torch.float32  # the module's dtype kept
+    assert float(layer.weight.sum()) == 4.0
+    device_map = {"a.x": "cpu", "a.y": "cpu", "b": "disk"}
+    assert clean_device_map(device_map) == {"a": "cpu", "b": "disk"}
+
+
+def test_hooks_wrap_and_unwrap_forward() -> None:
+    import torch
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+
+    class Double(ModelHook):
+        def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+            return output * 2
+
+    layer = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    plain = layer(x)
+    add_hook_to_module(layer, Double())
+    assert torch.equal(layer(x), plain * 2)
+    remove_hook_from_module(layer)
+    assert torch.equal(layer(x), plain)
+
+
+# ---- transformers' Trainer, unchanged, against Accelerate ---------------------------------------------------------
+
+
+def trainer_run(tmp_path: Path, name: str, processes: int, real: bool, *args: str) -> list[dict[str, Any]]:
+    out = tmp_path / name
+    out.mkdir()
+    if real:  # torchrun with Hugging Face's accelerate first on the path, as `accelerate launch` would run it
+        env = environment(PYTHONPATH=str(real_accelerate()), ACCEL_ACCELERATE="0")
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={processes}",
+            f"--master_port={free_port()}",
+            str(SCRIPT),
+            str(out),
+            *args,
+        ]
+    else:
+        env = environment()
+        command = [
+            sys.executable,
+            "-m",
+            "accel.commands.cli",
+            "launch",
+            "-n",
+            str(processes),
+            "--main_process_port",
+            str(free_port()),
+            str(SCRIPT),
+            str(out),
+            *args,
+        ]
+    run(command, env, tmp_path)
+    rows = [json.loads((out / f"result-{r}.json").read_text()) for r in range(processes)]
+    assert all(row["accelerate"].startswith(SHADOW) is not real for row in rows), rows[0]["accelerate"]
+    return rows
+
+
+def numbers(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("world", "losses", "grad_norms", "a", "b", "eval_loss", "checkpoints")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_trainer_trains_as_on_accelerate(tmp_path: Path, processes: int) -> None:
+    """Accumulation 2, six optimizer steps, a checkpoint every two, evaluation: every logged loss and gradient norm,
+    the trained weights and the evaluation loss are Accelerate's, bit for bit (same batches, same arithmetic)."""
+    ours = trainer_run(tmp_path, "accel", processes, False)
+    theirs = trainer_run(tmp_path, "accelerate", processes, True)
+    assert [numbers(r) for r in ours] == [numbers(r) for r in theirs]
+    assert len(ours[0]["losses"]) == 6 and ours[0]["world"] == processes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_trainer_resumes_exactly(tmp_path: Path, processes: int) -> None:
+    """``trainer.train(resume_from_checkpoint=checkpoint-2)`` logs the uninterrupted run's steps 3-6 exactly."""
+    whole = trainer_run(tmp_path, "whole", processes, False)
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    checkpoint = tmp_path / "whole" / "trainer" / "checkpoint-2"
+    out = tmp_path / "again"
+    out.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "accel.commands.cli",
+        "launch",
+        "-n",
+        str(processes),
+        "--main_process_port",
+        str(free_port()),
+        str(SCRIPT),
+        str(out),
+        "--resume-from",
+        str(checkpoint),
+    ]
+    run(command, environment(), tmp_path)
+    again = json.loads((out / "result-0.json").read_text())
+    assert again["losses"] == whole[0]["losses"][2:]
+    assert again["grad_norms"] == whole[0]["grad_norms"][2:]
+    assert (again["a"], again["b"], again["eval_loss"]) == (whole[0]["a"], whole[0]["b"], whole[0]["eval_loss"])
