@@ -15,7 +15,7 @@ import pytest
 from torch import nn
 
 from accel import Component, Kernel, Settings, hookimpl
-from accel.tracking import Tracker, requested
+from accel.spi import Tracker, requested
 
 
 class ListTracker(Tracker):

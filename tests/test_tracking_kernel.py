@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from accel import Tracker, UsageError, hookimpl
+from accel.spi import as_scalar, flatten
 from accel.testing import isolated_env, make_kernel, run_launch
 from accel.testing.conformance import BrokenTrackerPlugin
 from accel.testing.shadow import hide_plugins
-from accel.tracking import as_scalar, flatten
 
 
 class Recorder(Tracker):

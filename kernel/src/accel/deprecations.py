@@ -88,6 +88,17 @@ DEPRECATIONS: dict[str, Deprecation] = {
             "return every recorded point in order, {key: [(step, value), ...]}, duplicates kept",
             kind="kit",
         ),
+        *(
+            Deprecation(
+                f"accel.tracking.{name}",
+                f"accel.spi.{name}",
+                "0.1.1",
+                "0.2.0",
+                f"write `from accel.spi import {name}`: accel.spi is the only module of accel a plugin imports",
+                kind="name",
+            )
+            for name in ("requested", "as_scalar", "flatten")
+        ),
     )
 }
 

@@ -52,7 +52,7 @@ class Tracker(Component):
         return getattr(run, name)
 
 
-def requested(settings: Settings, name: str) -> bool:
+def _requested(settings: Settings, name: str) -> bool:
     """Whether the tracker ``name`` should take part: its name or ``"all"`` is in ``log_with``."""
     wanted = settings.get("log_with") or []
     return name in wanted or ALL in wanted
@@ -75,7 +75,7 @@ def check_tracker_names(log_with: Iterable[Any], installed: Iterable[str]) -> No
             )
 
 
-def as_scalar(value: Any) -> int | float | None:
+def _as_scalar(value: Any) -> int | float | None:
     """``value`` as a Python number if it is one (bool excluded), a one-element tensor or a numpy scalar; else
     ``None``. Trackers use it to tell metrics from text and other objects."""
     if isinstance(value, bool):
@@ -96,20 +96,29 @@ def as_scalar(value: Any) -> int | float | None:
     return None
 
 
-def flatten(config: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, int | float | str | bool]:
+def _flatten(config: Mapping[str, Any], sep: str = "/", prefix: str = "") -> dict[str, int | float | str | bool]:
     """Nested mappings flattened to ``{"optim/lr": 0.1}``; values that are not int/float/str/bool become strings
     (lists, None, paths, dtypes), scalar tensors become numbers. For hyper-parameter tables."""
     flat: dict[str, int | float | str | bool] = {}
     for key, value in config.items():
         name = f"{prefix}{sep}{key}" if prefix else str(key)
         if isinstance(value, Mapping):
-            flat.update(flatten(value, sep, name))
+            flat.update(_flatten(value, sep, name))
         elif isinstance(value, (bool, int, float, str)):
             flat[name] = value
         else:
-            number = as_scalar(value)
+            number = _as_scalar(value)
             flat[name] = number if number is not None else str(value)
     return flat
+
+
+def __getattr__(name: str) -> Any:
+    """accel-kernel 0.1.0's plugins imported ``requested``, ``as_scalar`` and ``flatten`` from here: they are
+    :mod:`accel.spi`'s (the only module a plugin imports from accel), and the old import warns naming it
+    (:mod:`accel.deprecations`). The helpers are defined here as ``_requested``, ``_as_scalar``, ``_flatten``."""
+    from accel.deprecations import attribute
+
+    return attribute(__name__, name)
 
 
 class TrackingMixin:

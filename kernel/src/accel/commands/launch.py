@@ -22,6 +22,7 @@ from accel.config_files import (
     validate_config,
 )
 from accel.contract import LaunchPlan
+from accel.deprecations import deprecated_hooks_note
 from accel.errors import UsageError
 from accel.options import Options, did_you_mean, install_hint, known_plugins
 from accel.planning import activate_plan, resolve_plan
@@ -311,6 +312,10 @@ def plan_launch(argv: Sequence[str], env: Mapping[str, str] | None = None) -> tu
         )
     for rec in plugins.failed:
         notices.append(f"plugin {rec.name!r} ({rec.distribution} {rec.version}) is skipped: {rec.reason}")
+    taking_part = {c.name for c in plugins.components}
+    for rec in plugins.all_records:  # a deprecated hook that takes effect in this run (as `accel plugins` says)
+        if rec.name in taking_part and (note := deprecated_hooks_note(rec.hooks)):
+            notices.append(f"plugin {rec.name!r} ({rec.distribution} {rec.version}) uses a deprecated hook: {note}")
     handed = {k: v for k, v in values.items() if sources[k] != "default"}
     env["ACCEL_CONFIG"] = json.dumps(handed, sort_keys=True)
     if blocked:

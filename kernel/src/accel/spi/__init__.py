@@ -66,10 +66,14 @@ if TYPE_CHECKING:
     from accel.nested import map_tensors
     from accel.prepared import PreparedOptimizer
     from accel.processes import run_process
-    from accel.tracking import Tracker, as_scalar, flatten, requested
+    from accel.tracking import Tracker
+    from accel.tracking import _as_scalar as as_scalar
+    from accel.tracking import _flatten as flatten
+    from accel.tracking import _requested as requested
     from accel.utils.handlers import KwargsHandler
 
-#: Names loaded on first use (their modules import torch, or are not needed at discovery).
+#: Names loaded on first use (their modules import torch, or are not needed at discovery): ``"module"``, or
+#: ``"module:attribute"`` where the module defines the name under another one.
 _LAZY = {
     "agree": "accel.checkpoint",
     "dcp_load": "accel.checkpoint",
@@ -100,9 +104,9 @@ _LAZY = {
     "PreparedOptimizer": "accel.prepared",
     "run_process": "accel.processes",
     "Tracker": "accel.tracking",
-    "as_scalar": "accel.tracking",
-    "flatten": "accel.tracking",
-    "requested": "accel.tracking",
+    "as_scalar": "accel.tracking:_as_scalar",
+    "flatten": "accel.tracking:_flatten",
+    "requested": "accel.tracking:_requested",
     "KwargsHandler": "accel.utils.handlers",
 }
 
@@ -166,7 +170,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module, _, attribute_name = _LAZY[name].partition(":")
+        value = getattr(importlib.import_module(module), attribute_name or name)
         globals()[name] = value
         return value
     from accel.deprecations import attribute
