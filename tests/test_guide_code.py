@@ -20,8 +20,8 @@ GUIDE = ROOT / "docs" / "migrating-from-accelerate.md"
 ACCEL = Path(sys.executable).with_name("accel")
 MARKER = re.compile(r"<!-- guide-test: (.+?) -->")
 #: The blocks marked illustrative, and all blocks: change these only with the guide.
-ILLUSTRATIVE = 1
-BLOCKS = 5
+ILLUSTRATIVE = 2
+BLOCKS = 6
 
 
 @dataclass
