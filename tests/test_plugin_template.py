@@ -53,6 +53,12 @@ def test_new_plugin_refuses_bad_input_and_overwrites_nothing(tmp_path: Path) -> 
         assert "Traceback" not in refused.stderr and list(tmp_path.glob("accel-plugin-*")) == []
 
 
+def test_accel_help_names_every_kind_new_plugin_writes(tmp_path: Path) -> None:
+    proc = accel_cli(["--help"], tmp_path)
+    line = next(line for line in proc.stdout.splitlines() if line.strip().startswith("new-plugin"))
+    assert all(kind in line for kind in KINDS), line
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_templates_render_to_valid_python(kind: str) -> None:
     files = render("my_thing", kind)

@@ -68,3 +68,25 @@ def test_every_attribute_of_every_conformance_suite_is_in_the_table() -> None:
         }
         public = {a for a in dir(suite) if not a.startswith(("_", "test_"))}
         assert public <= documented, f"{suite.__name__}: {sorted(public - documented)} not in the table"
+
+
+def test_what_the_docs_tell_plugins_to_import_is_importable_from_the_plugin_api() -> None:
+    """CHANGELOG, plugin-api.md, this guide and the templates name kernel names the way a plugin imports them:
+    every ``accel.spi...`` name exists there, and none is given from ``accel.contract`` (plugins may not import it)."""
+    import importlib
+
+    root = DOC.parents[1]
+    texts = [root / "CHANGELOG.md", root / "docs" / "plugin-api.md", DOC]
+    texts += sorted((root / "kernel" / "src" / "accel" / "templates").rglob("*.tmpl"))
+    for path in texts:
+        text = path.read_text(encoding="utf-8")
+        assert "accel.contract" not in text, f"{path.name} names accel.contract, which plugins may not import"
+        for dotted in set(re.findall(r"\baccel\.spi(?:\.\w+)+", text)):
+            module, *rest = dotted.split(".")[2:]
+            try:
+                found: object = importlib.import_module(f"accel.spi.{module}")
+            except ModuleNotFoundError:
+                found = getattr(importlib.import_module("accel.spi"), module, None)
+            for name in rest:
+                found = getattr(found, name, None)
+            assert found is not None, f"{path.name} names {dotted}, which accel.spi does not have"

@@ -238,9 +238,14 @@ def accel_launch(plan: LaunchPlan) -> int | None:
     When: ``accel launch`` after settings are resolved and components activated (``plan.dry_run``: only print
     the exact command and return 0). Who: first answer wins; a strategy that needs several processes answers
     (DDP through torchrun); the kernel's default runs one ``python script`` process (a run of more processes
-    needs a component that provides ``distributed``, which the kernel checks before). Returns the exit code.
-    What a strategy's launcher must honour or refuse (``plan.settings``: machines, ranks, addresses, ``gpu_ids``,
-    ...) is listed in docs/plugin-api.md.
+    needs a component that provides ``distributed``, which the kernel checks before). A launcher component answers
+    with ``@hookimpl(tryfirst=True)``, before the strategy. Launcher is not an exclusive role: two selected
+    launchers both take part, the first one called answers and the other is never asked. Which one is first follows
+    the order the components were registered in (within ``tryfirst``, the one registered last), not the order of the
+    ``--plugin`` flags; ``accel launch --dry-run --verbose`` shows it (``accel_launch: a:launcher (then
+    b:launcher, ...)``): select one launcher. Returns the exit code. What a strategy's launcher must honour or
+    refuse (``plan.settings``: machines, ranks, addresses, ``gpu_ids``, ...) is listed in docs/plugin-api.md; the
+    conformance suites check it (``accel.testing.launch_check``).
     """
 
 
@@ -398,7 +403,10 @@ def accel_optimizer_step(kernel: KernelView, optimizer: torch.optim.Optimizer) -
     When: ``optimizer.step()`` of a prepared optimizer, only on steps where gradients are synchronised (on the
     others the call does nothing). Who: first answer wins (strategy: DeepSpeed engine, XLA; precision: ``scaler.step`` + ``update``; default:
     ``optimizer.step()``). Returns ``True`` if the step was applied, ``False`` if it was skipped (inf/NaN
-    gradients); a skipped step also skips the scheduler and sets ``optimizer.step_was_skipped``.
+    gradients); a skipped step also skips the scheduler and sets ``optimizer.step_was_skipped``. Only ``False``
+    means skipped: ``None`` counts as applied. So a wrapper (``@hookimpl(wrapper=True)``) must return the result
+    its ``yield`` gave (or its own ``True``/``False``); a wrapper returning ``None`` turns a skipped step into an
+    applied one (the scheduler steps, ``step_was_skipped`` is ``False``).
     """
 
 

@@ -13,6 +13,7 @@ class TestParallelPipelineConformance(StrategyConformance):
     name = "parallel"
     model = "pipeline"
     launch_args = ("--parallelism_config_pp_size", "2")
+    real_launch_counts = (2, 4)  # the launches' process counts: a multiple of pp
 
 
 class TestParallelPipelineShardedConformance(TestParallelPipelineConformance):
@@ -25,6 +26,7 @@ class TestParallelPipelineShardedConformance(TestParallelPipelineConformance):
     # the plugin-level checks ran above (the launch-settings probes launch 2 processes, which a 4-process mesh
     # refuses by its size): not collected again here
     test_every_launch_setting_is_honoured_or_refused = None  # type: ignore[assignment]
+    test_a_real_launch_carries_out_the_plan = None  # type: ignore[assignment]
     test_listed_by_accel_plugins = None  # type: ignore[assignment]
     test_entry_point_module_is_cheap = None  # type: ignore[assignment]
 

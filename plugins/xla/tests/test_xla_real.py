@@ -426,3 +426,4 @@ class TestXLAConformance(StrategyConformance):
     name = "xla"
     backend_modules = ("torch_xla",)
     num_processes = 1
+    real_launch_counts = (1,)  # torch_xla.launch starts one process per local XLA device (PJRT's CPU runtime: one)

@@ -173,9 +173,12 @@ def check_launch_settings(launch: Launch, log_dir: Path, port: int, started: Cal
 #: second argument, the first worker to start exits with 7 instead, once (a run that is restarted then succeeds).
 WORKER = """import json, os, sys
 out = sys.argv[1]
-if len(sys.argv) > 2 and not os.path.exists(os.path.join(out, "failed")):
-    open(os.path.join(out, "failed"), "w").close()
-    sys.exit(7)
+if len(sys.argv) > 2:
+    try:
+        os.close(os.open(os.path.join(out, "failed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        sys.exit(7)
+    except FileExistsError:
+        pass
 with open(os.path.join(out, f"worker-{os.getpid()}.json"), "w") as f:
     json.dump({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "ACCEL_CONFIG")}, f)
 """
@@ -199,6 +202,8 @@ def check_process_count(launch: RealLaunch, root: Path, n: int) -> list[str]:
     out = root / f"n{n}"
     out.mkdir(parents=True)
     proc = launch(n, [], [str(out)])
+    if proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and not _workers(out):
+        return []  # this count refused in one line, nothing started (check_real_launches needs one count to run)
     if proc.returncode != 0:
         return [_failed(f"a real `accel launch -n {n}`", proc)]
     workers = _workers(out)
@@ -225,19 +230,19 @@ def check_process_count(launch: RealLaunch, root: Path, n: int) -> list[str]:
     return problems
 
 
-def check_restarts(launch: RealLaunch, root: Path) -> list[str]:
-    """With ``--max_restarts 1``, a launcher that does not refuse it starts a worker that failed once again, and
-    the run succeeds: the problems found."""
+def check_restarts(launch: RealLaunch, root: Path, n: int) -> list[str]:
+    """With ``--max_restarts 1`` and ``n`` processes, a launcher that does not refuse it starts a worker that
+    failed once again, and the run succeeds: the problems found."""
     out = root / "restart"
     out.mkdir(parents=True)
-    proc = launch(1, ["--max_restarts", "1"], [str(out), "fail-once"])
+    proc = launch(n, ["--max_restarts", "1"], [str(out), "fail-once"])
     ran = (out / "failed").exists()
     if proc.returncode == 2 and not ran:
         return []  # refused (the dry-run check sees that it is refused in one line)
     if proc.returncode == 0 and ran and _workers(out):
         return []
     return [
-        f"max_restarts was not carried out: a real `accel launch -n 1 --max_restarts 1` whose worker exited with 7 "
+        f"max_restarts was not carried out: a real `accel launch -n {n} --max_restarts 1` whose worker exited with 7 "
         f"once {'started no worker' if not ran else 'did not start it again'} and exited with {proc.returncode}; "
         "restart the workers up to max_restarts times (or refuse the setting in one line, exit 2), never only show "
         "it in the dry run"
@@ -245,12 +250,18 @@ def check_restarts(launch: RealLaunch, root: Path) -> list[str]:
 
 
 def check_real_launches(launch: RealLaunch, root: Path, counts: Sequence[int]) -> None:
-    """Real launches (side by side): one per process count of ``counts`` and one with ``--max_restarts 1``. Raises
+    """Real launches (side by side): one per process count of ``counts`` (a count the launcher refuses in one line
+    is let pass, as long as one count runs) and one with ``--max_restarts 1`` and the first count. Raises
     AssertionError naming every problem."""
     with ThreadPoolExecutor(len(counts) + 1) as pool:
         futures = [pool.submit(check_process_count, launch, root, n) for n in counts]
-        futures.append(pool.submit(check_restarts, launch, root))
+        futures.append(pool.submit(check_restarts, launch, root, counts[0]))
         found = [future.result() for future in futures]
     problems = [problem for each in found for problem in each]
+    ran = [n for n in counts if _workers(root / f"n{n}")]
+    if not problems and not ran:
+        problems.append(
+            f"every real launch (-n {', -n '.join(map(str, counts))}) was refused: nothing could be checked"
+        )
     if problems:
         raise AssertionError("a real launch does not carry out its plan:\n" + "\n".join(f"- {p}" for p in problems))
