@@ -415,7 +415,7 @@ PLANTS: dict[str, tuple[str, dict[str, Edits], str, str]] = {
         "launcher",
         {LAUNCHER: ('        n = settings["num_processes"]\n', "        n = 2\n")},
         "test_a_real_launch_carries_out_the_plan",
-        r"a real `accel launch -n 1` started 2 worker process\(es\), not 1.*\n.*a real `accel launch -n 3` started 2 "
+        r"plan \(num_processes\):\n- a real `accel launch -n 1` started 2 worker process\(es\), not 1.*\n.*a real `accel launch -n 3` started 2 "
         r"worker process\(es\), not 3 .*never a fixed count",
     ),
     "mut_env": (
@@ -428,7 +428,7 @@ PLANTS: dict[str, tuple[str, dict[str, Edits], str, str]] = {
             )
         },
         "test_a_real_launch_carries_out_the_plan",
-        r"a real `accel launch -n 3` started workers \(RANK 0, 1, 2\) without ACCEL_CONFIG: start each worker with "
+        r"plan \(plan.env\):\n(?:.*\n)*- a real `accel launch -n 3` started workers \(RANK 0, 1, 2\) without ACCEL_CONFIG: start each worker with "
         r"plan.env",
     ),
     "mut_restarts": (
@@ -443,7 +443,7 @@ PLANTS: dict[str, tuple[str, dict[str, Edits], str, str]] = {
             ]
         },
         "test_a_real_launch_carries_out_the_plan",
-        r"max_restarts was not carried out: a real `accel launch -n 1 --max_restarts 1` whose worker exited with 7 "
+        r"plan \(max_restarts\):\n- max_restarts was not carried out: a real `accel launch -n 1 --max_restarts 1` whose worker exited with 7 "
         r"once did not start it again and exited with 7",
     ),
 }

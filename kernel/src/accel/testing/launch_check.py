@@ -264,4 +264,17 @@ def check_real_launches(launch: RealLaunch, root: Path, counts: Sequence[int]) -
             f"every real launch (-n {', -n '.join(map(str, counts))}) was refused: nothing could be checked"
         )
     if problems:
-        raise AssertionError("a real launch does not carry out its plan:\n" + "\n".join(f"- {p}" for p in problems))
+        topics = dict.fromkeys(topic for p in problems for key, topic in TOPICS if key in p)
+        raise AssertionError(
+            f"a real launch does not carry out its plan ({', '.join(topics) or 'it failed'}):\n"
+            + "\n".join(f"- {p}" for p in problems)
+        )
+
+
+#: What a real launch's problem is about, for the first line of the failure: ``(words in the problem, topic)``.
+TOPICS = (
+    ("worker process(es), not", "num_processes"),
+    ("RANK [", "ranks"),
+    ("ACCEL_CONFIG", "plan.env"),
+    ("max_restarts", "max_restarts"),
+)
