@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import collections
 import contextlib
 import gc
 import json
@@ -163,6 +164,9 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         self._accumulation_steps = int(self.settings["gradient_accumulation_steps"])
         self.project_configuration = configure_project(project_config, self.settings["project_dir"])
         self._custom_objects: list[Any] = []
+        # accel.checkpoint.user_hooks; ordered dicts, as torch's RemovableHandle holds them by weak reference
+        self._save_state_pre_hooks: dict[int, Any] = collections.OrderedDict()
+        self._load_state_pre_hooks: dict[int, Any] = collections.OrderedDict()
         self.gradient_state = GradientState()
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -667,6 +671,25 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
                     "load_state_dict(); only such objects can be checkpointed"
                 )
         self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> Any:
+        """Call ``hook(models, weights, output_dir)`` at the start of every ``save_state`` (Accelerate's): files
+        it writes into ``output_dir`` are part of the checkpoint; a model whose state dict it removes from
+        ``weights`` is not saved by accel. Returns a handle whose ``remove()`` unregisters it."""
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> Any:
+        """Call ``hook(models, input_dir)`` at the start of every ``load_state`` (Accelerate's): a model it removes
+        from ``models`` is one it loaded itself, which accel does not restore. Returns a handle (``remove()``)."""
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
 
     def save_state(
         self, output_dir: str | os.PathLike[str] | None = None, asynchronous: bool | None = None

@@ -69,6 +69,8 @@ class CheckpointKernel(KernelView, Protocol):
     _schedulers: list[PreparedScheduler]
     _dataloaders: list[PreparedDataLoader]
     _custom_objects: list[Any]
+    _save_state_pre_hooks: dict[int, Any]
+    _load_state_pre_hooks: dict[int, Any]
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, Any]: ...
 

@@ -15,6 +15,7 @@ from accel.checkpoint.compat import check_compatible
 from accel.checkpoint.files import read_tree
 from accel.checkpoint.items import Item, call_by_owner, collect_items
 from accel.checkpoint.manifest import _agreed, _records, _recover, checkpoints_folder, latest_checkpoint, read_manifest
+from accel.checkpoint.user_hooks import run_load_hooks
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
 
@@ -43,13 +44,13 @@ def load_state(kernel: CheckpointKernel, input_dir: str | os.PathLike[str] | Non
     chosen = _agreed(kernel, "load_state", lambda: resolve() if kernel.is_main_process else None)
     directory = Path(kernel.collectives.broadcast_object(chosen, 0))
 
-    def check() -> tuple[dict[str, Any], dict[str, ItemRecord]]:
+    def check() -> tuple[dict[str, Any], dict[str, Item], dict[str, ItemRecord]]:
         manifest = read_manifest(directory)
-        records = _records(manifest)
-        check_compatible(kernel, items, records, directory)
-        return manifest, records
+        left, records = run_load_hooks(kernel, items, _records(manifest), directory)
+        check_compatible(kernel, left, records, directory)
+        return manifest, left, records
 
-    manifest, records = _agreed(kernel, "load_state (checking)", check)
+    manifest, items, records = _agreed(kernel, "load_state (checking)", check)
 
     _agreed(kernel, "load_state (restoring)", lambda: _load_hook(kernel, items, records, directory))
     if manifest.get("iteration") is not None:

@@ -31,6 +31,7 @@ from accel.checkpoint.manifest import (
     numbered_checkpoints,
 )
 from accel.checkpoint.solo import LATE, SOLO, meet
+from accel.checkpoint.user_hooks import run_save_hooks
 from accel.contract import ItemRecord
 from accel.errors import CheckpointError, PluginError, UsageError
 from accel.options import KERNEL
@@ -56,6 +57,7 @@ def save_state(
     target, tmp, index = kernel.collectives.broadcast_object(plan, 0)
     target, tmp = Path(target), Path(tmp)
     try:
+        items = run_save_hooks(kernel, items, tmp, alone=False)
         # 1. plugins write the items they claim (every process), 2. the kernel's default implementation writes the
         # rest (main process; every process its per-process items), 3. the main process writes the manifest and
         # renames. Each step ends with every process learning whether any process failed.
@@ -110,6 +112,7 @@ def _save_alone(kernel: CheckpointKernel, output_dir: str | os.PathLike[str] | N
     target_s, tmp_s, index = _plan_target(kernel, output_dir)
     target, tmp = Path(target_s), Path(tmp_s)
     try:
+        items = run_save_hooks(kernel, items, tmp, alone=True)
         _WRITING[kernel] = _Writing({key: _as_accelerate_saves(item) for key, item in items.items()})
         try:
             written = _save_hook(kernel, items, tmp, False, True)
