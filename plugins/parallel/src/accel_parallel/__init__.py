@@ -474,25 +474,17 @@ def mesh_plan(settings: Settings) -> MeshPlan:
         raise UsageError(
             f"Kernel(parallelism_config=...) has unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS[:6])}"
         )
-    sp = _field(given, "sp_size")
-    if sp not in (None, 1):
-        raise UsageError(f"parallelism_config sp_size={sp}: {_sp_size_one(sp)}")
+    # each field was checked by its parallelism_config_<field> option (Option.fields), as its flag would be
     mega = megatron_settings(settings)
     sizes = []
     for dim in DIMS:
         value = _field(given, f"{dim}_size")
         if value is None:
             value = mega.get(f"parallelism_config_{dim}_size", settings[f"parallelism_config_{dim}_size"])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"parallelism_config {dim}_size must be a whole number >= 1, got {value!r}")
-        sizes.append(value)
+        sizes.append(int(value))
     pp = _field(given, "pp_size")
-    pp = mega.get("parallelism_config_pp_size", settings["parallelism_config_pp_size"]) if pp is None else pp
-    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
-        raise UsageError(f"parallelism_config pp_size must be a whole number >= 1, got {pp!r}")
-    schedule = _field(given, "pp_schedule") or settings["parallelism_config_pp_schedule"]
-    if schedule not in PP_SCHEDULES:
-        raise UsageError(f"parallelism_config pp_schedule {schedule!r}: use one of {', '.join(PP_SCHEDULES)}")
+    pp = int(mega.get("parallelism_config_pp_size", settings["parallelism_config_pp_size"]) if pp is None else pp)
+    schedule = str(_field(given, "pp_schedule") or settings["parallelism_config_pp_schedule"])
     points = _field(given, "pp_split_points") or settings["parallelism_config_pp_split_points"] or ()
     check_split_points(points, pp, schedule)
     seq = _field(given, "tp_sequence_parallel")
