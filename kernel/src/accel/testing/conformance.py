@@ -727,8 +727,9 @@ class PrecisionConformance(_InProcessChecks):
     #: mode, on the device of the run; ``None``: any dtype but float32 (the mode must change the compute dtype).
     compute_dtype: str | None = None
 
-    def _check_compute_dtype(self, device: str, seen: Any) -> None:
-        """The forward of a prepared model computed in the mode's dtype on the run's device (not float32)."""
+    def _check_compute_dtype(self, device: str, seen: Any, torch_said: Sequence[str] = ()) -> None:
+        """The forward of a prepared model computed in the mode's dtype on the run's device (not float32);
+        ``torch_said``: torch's warnings about autocast in that forward, shown as the plugin's."""
         import torch
 
         wanted = getattr(torch, self.compute_dtype) if self.compute_dtype else None
@@ -740,6 +741,7 @@ class PrecisionConformance(_InProcessChecks):
             + (f", not {wanted}" if wanted is not None else "")
             + f". The autocast plugin {self.name!r} makes must be for the device the run uses (torch.autocast("
             "kernel.device.type, ...)); an autocast for another device type (a hard-coded 'cuda') casts nothing here"
+            + "".join(f". torch warned, in the plugin's autocast: {said!r}" for said in torch_said)
         )
 
     def kernel_kwargs(self) -> dict[str, Any]:
@@ -780,7 +782,9 @@ class PrecisionConformance(_InProcessChecks):
                 on.append("after Kernel() returned")
             model, optimizer, _ = prepared(kernel, Probe())
             x, y = data(kernel.device)
-            output = model(x)
+            with warnings.catch_warnings(record=True) as caught:  # torch's "... Disabling autocast" names the plugin
+                warnings.simplefilter("always")
+                output = model(x)
             if torch.is_autocast_enabled(device):
                 on.append("after the prepared model's forward returned")
             loss = loss_of(output, y)
@@ -807,7 +811,11 @@ class PrecisionConformance(_InProcessChecks):
                 f"kernel.autocast() gives on={expected[0]} computing in {expected[1]}: the forward of prepared models "
                 "must run under the plugin's autocast"
             )
-            self._check_compute_dtype(device, inside[1])
+            torch_said = [str(w.message) for w in caught if "autocast" in str(w.message).lower()]
+            for w in caught:  # the others, as they were
+                if str(w.message) not in torch_said:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            self._check_compute_dtype(device, inside[1], torch_said)
         finally:
             kernel.end_training()
 
