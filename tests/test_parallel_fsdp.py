@@ -77,16 +77,17 @@ def test_fsdp_option_on_the_mesh_matches_one_process(case: str, reference: Any, 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_activation_checkpointing_on_one_process_without_fsdp_matches_the_kernel_alone(
-    reference: Any, tmp_path: Path
+@pytest.mark.parametrize(("n", "sizes", "units"), [(1, [], 0), (2, ["--parallelism_config_dp_replicate_size", "2"], 4)])
+def test_activation_checkpointing_as_its_own_option_matches_the_kernel_alone(
+    reference: Any, tmp_path: Path, n: int, sizes: list[str], units: int
 ) -> None:
-    # its own option, on any mesh: here one process, no mesh dimension, no FSDP
-    args = ["-n", "1", "--plugin", "parallel", "--parallelism_config_activation_checkpointing", "true"]
+    # its own option, on any mesh: one process (no mesh dimension, no FSDP), and replicas (HSDP's replicate dim)
+    args = ["-n", str(n), "--plugin", "parallel", *sizes, "--parallelism_config_activation_checkpointing", "true"]
     proc = run([ACCEL, "launch", "-q", *args, str(WORKER), "train", str(tmp_path / "out")], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     res, params = result(tmp_path / "out")
     ref_res, ref_params = reference
-    assert res["world"] == 1 and res["plugins"] == ["parallel"] and res["shard_units"] == 0
+    assert res["world"] == n and res["plugins"] == ["parallel"] and res["shard_units"] == units
     assert res["checkpointed"] == 3 and res["block_forwards"] == 2 * ref_res["block_forwards"]  # recomputed
     assert res["losses"] == pytest.approx(ref_res["losses"], rel=LOSS_TOL)
     for name, value in ref_params.items():
