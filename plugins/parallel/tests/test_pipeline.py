@@ -336,6 +336,17 @@ def test_activation_checkpointing_on_pp_2_x_tp_2_without_data_parallel_matches_o
     assert_matches(res, reference, ("qwen2",))
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_activation_checkpointing_on_tp_2_alone_matches_one_process(reference: Result, tmp_path: Path) -> None:
+    ac = ("--parallelism_config_activation_checkpointing", "true")
+    launch(tmp_path, *mesh(2, tp=2), *ac, str(WORKER), str(tmp_path / "out"), "--models", "qwen2")
+    res = result(tmp_path / "out", models=("qwen2",))
+    assert (res[0]["world"], res[0]["mesh"]["tp"]) == (2, 2)
+    assert res[0]["checkpointed"] == {"qwen2": 4}  # every decoder layer, tensor-parallel inside
+    assert_matches(res, reference, ("qwen2",))
+
+
 @pytest.mark.parametrize(
     ("points", "message"),
     [
