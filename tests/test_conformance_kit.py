@@ -429,8 +429,15 @@ PLANTS: dict[str, tuple[str, dict[str, Edits], str, str]] = {
             )
         },
         "test_a_real_launch_carries_out_the_plan",
-        r"plan \(plan.env\):\n(?:.*\n)*- a real `accel launch -n 3` started workers \(RANK 0, 1, 2\) without ACCEL_CONFIG: start each worker with "
+        r"plan \(plan.env[^)]*\):\n(?:.*\n)*- a real `accel launch -n 3` started workers \(RANK 0, 1, 2\) without ACCEL_CONFIG: start each worker with "
         r"plan.env",
+    ),
+    "mut_port": (
+        "launcher",
+        {LAUNCHER: ('{**plan.env, "RANK"', '{**plan.env, "MASTER_PORT": "29400", "RANK"')},
+        "test_a_real_launch_carries_out_the_plan",
+        r"plan \(main_process_port\):\n- main_process_port was not carried out: `--main_process_port \d+` gave the "
+        r"workers MASTER_PORT=29400, not \d+",
     ),
     "mut_restarts": (
         "launcher",

@@ -449,7 +449,7 @@ class _LaunchSettingsChecks:
             self.name,
             self.launch_check_added_in,
             "0.2.0",
-            lambda: check_real_launches(launch, tmp_path / "runs", self.real_launch_counts),
+            lambda: check_real_launches(launch, tmp_path / "runs", self.real_launch_counts, free_port()),
         )
 
 

@@ -179,8 +179,10 @@ if len(sys.argv) > 2:
         sys.exit(7)
     except FileExistsError:
         pass
+print("kit worker", os.environ.get("RANK", "0"), flush=True)
+names = ("RANK", "WORLD_SIZE", "ACCEL_CONFIG", "OMP_NUM_THREADS", "MASTER_PORT")
 with open(os.path.join(out, f"worker-{os.getpid()}.json"), "w") as f:
-    json.dump({k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "ACCEL_CONFIG")}, f)
+    json.dump({k: os.environ.get(k) for k in names}, f)
 """
 
 #: ``(num_processes, flags, worker script arguments) -> finished process``: a real ``accel launch`` of
@@ -249,13 +251,70 @@ def check_restarts(launch: RealLaunch, root: Path, n: int) -> list[str]:
     ]
 
 
-def check_real_launches(launch: RealLaunch, root: Path, counts: Sequence[int]) -> None:
+def _settings_flags(name: str, port: int, out: Path) -> list[str]:
+    values = {"num_cpu_threads_per_process": "3", "main_process_port": str(port), "log_dir": str(out / "logs")}
+    return [f"--{name}", values[name]]
+
+
+def _setting_problem(name: str, port: int, out: Path) -> str | None:
+    """Whether the workers of a launch with setting ``name`` (see :func:`_settings_flags`) show its effect."""
+    workers = _workers(out)
+    if name == "log_dir":
+        logs = out / "logs"
+        text = "\n".join(f.read_text(errors="replace") for f in logs.rglob("*") if f.is_file()) if logs.is_dir() else ""
+        missing = [w["RANK"] or "0" for w in workers if f"kit worker {w['RANK'] or '0'}" not in text]
+        if not missing:
+            return None
+        return f"log_dir was not carried out: no file under --log_dir holds the output of the workers of RANK {missing}"
+    variable, value = {
+        "num_cpu_threads_per_process": ("OMP_NUM_THREADS", "3"),
+        "main_process_port": ("MASTER_PORT", str(port)),
+    }[name]
+    got = sorted({str(w[variable]) for w in workers})
+    if got == [value]:
+        return None
+    return f"{name} was not carried out: `--{name} {value}` gave the workers {variable}={', '.join(got)}, not {value}"
+
+
+#: The settings whose effect the workers of a real launch show (besides num_processes and max_restarts).
+CARRIED_OUT = ("num_cpu_threads_per_process", "main_process_port", "log_dir")
+
+
+def check_settings(launch: RealLaunch, root: Path, n: int, port: int) -> list[str]:
+    """One real launch with every setting of :data:`CARRIED_OUT` (then, if that is refused, one per setting): each
+    one not refused must show in the workers (``OMP_NUM_THREADS``, ``MASTER_PORT``, their output under ``log_dir``)."""
+    out = root / "settings"
+    out.mkdir(parents=True)
+    flags = [f for name in CARRIED_OUT for f in _settings_flags(name, port, out)]
+    runs: list[tuple[tuple[str, ...], Path, subprocess.CompletedProcess[str]]] = [
+        (CARRIED_OUT, out, launch(n, flags, [str(out)]))
+    ]
+    if runs[0][2].returncode == 2 and not _workers(out):
+        runs = []
+        for name in CARRIED_OUT:
+            own = root / f"setting-{name}"
+            own.mkdir()
+            runs.append(((name,), own, launch(n, _settings_flags(name, port, own), [str(own)])))
+    problems = []
+    for names, where, proc in runs:
+        if proc.returncode == 2 and not _workers(where):
+            continue  # refused (the dry-run check sees that it is refused in one line)
+        if proc.returncode != 0:
+            problems.append(_failed(f"a real `accel launch -n {n}` with {' '.join(names)} set", proc))
+            continue
+        problems += [p for name in names if (p := _setting_problem(name, port, where))]
+    return problems
+
+
+def check_real_launches(launch: RealLaunch, root: Path, counts: Sequence[int], port: int) -> None:
     """Real launches (side by side): one per process count of ``counts`` (a count the launcher refuses in one line
-    is let pass, as long as one count runs) and one with ``--max_restarts 1`` and the first count. Raises
+    is let pass, as long as one count runs), one with ``--max_restarts 1`` and one with the settings of
+    :data:`CARRIED_OUT` (``port``: a free port for ``main_process_port``), with the first count. Raises
     AssertionError naming every problem."""
-    with ThreadPoolExecutor(len(counts) + 1) as pool:
+    with ThreadPoolExecutor(len(counts) + 2) as pool:
         futures = [pool.submit(check_process_count, launch, root, n) for n in counts]
         futures.append(pool.submit(check_restarts, launch, root, counts[0]))
+        futures.append(pool.submit(check_settings, launch, root, counts[0], port))
         found = [future.result() for future in futures]
     problems = [problem for each in found for problem in each]
     ran = [n for n in counts if _workers(root / f"n{n}")]
@@ -277,4 +336,5 @@ TOPICS = (
     ("RANK [", "ranks"),
     ("ACCEL_CONFIG", "plan.env"),
     ("max_restarts", "max_restarts"),
+    *((f"{name} was not carried out", name) for name in CARRIED_OUT),
 )
