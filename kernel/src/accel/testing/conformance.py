@@ -429,7 +429,9 @@ class _LaunchSettingsChecks:
     def test_a_real_launch_carries_out_the_plan(self, tmp_path: Path) -> None:
         """Real launches, not dry runs, of a small script: with each of ``real_launch_counts`` (``-n 1``, ``-n 3``)
         exactly that many workers start, ranks 0 to N-1, each with the plan's environment (``ACCEL_CONFIG``); with
-        ``--max_restarts 1`` (unless refused) a worker that fails once is started again and the run succeeds."""
+        ``--max_restarts 1`` (unless refused) a worker that fails once is started again and the run succeeds; and
+        ``num_cpu_threads_per_process``, ``main_process_port`` and ``log_dir`` (unless refused) show in the workers
+        (:func:`accel.testing.launch_check.check_real_launches`)."""
         from accel.testing.launch_check import WORKER, check_real_launches
 
         script = tmp_path / "worker.py"

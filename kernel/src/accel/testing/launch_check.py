@@ -10,8 +10,8 @@ one-machine jobs, ``--max_restarts`` with no restart).
 
 A dry run shows what a launcher says it does; real launches of a small script (:data:`WORKER`) show what it does:
 with ``-n 1`` and ``-n 3`` exactly that many workers, ranks 0 to N-1, each with the plan's environment
-(``ACCEL_CONFIG``), and with ``--max_restarts 1`` (unless refused) a worker that failed once started again
-(:func:`check_real_launches`).
+(``ACCEL_CONFIG``), with ``--max_restarts 1`` (unless refused) a worker that failed once started again, and the
+settings of :data:`CARRIED_OUT` (unless refused) seen by the workers (:func:`check_real_launches`).
 """
 
 from __future__ import annotations
