@@ -108,8 +108,10 @@ def scan_entry_points() -> list[PluginRecord]:
     records: dict[tuple[str, str], PluginRecord] = {}
     for ep in md.entry_points(group=GROUP):
         dist = ep.dist
-        dist_name = dist.metadata["Name"] if dist is not None else "?"
-        version = dist.version if dist is not None else "?"
+        # one parse of the distribution's METADATA (``dist.version`` would read and parse the file again)
+        meta = dist.metadata if dist is not None else None
+        dist_name = meta["Name"] if meta is not None else "?"
+        version = meta["Version"] if meta is not None else "?"
         records.setdefault((ep.name, dist_name), PluginRecord(ep.name, dist_name, version, ep.value))
     return sorted(records.values(), key=lambda r: r.name)
 
@@ -193,9 +195,11 @@ class Plugins:
             registered.append((rec, obj))
         registered = [(rec, module) for rec, module in registered if cls._register(pm, rec, module)]
         cls._add_hookspecs(pm, registered)  # before any implementation is checked: plugins may implement them
+        # one manager for every component class checked below (making one costs more than checking a class)
+        scratch = scratch_manager(pm) if any(getattr(m, "accel_components", ()) for _, m in registered) else None
         for rec, module in registered:
             if rec.status == "loaded":
-                cls._check_module(pm, rec, module)
+                cls._check_module(pm, rec, module, scratch)
         plugins = cls(records, pm, builtin)
         plugins.warnings = unknown_plugin_names(env, blocked, [r.name for r in records])
         return plugins
@@ -262,9 +266,12 @@ class Plugins:
                     cls._refuse(pm, rec, module, f"accel_hookspecs {spec!r}: {describe_exception(exc)}")
 
     @classmethod
-    def _check_module(cls, pm: pluggy.PluginManager, rec: PluginRecord, module: Any) -> None:
+    def _check_module(
+        cls, pm: pluggy.PluginManager, rec: PluginRecord, module: Any, scratch: PluginManager | None = None
+    ) -> None:
         """Check a registered plugin module against the contract (its hooks and its component classes) and ask it
-        ``accel_unavailable_reason``; on any violation unregister it and mark the record failed."""
+        ``accel_unavailable_reason``; on any violation unregister it and mark the record failed. ``scratch``: the
+        manager its classes are checked in (:func:`class_problem`)."""
 
         def refuse(reason: str) -> None:
             cls._refuse(pm, rec, module, reason)
@@ -283,7 +290,7 @@ class Plugins:
             return
         classes = component_classes(module)
         for component in classes:  # checked now, as Kernel() would, so `accel plugins` shows the plugin failed
-            problem = class_problem(component, pm)
+            problem = class_problem(component, pm, scratch)
             if problem:
                 refuse(problem)
                 return
@@ -638,18 +645,30 @@ def hook_names_problem(plugin: str, target: Any) -> str | None:
     )
 
 
-def class_problem(cls: type, pm: pluggy.PluginManager | None = None) -> str | None:
+def class_problem(
+    cls: type, pm: pluggy.PluginManager | None = None, scratch: PluginManager | None = None
+) -> str | None:
     """:func:`contract_problem` for a component class, found by registering the class itself in a scratch manager
     (pluggy reads the same methods from the class as from its instances) that has the hooks plugins added to
-    ``pm`` (``accel_hookspecs``)."""
-    scratch = PluginManager()
-    for specs in getattr(pm, "plugin_specs", ()):
-        scratch.add_hookspecs(specs)
+    ``pm`` (``accel_hookspecs``). ``scratch``: such a manager (:func:`scratch_manager`) to reuse for several
+    classes (making one costs more than checking a class); the class is unregistered from it afterwards."""
+    scratch = scratch_manager(pm) if scratch is None else scratch
     try:
         scratch.register(cls, name=cls.__qualname__)
     except pluggy.PluginValidationError as exc:
         return f"{cls.__name__}: invalid hook implementation: {exc}"
-    return contract_problem(scratch, cls, cls.__name__)
+    try:
+        return contract_problem(scratch, cls, cls.__name__)
+    finally:
+        scratch.unregister(cls)
+
+
+def scratch_manager(pm: pluggy.PluginManager | None = None) -> PluginManager:
+    """A manager with the contract's hooks and those plugins added to ``pm``, for :func:`class_problem`."""
+    scratch = PluginManager()
+    for specs in getattr(pm, "plugin_specs", ()):
+        scratch.add_hookspecs(specs)
+    return scratch
 
 
 def component_classes(module: Any) -> list[type]:
