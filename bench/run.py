@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import launched
 import pipeline
 from _common import accelerate_python, alternate_runs, ddp_setting, machine, med, run_json, write_section
 
@@ -462,6 +463,10 @@ def main() -> None:
         "import-overhead": ("### Import overhead", lambda: import_overhead(acc_py, args.repeats)),
         "step-overhead": ("### Step overhead, one process", lambda: step_overhead(acc_py, args.repeats)),
         "ddp-overhead": ("### DDP, 2 processes", lambda: ddp_overhead(acc_py, args.repeats)),
+        "launched": (
+            "### Launched, each framework through its own launcher",
+            lambda: launched.section(args.repeats, target),
+        ),
         "ddp-sizes": ("### DDP by model size, one process group", lambda: ddp_sizes(args.repeats)),
         "dataloader": ("### DataLoader throughput", lambda: dataloader_section(args.repeats)),
         "launch-latency": ("### Launch latency", lambda: launch_latency(args.repeats)),
