@@ -20,6 +20,7 @@ $(VENV)/.installed: kernel/pyproject.toml $(wildcard plugins/*/pyproject.toml) c
 	$(BIN)/python -m pip install -q --no-build-isolation -e kernel $(foreach p,$(PLUGINS),-e $(p)) -e compat/accelerate
 	$(BIN)/python compat/accelerate/install_startup_hook.py  # the wheel's .pth, which an editable install lacks
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/accelerate-real accelerate==1.15.0  # the reference
+	$(BIN)/python -m pip install -q --no-deps trl==1.16.0 peft==0.21.2  # their accelerate: accel-accelerate's
 	$(BIN)/python tests/warm_workers/install.py    # the tests' warm workers (CONTRIBUTING.md)
 	touch $@
 

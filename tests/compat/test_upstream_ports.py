@@ -342,3 +342,51 @@ def test_train_unconditional_same_as_accelerate(tmp_path: Path) -> None:
     assert theirs.returncode == 0, str(theirs)
     assert sorted(p.name for p in (out / "ddpm").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"], theirs
     assert ours.lrs == pytest.approx(theirs.lrs, rel=1e-6, abs=1e-12), (ours.lrs, theirs.lrs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The upstream diffusers script itself, unchanged, on accel-accelerate (the `accelerate` import name backed by
+# accel; on under accel launch): its save/load hooks (register_save_state_pre_hook, enabled by its
+# `accelerate.__version__ >= 0.16.0` check) write the UNet and the EMA model into the checkpoint, and a resume from
+# a checkpoint the main process saved alone, with the script's own skip of the epoch's first batches, continues
+# the EMA and repeats process 0's draws exactly.
+
+
+def run_upstream_unconditional(out: Path, *extra: str) -> Run:
+    if not (out / "images").exists():
+        make_images(out / "images", IMAGES)
+        make_unet_config(out / "unet")
+    upstream = str(PORTS["train_unconditional"].upstream.relative_to(HERE))
+    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *EVERY_2, *extra], env={**torchvision_env(), **SAVE_ALONE})
+    result = run_accel(case, out)
+    assert result.returncode == 0, str(result)
+    return result
+
+
+@pytest.mark.slow
+def test_train_unconditional_unchanged_on_accel_accelerate(tmp_path: Path) -> None:
+    import shutil
+
+    from accel.checkpoint import MANIFEST
+
+    pytest.importorskip("tensorboard", reason="the diffusers example logs to tensorboard")
+    full = run_upstream_unconditional(tmp_path / "full")
+    ddpm = full.out / "ddpm"
+    assert sorted(p.name for p in ddpm.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"], full
+    files = json.loads((ddpm / "checkpoint-6" / MANIFEST).read_text())["files"]
+    assert "unet/diffusion_pytorch_model.safetensors" in files and "unet_ema/config.json" in files  # the hooks'
+    resume = tmp_path / "resume"
+    resume.mkdir()
+    for name in ("images", "unet"):
+        shutil.copytree(full.out / name, resume / name)
+    (resume / "ddpm").mkdir()
+    shutil.copytree(ddpm / "checkpoint-6", resume / "ddpm" / "checkpoint-6")
+    resumed = run_upstream_unconditional(resume, "--resume_from_checkpoint", "latest")
+    assert "Resuming from checkpoint checkpoint-6" in resumed.stdout + resumed.stderr, resumed
+    assert resumed.lrs == full.lrs[6:]  # steps 7 and 8: none lost, none repeated
+    whole = {tag: [e.value for e in events(ddpm / "logs", "scalars", tag)] for tag in ("loss", "ema_decay")}
+    again = {tag: [e.value for e in events(resume / "ddpm" / "logs", "scalars", tag)] for tag in ("loss", "ema_decay")}
+    assert again["ema_decay"] == whole["ema_decay"][6:]  # the EMA model continued from step 6, not from 0
+    # process 0's step 7 is the uninterrupted run's bit for bit (its batch, noise and timesteps); step 8 also
+    # depends on process 1's step-7 gradients, whose random states a save by the main process alone does not hold
+    assert again["loss"][0] == whole["loss"][6]

@@ -109,10 +109,16 @@ def test_python_m_accel_accelerate_says_which_and_why(tmp_path: Path) -> None:
 
 # ---- what libraries import ---------------------------------------------------------------------------------------
 
-#: every name transformers 5 and diffusers 0.42 import from accelerate (at import time or when a feature is used)
+#: every name transformers 5, diffusers 0.42, TRL 1.16 and PEFT 0.21 import from accelerate (at import time or when
+#: a feature is used)
 IMPORTED = {
+    "accelerate.commands.launch": ["launch_command", "launch_command_parser"],
+    "accelerate.utils.dataclasses": ["get_module_class_from_name"],
+    "accelerate.utils.fsdp_utils": ["get_parameters_from_modules"],
+    "accelerate.utils.versions": ["is_torch_version"],
     "accelerate": [
         "Accelerator",
+        "FullyShardedDataParallelPlugin",
         "ParallelismConfig",
         "PartialState",
         "cpu_offload",
@@ -123,7 +129,13 @@ IMPORTED = {
         "skip_first_batches",
     ],
     "accelerate.commands.config": ["default_config_file", "load_config_from_file"],
-    "accelerate.hooks": ["AlignDevicesHook", "CpuOffload", "add_hook_to_module", "remove_hook_from_module"],
+    "accelerate.hooks": [
+        "AlignDevicesHook",
+        "CpuOffload",
+        "add_hook_to_module",
+        "remove_hook_from_module",
+        "remove_hook_from_submodules",
+    ],
     "accelerate.logging": ["get_logger"],
     "accelerate.parallelism_config": ["ParallelismConfig"],
     "accelerate.state": ["AcceleratorState", "PartialState"],
@@ -160,7 +172,7 @@ IMPORTED = {
     ],
     "accelerate.utils.constants": ["FSDP_AUTO_WRAP_POLICY", "FSDP_SHARDING_STRATEGY"],
     "accelerate.utils.deepspeed": ["HfDeepSpeedConfig"],
-    "accelerate.utils.imports": ["is_fp8_available"],
+    "accelerate.utils.imports": ["is_bf16_available", "is_fp8_available", "is_xpu_available"],
     "accelerate.utils.memory": ["clear_device_cache", "release_memory", "should_reduce_batch_size"],
     "accelerate.utils.modeling": ["clean_device_map", "convert_file_size_to_int", "get_max_layer_size"],
 }
@@ -207,40 +219,51 @@ def test_hooks_wrap_and_unwrap_forward() -> None:
 # ---- transformers' Trainer, unchanged, against Accelerate ---------------------------------------------------------
 
 
-def trainer_run(tmp_path: Path, name: str, processes: int, real: bool, *args: str) -> list[dict[str, Any]]:
+def launched(script: Path, tmp_path: Path, name: str, processes: int, real: bool, *args: str) -> list[dict[str, Any]]:
+    """``script OUT args`` on ``processes`` processes: under ``accel launch`` (accel-accelerate on), or ``real``:
+    under torchrun with Hugging Face's accelerate first on the path, as ``accelerate launch`` would run it (one
+    process: plain ``python``). The ``result-<process>.json`` rows it wrote."""
     out = tmp_path / name
     out.mkdir()
-    if real:  # torchrun with Hugging Face's accelerate first on the path, as `accelerate launch` would run it
+    if real:
         env = environment(PYTHONPATH=str(real_accelerate()), ACCEL_ACCELERATE="0")
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={processes}",
-            f"--master_port={free_port()}",
-            str(SCRIPT),
-            str(out),
-            *args,
-        ]
+        start = [sys.executable]
+        if processes > 1:
+            start += ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
     else:
         env = environment()
-        command = [
-            sys.executable,
-            "-m",
-            "accel.commands.cli",
-            "launch",
-            "-n",
-            str(processes),
-            "--main_process_port",
-            str(free_port()),
-            str(SCRIPT),
-            str(out),
-            *args,
-        ]
-    run(command, env, tmp_path)
+        start = [sys.executable, "-m", "accel.commands.cli", "launch", "-n", str(processes)]
+        start += ["--main_process_port", str(free_port())]
+    run([*start, str(script), str(out), *args], env, tmp_path)
     rows = [json.loads((out / f"result-{r}.json").read_text()) for r in range(processes)]
     assert all(row["accelerate"].startswith(SHADOW) is not real for row in rows), rows[0]["accelerate"]
     return rows
+
+
+def trainer_run(tmp_path: Path, name: str, processes: int, real: bool, *args: str) -> list[dict[str, Any]]:
+    return launched(SCRIPT, tmp_path, name, processes, real, *args)
+
+
+BLOCK_ACCEL = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("accel", "accel_accelerate") or name.startswith("accel_"):
+            raise ImportError(f"no module named {name!r} here")
+sys.meta_path.insert(0, Block())
+import torch, accelerate
+args = torch.load(sys.argv[1], weights_only=False)
+print(accelerate.__file__, type(args.distributed_state).__module__, args.per_device_train_batch_size)
+"""
+
+
+def loads_without_accel(path: Path, cwd: Path) -> None:
+    """``training_args.bin`` (the Trainer pickles its arguments, their ``distributed_state`` included) loads where
+    only Hugging Face's accelerate is installed: no accel module is importable in that process."""
+    env = environment(PYTHONPATH=str(real_accelerate()), ACCEL_ACCELERATE="0")
+    proc = run([sys.executable, "-c", BLOCK_ACCEL, str(path)], env, cwd)
+    file, module, batch = proc.stdout.split()[-3:]
+    assert file.startswith(str(REAL)) and module == "accelerate.state" and batch == "4"
 
 
 def numbers(row: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +307,47 @@ def test_trainer_resumes_exactly(tmp_path: Path, processes: int) -> None:
     ]
     run(command, environment(), tmp_path)
     again = json.loads((out / "result-0.json").read_text())
+    loads_without_accel(checkpoint / "training_args.bin", tmp_path)
     assert again["losses"] == whole[0]["losses"][2:]
     assert again["grad_norms"] == whole[0]["grad_norms"][2:]
     assert (again["a"], again["b"], again["eval_loss"]) == (whole[0]["a"], whole[0]["b"], whole[0]["eval_loss"])
+
+
+# ---- TRL's SFTTrainer with a PEFT LoRA adapter -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sft_trainer_with_lora_trains_as_on_accelerate(tmp_path: Path, processes: int) -> None:
+    """TRL 1.16's ``SFTTrainer`` + PEFT 0.21's LoRA on a tiny GPT-2: the same logged losses as under Accelerate,
+    only the adapter trained (the base weights unchanged, the LoRA B matrices moved off zero)."""
+    script = HERE / "scripts" / "sft_lora.py"
+    ours = launched(script, tmp_path, "accel", processes, False, "--lora")
+    theirs = launched(script, tmp_path, "accelerate", processes, True, "--lora")
+    keys = ("world", "losses", "changed", "lora_parameters", "lora_b_norm", "checkpoints")
+    assert [{k: r[k] for k in keys} for r in ours] == [{k: r[k] for k in keys} for r in theirs]
+    assert ours[0]["changed"] == [] and ours[0]["lora_b_norm"] > 0 and len(ours[0]["losses"]) == 4
+
+
+# ---- Accelerate's own multi-process test scripts, unchanged ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["test_ops", "test_sync"])
+def test_accelerates_own_test_scripts_pass_unchanged(tmp_path: Path, script: str) -> None:
+    """The scripts ``accelerate test`` and Accelerate's CI run on 2 processes, as the 1.15 wheel ships them, run on
+    accel-accelerate under ``accel launch -n 2``: every collective and every gradient-sync check of theirs passes."""
+    path = real_accelerate() / "accelerate" / "test_utils" / "scripts" / f"{script}.py"
+    command = [
+        sys.executable,
+        "-m",
+        "accel.commands.cli",
+        "launch",
+        "-n",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        str(path),
+    ]
+    proc = run(command, environment(), tmp_path, timeout=600)
+    assert "Traceback" not in proc.stderr

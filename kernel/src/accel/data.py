@@ -249,6 +249,9 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         self._skip = 0  # batches to leave out at the start of the next pass
         self._restored: int | None = None  # the position load_state restored for the next pass, until it starts
+        # batches of the restarted pass the script skips itself (a checkpoint that records where its pass began):
+        # the pass replays torch's random states from its start until they are handed out (see _open_base)
+        self._replay = 0
         self._position = 0  # batches of the current pass handed out, skipped ones included
         self._open = False  # a pass started (or was restored) and has neither finished nor been abandoned
         self._start: dict[str, Any] = {}  # sampler and generator states when the current pass started
@@ -412,7 +415,7 @@ class PreparedDataLoader:
         skips the batches it already saw itself (diffusers' ``continue``, or ``skip_first_batches``)."""
         state = self.state_dict()
         if state["position"]:
-            state.update(position=0, start=self._start)
+            state.update(position=0, start=self._start, replay=state["position"])
         return {**state, "script_skips": True}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -423,6 +426,7 @@ class PreparedDataLoader:
         self._start = dict(state["start"])
         self._position = self._skip = int(state["position"])
         self._restored = None if state.get("script_skips") else self._position
+        self._replay = int(state.get("replay", 0)) if self._length is not None else 0  # a counted pass only
         self._open = self._position > 0
         self._resume = {}
 
@@ -437,7 +441,7 @@ class PreparedDataLoader:
         return out
 
     def load_rng_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume = dict(state) if self._skip else {}
+        self._resume = dict(state) if self._skip or self._replay else {}
 
     # ---- iteration ----------------------------------------------------------------------------------------
 
@@ -446,11 +450,17 @@ class PreparedDataLoader:
             return None
         return int(torch.empty((), dtype=torch.int64).random_(generator=self.base.generator).item())
 
-    def _open_base(self, skip: int, resume: dict[str, Any]) -> Iterator[Any]:
+    def _open_base(self, skip: int, resume: dict[str, Any], replay: int = 0) -> Iterator[Any]:
         """The base loader's iterator for a pass that leaves out ``skip`` batches. A restored pass replays from
         torch's random state when the interrupted pass started (so the loader's seed and a sampler's draws repeat),
         then puts back the states of the moment of saving once the skipped batches are drawn; the first batch is
-        loaded with the states from before it was read ahead, if it was."""
+        loaded with the states from before it was read ahead, if it was. A restarted pass whose first ``replay``
+        batches the script skips itself replays the same way until it has handed them out."""
+        if replay and not skip and "torch_start" in resume:
+            now = rng_states()
+            torch.set_rng_state(resume["torch_start"])
+            self._rng_start = torch.get_rng_state()
+            return self._handed_out(self._open_base(0, {}), replay, functools.partial(set_rng_states, now))
         saved = rng_states() if skip else None  # the states of the moment of saving (or of skip_first_batches)
         if "torch_start" in resume:
             torch.set_rng_state(resume["torch_start"])
@@ -470,6 +480,17 @@ class PreparedDataLoader:
             return iter(self.base)
         finally:
             self.skipper.skip, self.skipper.worker_seed, self.skipper.after_skip = 0, None, None
+
+    @staticmethod
+    def _handed_out(it: Iterator[Any], count: int, after: Callable[[], None]) -> Iterator[Any]:
+        """``it``, with ``after()`` called once ``count`` batches are out, before the next one is loaded."""
+        for _ in range(count):
+            batch = next(it, _END)
+            if batch is _END:
+                break
+            yield batch
+        after()
+        yield from it
 
     @staticmethod
     def _drop(it: Iterator[Any], skip: int, after: Callable[[], None] | None) -> Iterator[Any]:
@@ -517,6 +538,7 @@ class PreparedDataLoader:
         skip, self._skip = self._skip, 0
         restored, self._restored = self._restored, None
         resume, self._resume = self._resume, {}
+        replay, self._replay = self._replay, 0
         if not (restored and skip):  # a restored pass keeps the start states of the pass it continues
             self._start = self._snapshot()
         self._position, self._open = skip, True
@@ -525,7 +547,7 @@ class PreparedDataLoader:
         state.enter(self)
         ahead: Iterator[Any] | None = None  # a device loader's iterator, which reads batches ahead of this loop
         try:
-            it = self._open_base(skip, resume)
+            it = self._open_base(skip, resume, replay)
             joined = self.kernel._join_uneven
             if skip or self.kernel.num_processes > 1:
                 it = self._batches(it, skip, joined)
@@ -535,9 +557,10 @@ class PreparedDataLoader:
             if device is not None and device.type == "cpu" and not _accelerator_present():
                 device = None  # no other device a tensor could be on: placement would hand every batch back as it is
             if self._length is not None and not joined:  # joined: this process's pass may end early
-                yield from self._counted(it, self._length, device)
+                out = self._counted(it, self._length, device)
             else:
-                yield from self._read_ahead(it, device, resume)
+                out = self._read_ahead(it, device, resume)
+            yield from self._watched(out, skip) if restored and skip else out
         finally:
             # Finished, or abandoned (the loop broke and the iterator was dropped): either way the next pass
             # starts a fresh epoch, as it would without a checkpoint.
@@ -549,6 +572,36 @@ class PreparedDataLoader:
                     self._apply(self._start)
             self._open = False
             state.leave(self)
+
+    def _watched(self, batches: Iterator[Any], restored: int) -> Iterator[Any]:
+        """The batches of a pass that ``load_state`` restored to batch ``restored``, refusing (one line) to go on
+        when the first one was not trained on: the script is skipping the batches of the resumed epoch itself,
+        which the restored position already left out, and would lose them silently. Whether a backward reached
+        the model is seen by a hook on one of its parameters, set for that one batch."""
+        models = getattr(self.kernel, "_models", ())
+        param = next((p for m in models for p in m.parameters() if p.requires_grad), None)
+        first = next(batches, _END)
+        if first is _END:
+            return
+        if param is None:
+            yield first
+            yield from batches
+            return
+        trained: list[bool] = []
+        handle = param.register_hook(lambda grad: trained.append(True))
+        try:
+            yield first
+        finally:
+            handle.remove()
+        if not trained:
+            raise UsageError(
+                f"load_state restored this dataloader to batch {restored} of its epoch, and the script skipped the "
+                f"batch after it too (batch {restored + 1} was not trained on): it is skipping the batches it "
+                "already saw a second time. Remove the script's own skip (load_state resumes the position), or "
+                "create the Kernel with script_skips_batches=True so that load_state restarts the epoch for the "
+                "script to skip"
+            )
+        yield from batches
 
     def _counted(self, it: Iterator[Any], total: int, device: torch.device | None) -> Iterator[Any]:
         """A pass whose length is known: the last batch is the ``total``-th (nothing is loaded ahead)."""

@@ -420,6 +420,16 @@ def core_options(options: Options) -> None:
         "(Kernel argument).",
     )
     add(
+        "script_skips_batches",
+        type="bool",
+        default=False,
+        cli=False,
+        env=("ACCEL_SCRIPT_SKIPS_BATCHES",),
+        help="The script skips the batches of a resumed epoch itself, as Accelerate's scripts do (a `continue` per "
+        "batch, or skip_first_batches): save_state records where each dataloader's epoch began, not its position, "
+        "and load_state restarts that epoch in the same order (Kernel argument; accel-accelerate's default).",
+    )
+    add(
         "save_join_timeout",
         type="float",
         default=5.0,

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+TYPE_CHECKING = False  # not typing's: importing typing would cost every Python start a few milliseconds
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 VARIABLE = "ACCEL_ACCELERATE"
 SHADOW = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shadow")

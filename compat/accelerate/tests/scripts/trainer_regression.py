@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import numpy as np
 import torch
@@ -60,9 +61,17 @@ class RegressionPreTrainedModel(PreTrainedModel):
 
 
 class Record(TrainerCallback):
-    def __init__(self) -> None:
+    """The logged losses and gradient norms, and the time of the optimizer steps after the first ``warm``."""
+
+    def __init__(self, warm: int = 2) -> None:
         self.losses: list[tuple[int, float]] = []
         self.grad_norms: list[tuple[int, float]] = []
+        self.warm = warm
+        self.times: list[float] = []
+
+    def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        if state.global_step >= self.warm:  # type: ignore[attr-defined]
+            self.times.append(time.perf_counter())
 
     def on_log(self, args: object, state: object, control: object, logs: dict | None = None, **kwargs: object) -> None:
         if logs and "loss" in logs:
@@ -80,6 +89,8 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=2)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--mixed-precision", default="no")
+    parser.add_argument("--length", type=int, default=64, help="samples in the training set")
+    parser.add_argument("--logging-steps", type=int, default=1)
     args = parser.parse_args()
     training = TrainingArguments(
         output_dir=os.path.join(args.out, "trainer"),
@@ -88,7 +99,7 @@ def main() -> None:
         gradient_accumulation_steps=args.accumulate,
         max_steps=args.steps,
         learning_rate=0.1,
-        logging_steps=1,
+        logging_steps=args.logging_steps,
         save_steps=args.save_steps,
         save_strategy="steps",
         report_to=[],
@@ -103,7 +114,7 @@ def main() -> None:
     trainer = Trainer(
         model=model,
         args=training,
-        train_dataset=RegressionDataset(length=64),
+        train_dataset=RegressionDataset(length=args.length),
         eval_dataset=RegressionDataset(length=16, seed=7),
         callbacks=[record],
     )
@@ -121,6 +132,9 @@ def main() -> None:
         "b": float(model.b),
         "eval_loss": metrics["eval_loss"],
         "checkpoints": sorted(os.listdir(training.output_dir)),
+        "steps_per_second": (len(record.times) - 1) / (record.times[-1] - record.times[0])
+        if len(record.times) > 1
+        else None,
     }
     with open(os.path.join(args.out, f"result-{trainer.args.process_index}.json"), "w") as f:
         json.dump(row, f)

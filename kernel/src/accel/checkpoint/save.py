@@ -67,7 +67,10 @@ def save_state(
             _agreed(kernel, "save_state (plugins)", lambda: _save_hook(kernel, items, tmp, asynchronous, False)),
         )
         unclaimed = {key: item for key, item in items.items() if key not in records}
-        _WRITING[kernel] = _Writing(unclaimed)
+        positions = kernel.settings.get("script_skips_batches")  # the script skips: each epoch's start instead
+        _WRITING[kernel] = _Writing(
+            {k: _as_accelerate_saves(i) for k, i in unclaimed.items()} if positions else unclaimed
+        )
         try:
             own = _agreed(
                 kernel,

@@ -2,7 +2,7 @@
 ``register_load_state_pre_hook``, which every diffusers training script uses).
 
 Before ``save_state`` writes anything, each save hook is called as ``hook(models, weights, output_dir)``: the
-prepared models, their state dicts and the checkpoint's directory, still the temporary one, so whatever the hook
+models as the script built them (unwrapped from data parallelism, as Accelerate passes them), their state dicts and the checkpoint's directory, still the temporary one, so whatever the hook
 writes there is published with the checkpoint and listed in its manifest (accel never opens those files). A model
 whose state dict the hook removed from ``weights`` is not saved by accel; the main process decides, as it is the
 one that saves models in Accelerate (the diffusers hooks remove weights on the main process only).
@@ -39,7 +39,7 @@ def run_save_hooks(
     weights = [_state_of(kernel, item) for item in models]
     left = list(weights)
     for hook in hooks:
-        hook([item.obj for item in models], left, os.fspath(directory))
+        hook([kernel.unwrap_model(item.obj) for item in models], left, os.fspath(directory))
     dropped = [item.key for item, state in zip(models, weights, strict=True) if not any(state is s for s in left)]
     if not alone:
         dropped = kernel.collectives.broadcast_object(dropped, 0)
@@ -53,11 +53,11 @@ def run_load_hooks(
     hooks: list[LoadHook] = list(kernel._load_state_pre_hooks.values())
     if not hooks:
         return dict(items), dict(records)
-    models = [item for item in items.values() if item.kind == "model"]
-    left = [item.obj for item in models]
+    models = {item.key: kernel.unwrap_model(item.obj) for item in items.values() if item.kind == "model"}
+    left = list(models.values())
     for hook in hooks:
         hook(left, os.fspath(directory))
-    loaded = {item.key for item in models if not any(item.obj is obj for obj in left)}
+    loaded = {key for key, model in models.items() if not any(model is obj for obj in left)}
     return (
         {key: item for key, item in items.items() if key not in loaded},
         {key: rec for key, rec in records.items() if key not in loaded},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import importlib.util
 import itertools
 import json
 import os
@@ -131,6 +132,15 @@ def _plugins_table(records: Sequence[PluginRecord], width: int | None) -> str:
     return "\n".join(lines)
 
 
+def _import_of(name: str) -> str:
+    """The version and folder of what ``import name`` gives this process, found without importing it (for
+    ``accelerate``: Hugging Face's, or accel-accelerate's façade, as its start-up switch decided)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return "not importable"
+    return f"{_version(name)} ({os.path.dirname(spec.origin)})"
+
+
 def _torch_build() -> str:
     """torch version and build from its metadata, without importing it."""
     try:
@@ -193,6 +203,7 @@ def env_command(argv: Sequence[str]) -> int:
         ("Python version", f"{sys.version.split()[0]} ({sys.executable})"),
         ("PyTorch version (build)", _torch_build()),
         ("pluggy version", _version("pluggy")),
+        ("import accelerate", _import_of("accelerate")),
         ("CPU cores", os.cpu_count()),
         ("System RAM", _memory_gib()),
         ("Devices (used)", devices),

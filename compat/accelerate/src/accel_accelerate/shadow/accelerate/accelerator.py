@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 
 from accel import Kernel
+from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.errors import UsageError
+from accel.project import ProjectConfiguration
 from accelerate.state import QUIET, AcceleratorState, GradientState, PartialState
 from accelerate.utils.dataclasses import (
     DeepSpeedPlugin,
@@ -80,6 +83,8 @@ class Accelerator(Kernel):
                 arguments[name] = str(getattr(value, "value", value))
         if str(arguments.get("dynamo_backend") or "").lower() == "no":
             arguments.pop("dynamo_backend")
+        if "ACCEL_SCRIPT_SKIPS_BATCHES" not in os.environ:  # Accelerate's scripts skip a resumed epoch themselves
+            options.setdefault("script_skips_batches", True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=QUIET)
             super().__init__(**arguments, **options)
@@ -208,4 +213,12 @@ _POSITIONAL: Sequence[str] = (
     "parallelism_config",
 )
 
-__all__ = ["Accelerator", "AcceleratorState", "GradientState", "PartialState"]
+__all__ = [
+    "Accelerator",
+    "AcceleratorState",
+    "DataLoaderConfiguration",
+    "GradientAccumulationPlugin",
+    "GradientState",
+    "PartialState",
+    "ProjectConfiguration",
+]

@@ -103,6 +103,11 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     return module
 
 
+def remove_hook_from_submodules(module: nn.Module) -> None:
+    """Take off the hooks of every submodule (and of ``module``)."""
+    remove_hook_from_module(module, recurse=True)
+
+
 class _BigModelHook(ModelHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise UsageError(
@@ -131,4 +136,5 @@ __all__ = [
     "UserCpuOffloadHook",
     "add_hook_to_module",
     "remove_hook_from_module",
+    "remove_hook_from_submodules",
 ]

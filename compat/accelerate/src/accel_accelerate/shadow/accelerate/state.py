@@ -45,6 +45,14 @@ class PartialState:
         if "_kernel" not in self._shared_state:
             self._shared_state["_kernel"] = kernel_for_state(cpu, **kwargs)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the Kernel (``TrainingArguments`` pickles its ``distributed_state`` into every
+        ``training_args.bin``): Hugging Face's accelerate loads it, and here it is this process's state again."""
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__ = self._shared_state
+
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = False) -> None:
         cls._shared_state.clear()
@@ -87,6 +95,10 @@ class PartialState:
     @property
     def debug(self) -> bool:
         return self._view.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._shared_state["_kernel"].debug = value
 
     def destroy_process_group(self, group: Any = None) -> None:
         self._view.destroy_process_group(group)

@@ -32,6 +32,7 @@ _MODULES = {
         "SageMakerDistributedType",
         "TERecipeKwargs",
         "TorchDynamoPlugin",
+        "get_module_class_from_name",
     ),
     "accelerate.utils.deepspeed": (
         "HfDeepSpeedConfig",
@@ -48,6 +49,7 @@ _MODULES = {
         "enable_fsdp_ram_efficient_loading",
         "disable_fsdp_ram_efficient_loading",
         "get_fsdp2_grad_scaler",
+        "get_parameters_from_modules",
     ),
     "accelerate.utils.memory": ("clear_device_cache",),
     "accelerate.utils.modeling": (
@@ -61,6 +63,7 @@ _MODULES = {
         "find_tied_parameters",
         "check_tied_parameters_on_same_device",
         "named_module_tensors",
+        "offload_state_dict",
         "check_device_map",
         "get_mixed_precision_context_manager",
     ),
@@ -76,6 +79,7 @@ _MODULES = {
         "check_os_kernel",
         "is_compiled_module",
         "has_compiled_regions",
+        "is_peft_model",
     ),
     "accelerate.utils.imports": (
         "is_fp8_available",

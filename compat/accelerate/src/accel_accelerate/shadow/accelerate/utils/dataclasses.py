@@ -255,6 +255,17 @@ class DeepSpeedPlugin:
         return cls(zero_stage=settings.get("zero_stage"), zero3_init_flag=settings.get("zero3_init_flag"))
 
 
+def get_module_class_from_name(module: Any, name: str) -> Any:
+    """The class called ``name`` among ``module`` and its submodules, or None."""
+    if module.__class__.__name__ == name:
+        return module.__class__
+    for child in module.children():
+        found = get_module_class_from_name(child, name)
+        if found is not None:
+            return found
+    return None
+
+
 __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
@@ -279,4 +290,5 @@ __all__ = [
     "SageMakerDistributedType",
     "TERecipeKwargs",
     "TorchDynamoPlugin",
+    "get_module_class_from_name",
 ]

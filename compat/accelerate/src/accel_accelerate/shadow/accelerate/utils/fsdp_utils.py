@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from accel.errors import UsageError
 
 
@@ -37,3 +39,22 @@ def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
     import torch
 
     return torch.amp.GradScaler(**kwargs)
+
+
+def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: Any = None) -> set[torch.nn.Parameter]:
+    """The parameters of the submodules of ``model`` named (or given) in ``modules``."""
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        modules = [modules]
+    found: set[torch.nn.Parameter] = set()
+    for entry in modules:
+        if isinstance(entry, str):
+            import re
+
+            chosen = [m for name, m in model.named_modules() if re.fullmatch(entry, name)]
+        else:
+            chosen = [entry]
+        for module in chosen:
+            found.update(module.parameters())
+    return found

@@ -168,6 +168,15 @@ def load_offloaded_weights(model: nn.Module, index: Mapping[str, Any], offload_f
         set_module_tensor_to_device(model, name, "cpu", value=tensor)
 
 
+def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Write every tensor of ``state_dict`` with :func:`offload_weight` and its ``index.json`` into ``save_dir``."""
+    os.makedirs(save_dir, exist_ok=True)
+    index: dict[str, Any] = {}
+    for name, tensor in state_dict.items():
+        index = offload_weight(tensor, name, os.fspath(save_dir), index=index)
+    save_offload_index(index, os.fspath(save_dir))
+
+
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs: Any = None) -> Any:
     import contextlib
 
@@ -186,6 +195,7 @@ __all__ = [
     "get_mixed_precision_context_manager",
     "load_offloaded_weights",
     "named_module_tensors",
+    "offload_state_dict",
     "offload_weight",
     "save_offload_index",
     "set_module_tensor_to_device",

@@ -97,3 +97,11 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
     if save_location:
         command += ["--config_file", os.fspath(save_location)]
     return subprocess.run(command, check=True).returncode == 0
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a PEFT model (peft's ``PeftModel``), without importing peft where it is not imported."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
