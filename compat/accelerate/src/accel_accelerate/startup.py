@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 TYPE_CHECKING = False  # not typing's: importing typing would cost every Python start a few milliseconds
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--fsdp", default="", help="TrainingArguments(fsdp=...), e.g. 'full_shard'")
+    parser.add_argument("--save-steps", type=int, default=2)
+    parser.add_argument("--resume-from", default=None)
     args = parser.parse_args()
     tok = tokenizer()
     torch.manual_seed(0)
@@ -73,7 +76,9 @@ def main() -> None:
         gradient_accumulation_steps=2,
         learning_rate=1e-2,
         logging_steps=1,
-        save_steps=2,
+        save_steps=args.save_steps,
+        fsdp=args.fsdp,
+        fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]} if args.fsdp else None,
         max_length=16,
         report_to="none",
         use_cpu=True,
@@ -90,10 +95,12 @@ def main() -> None:
         peft_config=peft_config,
         callbacks=[record],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume_from)
     trained = trainer.model
-    after = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in trained.state_dict().items()}
-    changed = sorted(name for name, value in before.items() if not torch.equal(value, after[name]))
+    full = trainer.accelerator.get_state_dict(trained)  # gathered from the shards under FSDP
+    after = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in full.items()}
+    changed = sorted(name for name, value in before.items() if name in after and not torch.equal(value, after[name]))
+    sharded = any(type(p).__name__ == "DTensor" for p in trained.parameters())
     import accelerate
 
     row = {
@@ -103,7 +110,9 @@ def main() -> None:
         "losses": record.losses,
         "changed": changed,
         "lora_parameters": sorted(n for n, _ in trained.named_parameters() if "lora_" in n),
-        "lora_b_norm": sum(float(p.norm()) for n, p in trained.named_parameters() if "lora_B" in n),
+        "lora_b_norm": sum(float(p.detach().norm()) for n, p in trained.named_parameters() if "lora_B" in n),
+        "sharded": sharded,
+        "parameters_changed": len(changed),
         "checkpoints": sorted(os.listdir(training.output_dir)),
     }
     with open(os.path.join(args.out, f"result-{trainer.args.process_index}.json"), "w") as f:

@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--mixed-precision", default="no")
     parser.add_argument("--length", type=int, default=64, help="samples in the training set")
     parser.add_argument("--logging-steps", type=int, default=1)
+    parser.add_argument("--fsdp", default="", help="TrainingArguments(fsdp=...), e.g. 'full_shard'")
     args = parser.parse_args()
     training = TrainingArguments(
         output_dir=os.path.join(args.out, "trainer"),
@@ -107,6 +108,8 @@ def main() -> None:
         use_cpu=True,
         bf16=args.mixed_precision == "bf16",
         dataloader_num_workers=0,
+        fsdp=args.fsdp,
+        fsdp_config={"fsdp_version": 2} if args.fsdp else None,
         disable_tqdm=True,
     )
     model = RegressionPreTrainedModel(RegressionModelConfig(a=0, b=0))

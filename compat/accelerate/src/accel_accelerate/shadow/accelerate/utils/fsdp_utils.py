@@ -1,30 +1,155 @@
-"""``accelerate.utils.fsdp_utils``: Accelerate's functions that save and load FSDP models piece by piece. Under
-accel, FSDP checkpoints are written by the Accelerator's ``save_state``/``load_state`` (torch.distributed.checkpoint,
-accel-plugin-fsdp) and ``get_state_dict``; these names exist so libraries import, and say so when called."""
+"""``accelerate.utils.fsdp_utils``: saving and loading FSDP models and optimizers piece by piece, as transformers'
+``Trainer`` does in its own checkpoints. accel-plugin-fsdp shards with FSDP2 (``fully_shard``), so these use
+torch's distributed state-dict API (``torch.distributed.checkpoint.state_dict``) and ``torch.distributed.checkpoint``
+with Accelerate's file names: ``FULL_STATE_DICT`` gathers the whole state onto process 0, which writes
+``pytorch_model_fsdp.bin`` / ``optimizer.bin``; ``SHARDED_STATE_DICT`` has every process write its shards into
+``pytorch_model_fsdp_<i>/`` / ``optimizer_<i>/``. ``adapter_only`` is accepted and saves the whole model (a PEFT
+model's base weights too: larger files, the same resume). ``merge_fsdp_weights`` is not provided."""
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import torch
 
 from accel.errors import UsageError
 
-
-def _refuse(name: str, instead: str) -> Any:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise UsageError(f"accelerate.utils.{name} is not provided by accel-accelerate: {instead}")
-
-    refuse.__name__ = name
-    return refuse
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+OPTIMIZER_NAME = "optimizer"
 
 
-_STATE = "use accelerator.save_state(dir) / accelerator.load_state(dir), which shard FSDP checkpoints themselves"
-save_fsdp_model = _refuse("save_fsdp_model", _STATE)
-load_fsdp_model = _refuse("load_fsdp_model", _STATE)
-save_fsdp_optimizer = _refuse("save_fsdp_optimizer", _STATE)
-load_fsdp_optimizer = _refuse("load_fsdp_optimizer", _STATE)
-merge_fsdp_weights = _refuse("merge_fsdp_weights", "use accelerator.get_state_dict(model) for the full weights")
+def _full(fsdp_plugin: Any) -> bool:
+    kind = str(
+        getattr(getattr(fsdp_plugin, "state_dict_type", None), "name", getattr(fsdp_plugin, "state_dict_type", ""))
+    )
+    return "SHARDED" not in kind.upper()
+
+
+def _options(full: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full)
+
+
+def _name(stem: str, index: int, suffix: str = "") -> str:
+    return (stem if index == 0 else f"{stem}_{index}") + suffix
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    output_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Write ``model``'s state into ``output_dir`` (call it on every process)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    full = _full(fsdp_plugin)
+    state = get_model_state_dict(model, options=_options(full))  # the whole model, a PEFT adapter's base included
+    os.makedirs(output_dir, exist_ok=True)
+    if full:
+        if accelerator.process_index == 0:
+            torch.save(state, os.path.join(output_dir, _name(FSDP_MODEL_NAME, model_index, ".bin")))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": state}, checkpoint_id=os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{model_index}"))
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    input_dir: str,
+    model_index: int = 0,
+    adapter_only: bool = False,
+) -> None:
+    """Read what :func:`save_fsdp_model` wrote into ``model`` (call it on every process)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    full = _full(fsdp_plugin)
+    if full:
+        path = os.path.join(input_dir, _name(FSDP_MODEL_NAME, model_index, ".bin"))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        set_model_state_dict(model, state, options=_options(True))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    path = (
+        input_dir
+        if f"{FSDP_MODEL_NAME}_" in os.path.basename(input_dir)
+        else os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{model_index}")
+    )
+    state = {"model": get_model_state_dict(model, options=_options(False))}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"], options=_options(False))
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    output_dir: str,
+    optimizer_index: int = 0,
+) -> None:
+    """Write the optimizer's state into ``output_dir`` (call it on every process)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    full = _full(fsdp_plugin)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    state = get_optimizer_state_dict(model, inner, options=_options(full))
+    os.makedirs(output_dir, exist_ok=True)
+    if full:
+        if accelerator.process_index == 0:
+            torch.save(state, os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin")))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"optimizer": state}, checkpoint_id=os.path.join(output_dir, f"{OPTIMIZER_NAME}_{optimizer_index}"))
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: torch.nn.Module,
+    input_dir: str,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+) -> None:
+    """Read what :func:`save_fsdp_optimizer` wrote into ``optimizer`` (call it on every process)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    full = _full(fsdp_plugin)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if full:
+        path = os.path.join(input_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin"))
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        set_optimizer_state_dict(model, inner, state, options=_options(True))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    path = (
+        input_dir
+        if f"{OPTIMIZER_NAME}_" in os.path.basename(input_dir)
+        else os.path.join(input_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
+    )
+    state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
+    dcp.load(state, checkpoint_id=path)
+    set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+
+
+def merge_fsdp_weights(*args: Any, **kwargs: Any) -> None:
+    raise UsageError(
+        "accelerate.utils.merge_fsdp_weights is not provided by accel-accelerate: save with "
+        "fsdp_state_dict_type FULL_STATE_DICT, or read the full weights with accelerator.get_state_dict(model)"
+    )
 
 
 def enable_fsdp_ram_efficient_loading() -> None:
@@ -36,25 +161,20 @@ def disable_fsdp_ram_efficient_loading() -> None:
 
 
 def get_fsdp2_grad_scaler(**kwargs: Any) -> Any:
-    import torch
-
     return torch.amp.GradScaler(**kwargs)
 
 
 def get_parameters_from_modules(modules: Any, model: torch.nn.Module, device: Any = None) -> set[torch.nn.Parameter]:
-    """The parameters of the submodules of ``model`` named (or given) in ``modules``."""
+    """The parameters of the submodules of ``model`` named (by regular expression) or given in ``modules``."""
     if modules is None:
         return set()
     if isinstance(modules, str):
         modules = [modules]
     found: set[torch.nn.Parameter] = set()
     for entry in modules:
-        if isinstance(entry, str):
-            import re
-
-            chosen = [m for name, m in model.named_modules() if re.fullmatch(entry, name)]
-        else:
-            chosen = [entry]
+        chosen = (
+            [m for name, m in model.named_modules() if re.fullmatch(entry, name)] if isinstance(entry, str) else [entry]
+        )
         for module in chosen:
             found.update(module.parameters())
     return found
