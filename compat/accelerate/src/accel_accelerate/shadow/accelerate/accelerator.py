@@ -75,6 +75,7 @@ class Accelerator(Kernel):
     def __init__(self, *args: Any, **arguments: Any) -> None:
         if args:
             arguments = {**dict(zip(_POSITIONAL, args, strict=False)), **arguments}
+        given = {name: arguments.get(name) for name in _PLUGIN_ARGUMENTS}  # Accelerate's objects, as passed
         options = plugin_options(arguments)
         plugin = arguments.get("gradient_accumulation_plugin")
         for name in ("mixed_precision", "dynamo_backend"):
@@ -89,7 +90,7 @@ class Accelerator(Kernel):
             warnings.filterwarnings("ignore", message=QUIET)
             super().__init__(**arguments, **options)
         self.gradient_state = GradientState(plugin)
-        self._accelerate_plugins = {name: options.get(name) for name in _PLUGIN_ARGUMENTS}
+        self._accelerate_plugins = given
         AcceleratorState._shared_state.clear()
         PartialState._shared_state["_kernel"] = self
         AcceleratorState._shared_state["_kernel"] = self
@@ -110,11 +111,17 @@ class Accelerator(Kernel):
 
     @property
     def deepspeed_plugin(self) -> Any:
-        return DeepSpeedPlugin.of_kernel(self) if "deepspeed" in self._component_names() else None
+        """The ``DeepSpeedPlugin`` given (transformers reads its ``hf_ds_config``), else the settings of the
+        deepspeed plugin selected otherwise (``accel launch --plugin deepspeed``), or None."""
+        if "deepspeed" not in self._component_names():
+            return None
+        return self._accelerate_plugins.get("deepspeed_plugin") or DeepSpeedPlugin.of_kernel(self)
 
     @property
     def fsdp_plugin(self) -> Any:
-        return FullyShardedDataParallelPlugin.of_kernel(self) if "fsdp" in self._component_names() else None
+        if "fsdp" not in self._component_names():
+            return None
+        return self._accelerate_plugins.get("fsdp_plugin") or FullyShardedDataParallelPlugin.of_kernel(self)
 
     @property
     def is_fsdp2(self) -> bool:

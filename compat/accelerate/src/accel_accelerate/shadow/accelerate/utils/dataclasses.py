@@ -236,8 +236,16 @@ class DeepSpeedPlugin:
         config = getattr(config, "config", config)
         if isinstance(config, str):
             options["deepspeed_config_file"] = config
-        elif isinstance(config, dict):
-            options["deepspeed_config"] = config
+        elif isinstance(config, dict):  # accel-plugin-deepspeed reads a file: this process writes one
+            import atexit
+            import json
+            import os
+            import tempfile
+
+            with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="accel-deepspeed-", delete=False) as f:
+                json.dump(config, f)
+            atexit.register(os.remove, f.name)
+            options["deepspeed_config_file"] = f.name
         _set(options, "zero_stage", plugin.zero_stage)
         _set(options, "offload_optimizer_device", plugin.offload_optimizer_device)
         _set(options, "offload_param_device", plugin.offload_param_device)
