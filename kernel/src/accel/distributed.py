@@ -269,9 +269,10 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
     if plan.dry_run:
         print(f"launcher: {name} (torchrun): {plan.python or ''} -m torch.distributed.run {shlex.join(args)}".strip())
         return 0
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    with processes.start_up_objects():  # torch's modules live until the launcher exits
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
     os.environ.clear()
     os.environ.update(env)  # the workers inherit this process's environment

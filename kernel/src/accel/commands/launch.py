@@ -377,8 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def launch(argv: list[str]) -> int:
+    from accel.processes import start_up_objects
+
     before = dict(os.environ)
-    plugins, plan, notices = plan_launch(argv, before)
+    with start_up_objects():  # the plan lives until the launch ends: nothing for the garbage collector to free
+        plugins, plan, notices = plan_launch(argv, before)
     for message in plugins.warnings:
         print(f"accel: warning: {message}", file=sys.stderr)
     for message in notices:
