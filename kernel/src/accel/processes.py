@@ -87,7 +87,8 @@ def start_up_objects() -> Iterator[None]:
     and what exists at its end is frozen out of the collector's reach (``gc.freeze``). Those objects live until the
     launcher exits, so the collector's passes over them free nothing, and with torch's modules loaded a full pass
     costs 50-90 ms of CPU: `accel launch -n 2` made three during its start-up, 0.2 s of the CPU its workers start
-    on. The collector runs as usual after the block (the launcher's wait for its workers)."""
+    on. The collector runs as usual after the block (the launcher's wait for its workers). For the launcher's own
+    process only: freezing also keeps whatever garbage exists at that moment from ever being collected."""
     enabled = gc.isenabled()
     gc.disable()
     try:
