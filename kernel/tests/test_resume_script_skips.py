@@ -74,7 +74,10 @@ def test_a_script_skipping_a_restored_epoch_again_is_stopped(tmp_path: Path) -> 
     epochs(kernel, model, optimizer, loader, save_at=(0, 2, tmp_path / "ckpt"))
     kernel, model, optimizer, loader = training()
     kernel.load_state(tmp_path / "ckpt")
-    with pytest.raises(UsageError, match=r"restored this dataloader to batch 3 of its epoch, and the script skipped"):
+    with pytest.raises(
+        UsageError,
+        match=r"restored this dataloader to batch 3 of its epoch, and the script skipped the batch after it too \(batch 4 never reached the model\)",
+    ):
         epochs(kernel, model, optimizer, loader, skip=3)
 
 

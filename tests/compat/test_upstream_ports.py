@@ -357,7 +357,10 @@ def run_upstream_unconditional(out: Path, *extra: str) -> Run:
         make_images(out / "images", IMAGES)
         make_unet_config(out / "unet")
     upstream = str(PORTS["train_unconditional"].upstream.relative_to(HERE))
-    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *EVERY_2, *extra], env={**torchvision_env(), **SAVE_ALONE})
+    # a join window far beyond the test's timeout: the main process must know from the script's
+    # `if accelerator.is_main_process:` that the other process does not come, and save at once
+    never = {"ACCEL_SAVE_JOIN_TIMEOUT": "3600"}
+    case = Case(upstream, args=[*UNCONDITIONAL_ARGS, *EVERY_2, *extra], env={**torchvision_env(), **never})
     result = run_accel(case, out)
     assert result.returncode == 0, str(result)
     return result

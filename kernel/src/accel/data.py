@@ -575,28 +575,24 @@ class PreparedDataLoader:
 
     def _watched(self, batches: Iterator[Any], restored: int) -> Iterator[Any]:
         """The batches of a pass that ``load_state`` restored to batch ``restored``, refusing (one line) to go on
-        when the first one was not trained on: the script is skipping the batches of the resumed epoch itself,
-        which the restored position already left out, and would lose them silently. Whether a backward reached
-        the model is seen by a hook on one of its parameters, set for that one batch."""
-        models = getattr(self.kernel, "_models", ())
-        param = next((p for m in models for p in m.parameters() if p.requires_grad), None)
+        when the first one never reached a model: the script is skipping the batches of the resumed epoch itself,
+        which the restored position already left out, and would lose them silently. Whether it reached one is seen
+        by a forward pre-hook on each prepared model, set for that one batch (a forward, under any strategy)."""
+        models = list(getattr(self.kernel, "_models", ()))
         first = next(batches, _END)
         if first is _END:
             return
-        if param is None:
-            yield first
-            yield from batches
-            return
-        trained: list[bool] = []
-        handle = param.register_hook(lambda grad: trained.append(True))
+        used: list[bool] = []
+        handles = [model.register_forward_pre_hook(lambda module, args: used.append(True)) for model in models]
         try:
             yield first
         finally:
-            handle.remove()
-        if not trained:
+            for handle in handles:
+                handle.remove()
+        if models and not used:
             raise UsageError(
                 f"load_state restored this dataloader to batch {restored} of its epoch, and the script skipped the "
-                f"batch after it too (batch {restored + 1} was not trained on): it is skipping the batches it "
+                f"batch after it too (batch {restored + 1} never reached the model): it is skipping the batches it "
                 "already saw a second time. Remove the script's own skip (load_state resumes the position), or "
                 "create the Kernel with script_skips_batches=True so that load_state restarts the epoch for the "
                 "script to skip"

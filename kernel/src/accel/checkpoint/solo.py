@@ -32,9 +32,13 @@ meeting and saves collectively, as before.
 
 from __future__ import annotations
 
+import ast
+import functools
 import logging
 import os
+import sys
 import time
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -99,7 +103,8 @@ def _main(kernel: CheckpointKernel, store: Any, window: float, automatic: bool) 
     keys = [f"{base}/{rank}" for rank in range(1, kernel.num_processes)]
     writers = state_writers(kernel)
     refuse = bool(writers) or automatic
-    waited = window * (REFUSE_FACTOR if refuse else 1)
+    guard = main_only_call()
+    waited = 0.0 if guard else window * (REFUSE_FACTOR if refuse else 1)
     if _arrived(store, keys, waited):
         decision = store.compare_set(f"{base}/decision", "", ALL).decode()
         _SLOT[0] += 1
@@ -108,7 +113,10 @@ def _main(kernel: CheckpointKernel, store: Any, window: float, automatic: bool) 
         # the others gave up on this slot a moment ago (LATE): the main process is alone after all
     absent = [rank for rank, key in enumerate(keys, 1) if not store.check([key])] or list(range(1, len(keys) + 1))
     where = (
-        f"save_state: process(es) {', '.join(map(str, absent))} did not call it within {waited:g} s (save_join_timeout)"
+        f"save_state: called inside `{guard}`, so the other processes do not call it"
+        if guard
+        else f"save_state: process(es) {', '.join(map(str, absent))} did not call it within {waited:g} s "
+        "(save_join_timeout)"
     )
     decision = SOLO
     if writers:
@@ -157,6 +165,85 @@ def _other(kernel: CheckpointKernel, store: Any, window: float) -> str:
         "save_join_timeout where processes reach save_state far apart"
     )
     return LATE
+
+
+#: the names a script tests the main process with (``accelerator.is_main_process``, ``state.process_index == 0``)
+_MAIN_NAMES = frozenset({"is_main_process", "is_local_main_process", "on_main_process", "on_local_main_process"})
+_INDEX_NAMES = frozenset({"process_index", "local_process_index"})
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main_only_call() -> str | None:
+    """The test for the main process that guards the script's call of ``save_state``, read from the script's source,
+    or None. The caller is the first frame outside accel; its line counts as guarded when it is in the body of an
+    ``if`` whose test reads ``is_main_process`` (or ``is_local_main_process``, ``process_index == 0``), or in a
+    function decorated with ``on_main_process``. A decision from the source, not from a wait: the other processes
+    will not come, so the main process saves alone at once."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return _guard(frame.f_code.co_filename, frame.f_lineno)
+
+
+@functools.lru_cache(maxsize=256)
+def _guard(filename: str, line: int) -> str | None:
+    try:
+        with open(filename, encoding="utf-8") as f:
+            text = f.read()
+        tree = ast.parse(text)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    found: list[str] = []
+
+    def within(nodes: list[ast.stmt]) -> bool:
+        return any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in nodes)
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            start, end = getattr(child, "lineno", None), getattr(child, "end_lineno", None)
+            if start is None or end is None or not start <= line <= end:
+                continue
+            if isinstance(child, ast.If) and (
+                (within(child.body) and _implies(child.test, True))
+                or (within(child.orelse) and _implies(child.test, False))
+            ):
+                found.append(f"if {ast.get_source_segment(text, child.test)}")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                found.extend(f"@{ast.get_source_segment(text, d)}" for d in child.decorator_list if _is_main(d))
+            visit(child)
+
+    visit(tree)
+    return found[-1] if found else None
+
+
+def _is_main(node: ast.AST) -> bool:
+    """``x.is_main_process`` (and the like), or ``x.process_index == 0``."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    if name in _MAIN_NAMES:
+        return True
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
+        sides = [node.left, node.comparators[0]]
+        index = any(_is_main_index(side) for side in sides)
+        zero = any(isinstance(side, ast.Constant) and side.value == 0 for side in sides)
+        return index and zero
+    return False
+
+
+def _is_main_index(node: ast.AST) -> bool:
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return name in _INDEX_NAMES
+
+
+def _implies(test: ast.AST, main: bool) -> bool:
+    """Whether ``test`` being true (``main=True``; false, ``main=False``) means this is the main process."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _implies(test.operand, not main)
+    if isinstance(test, ast.BoolOp):
+        each = [_implies(value, main) for value in test.values]
+        return any(each) if isinstance(test.op, ast.And) == main else all(each)
+    return main and _is_main(test)
 
 
 def _arrived(store: Any, keys: list[str], seconds: float) -> bool:
