@@ -953,7 +953,15 @@ _FROM_KERNEL = frozenset(
 def distributed_type(kernel: Kernel) -> Any:
     """Accelerate's ``DistributedType`` of a Kernel: ``NO`` on one process, else the value of Accelerate's config
     file that selects the Kernel's strategy plugin (``known_plugins.json``), ``MULTI_<device>`` for the plugin
-    that several values select (``MULTI_GPU`` on ``cuda``)."""
+    that several values select (``MULTI_GPU`` on ``cuda``). Worked out once per Kernel (its plugins and device are
+    fixed): scripts and libraries read it at every step (transformers' ``Trainer`` three times)."""
+    cached = kernel.__dict__.get("_distributed_type")
+    if cached is None:
+        cached = kernel.__dict__["_distributed_type"] = _distributed_type(kernel)
+    return cached
+
+
+def _distributed_type(kernel: Kernel) -> Any:
     device = kernel.device.type
     multi = "MULTI_" + ("GPU" if device == "cuda" else device.upper())
     plugins = {component.name for component in kernel.components}

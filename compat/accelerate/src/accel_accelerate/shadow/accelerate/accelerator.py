@@ -180,6 +180,20 @@ class Accelerator(Kernel):
             return model.to(self.device)  # Accelerate wraps nothing for evaluation on one process
         return super().prepare_model(model)
 
+    def gather(self, tensor: Any) -> Any:
+        """Accelerate's ``gather``: every process's tensors have the same shape (``pad_across_processes`` first where
+        they do not), so one all-gather per tensor does (accel's ``Kernel.gather`` first exchanges the sizes, which
+        the Trainer would pay at every step). In debug mode the shapes are checked first."""
+        if self.num_processes == 1 or self.debug:
+            return super().gather(tensor)
+        from accelerate.utils.operations import recursively_apply
+
+        def one(t: torch.Tensor) -> torch.Tensor:
+            parts = self.collectives.all_gather((t[None] if t.ndim == 0 else t).contiguous())
+            return torch.cat(parts)
+
+        return recursively_apply(one, tensor, error_on_other_type=True)
+
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:  # type: ignore[override]
         if use_gather_object:
             return self.gather_object_for_metrics(input_data)
