@@ -286,27 +286,8 @@ def test_trainer_trains_as_on_accelerate(tmp_path: Path, processes: int) -> None
 def test_trainer_resumes_exactly(tmp_path: Path, processes: int) -> None:
     """``trainer.train(resume_from_checkpoint=checkpoint-2)`` logs the uninterrupted run's steps 3-6 exactly."""
     whole = trainer_run(tmp_path, "whole", processes, False)
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
     checkpoint = tmp_path / "whole" / "trainer" / "checkpoint-2"
-    out = tmp_path / "again"
-    out.mkdir()
-    command = [
-        sys.executable,
-        "-m",
-        "accel.commands.cli",
-        "launch",
-        "-n",
-        str(processes),
-        "--main_process_port",
-        str(free_port()),
-        str(SCRIPT),
-        str(out),
-        "--resume-from",
-        str(checkpoint),
-    ]
-    run(command, environment(), tmp_path)
-    again = json.loads((out / "result-0.json").read_text())
+    again = trainer_run(tmp_path, "again", processes, False, "--resume-from", str(checkpoint))[0]
     loads_without_accel(checkpoint / "training_args.bin", tmp_path)
     assert again["losses"] == whole[0]["losses"][2:]
     assert again["grad_norms"] == whole[0]["grad_norms"][2:]

@@ -31,17 +31,8 @@ def get_int_from_env(env_keys: list[str], default: int) -> int:
 
 @contextlib.contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set upper-cased variables for the block, restoring what was there."""
-    saved = {}
-    for key, value in kwargs.items():
-        key = key.upper()
-        saved[key] = os.environ.get(key)
-        os.environ[key] = str(value)
-    try:
+    """Set the upper-cased variables for the block, then restore what was there (accel's ``launchers.environment``)."""
+    from accel.launchers import environment
+
+    with environment({key.upper(): str(value) for key, value in kwargs.items()}):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

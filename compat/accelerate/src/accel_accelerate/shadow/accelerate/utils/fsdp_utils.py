@@ -37,6 +37,31 @@ def _name(stem: str, index: int, suffix: str = "") -> str:
     return (stem if index == 0 else f"{stem}_{index}") + suffix
 
 
+def _save(state: Any, key: str, stem: str, index: int, output_dir: str, full: bool, process_index: int) -> None:
+    """``FULL_STATE_DICT``: process 0 writes ``state`` (gathered) to ``<stem>[_i].bin``; sharded: every process
+    writes its shards into ``<stem>_<i>/`` under ``key``."""
+    os.makedirs(output_dir, exist_ok=True)
+    if full:
+        if process_index == 0:
+            torch.save(state, os.path.join(output_dir, _name(stem, index, ".bin")))
+        return
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({key: state}, checkpoint_id=os.path.join(output_dir, f"{stem}_{index}"))
+
+
+def _load(empty: Any, key: str, stem: str, index: int, input_dir: str, full: bool) -> Any:
+    """What :func:`_save` wrote; ``empty``: this process's state to fill (sharded checkpoints)."""
+    if full:
+        return torch.load(os.path.join(input_dir, _name(stem, index, ".bin")), map_location="cpu", weights_only=True)
+    import torch.distributed.checkpoint as dcp
+
+    path = input_dir if f"{stem}_" in os.path.basename(input_dir) else os.path.join(input_dir, f"{stem}_{index}")
+    state = {key: empty}
+    dcp.load(state, checkpoint_id=path)
+    return state[key]
+
+
 def save_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Any,
@@ -51,14 +76,7 @@ def save_fsdp_model(
 
     full = _full(fsdp_plugin)
     state = get_model_state_dict(model, options=_options(full))  # the whole model, a PEFT adapter's base included
-    os.makedirs(output_dir, exist_ok=True)
-    if full:
-        if accelerator.process_index == 0:
-            torch.save(state, os.path.join(output_dir, _name(FSDP_MODEL_NAME, model_index, ".bin")))
-        return
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save({"model": state}, checkpoint_id=os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{model_index}"))
+    _save(state, "model", FSDP_MODEL_NAME, model_index, output_dir, full, accelerator.process_index)
 
 
 def load_fsdp_model(
@@ -73,21 +91,9 @@ def load_fsdp_model(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     full = _full(fsdp_plugin)
-    if full:
-        path = os.path.join(input_dir, _name(FSDP_MODEL_NAME, model_index, ".bin"))
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        set_model_state_dict(model, state, options=_options(True))
-        return
-    import torch.distributed.checkpoint as dcp
-
-    path = (
-        input_dir
-        if f"{FSDP_MODEL_NAME}_" in os.path.basename(input_dir)
-        else os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{model_index}")
-    )
-    state = {"model": get_model_state_dict(model, options=_options(False))}
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state["model"], options=_options(False))
+    empty = None if full else get_model_state_dict(model, options=_options(False))
+    state = _load(empty, "model", FSDP_MODEL_NAME, model_index, input_dir, full)
+    set_model_state_dict(model, state, options=_options(full))
 
 
 def save_fsdp_optimizer(
@@ -102,16 +108,8 @@ def save_fsdp_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     full = _full(fsdp_plugin)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    state = get_optimizer_state_dict(model, inner, options=_options(full))
-    os.makedirs(output_dir, exist_ok=True)
-    if full:
-        if accelerator.process_index == 0:
-            torch.save(state, os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin")))
-        return
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save({"optimizer": state}, checkpoint_id=os.path.join(output_dir, f"{OPTIMIZER_NAME}_{optimizer_index}"))
+    state = get_optimizer_state_dict(model, getattr(optimizer, "optimizer", optimizer), options=_options(full))
+    _save(state, "optimizer", OPTIMIZER_NAME, optimizer_index, output_dir, full, accelerator.process_index)
 
 
 def load_fsdp_optimizer(
@@ -128,21 +126,9 @@ def load_fsdp_optimizer(
 
     full = _full(fsdp_plugin)
     inner = getattr(optimizer, "optimizer", optimizer)
-    if full:
-        path = os.path.join(input_dir, _name(OPTIMIZER_NAME, optimizer_index, ".bin"))
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        set_optimizer_state_dict(model, inner, state, options=_options(True))
-        return
-    import torch.distributed.checkpoint as dcp
-
-    path = (
-        input_dir
-        if f"{OPTIMIZER_NAME}_" in os.path.basename(input_dir)
-        else os.path.join(input_dir, f"{OPTIMIZER_NAME}_{optimizer_index}")
-    )
-    state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
-    dcp.load(state, checkpoint_id=path)
-    set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+    empty = None if full else get_optimizer_state_dict(model, inner, options=_options(False))
+    state = _load(empty, "optimizer", OPTIMIZER_NAME, optimizer_index, input_dir, full)
+    set_optimizer_state_dict(model, inner, state, options=_options(full))
 
 
 def merge_fsdp_weights(*args: Any, **kwargs: Any) -> None:
