@@ -36,8 +36,9 @@ registers.
 
 Plugins may add hooks of their own (pytest's ``pytest_addhooks``, declared rather than called): a plugin module lists
 them in ``accel_hookspecs``, strings ``"package.module"`` or ``"package.module:Class"`` naming modules or classes whose
-functions are marked ``@accel.spi.hookspec`` (name the hooks ``accel_<plugin>_<what>``). They are added when plugins
-are discovered, after every plugin module is imported and registered and before any implementation (module level or
+functions are marked ``@accel.spi.hookspec``. Each hook is named ``accel_<plugin>_<what>`` with its own plugin's name;
+another name, or ``accel_hookspecs`` given as a string instead of a list, marks the plugin failed with one line. They
+are added when plugins are discovered, after every plugin module is imported and registered and before any implementation (module level or
 ``accel_components`` class) is checked, so plugin B may implement a hook of plugin A whatever order they load in;
 an ``accel_hookspecs`` entry that fails to import, or that holds no hook, marks its plugin failed. Added hooks are
 runtime hooks: components implement them, and A's component calls them through the kernel's hook relay,
