@@ -6,6 +6,8 @@ this discovery, so its cost is paid once per process before training starts."""
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
+import subprocess
 import sys
 import types
 from collections import Counter
@@ -15,7 +17,7 @@ import pytest
 
 import accel.plugins as plugins_module
 from accel import Component, hookimpl
-from accel.plugins import Plugins, scan_entry_points
+from accel.plugins import Plugins
 
 
 class Logs(Component):
@@ -64,18 +66,30 @@ def test_component_classes_are_checked_in_one_scratch_manager(monkeypatch: pytes
     assert records["two"].status == "failed" and "Typo implements unknown hook" in str(records["two"].reason)
 
 
-def test_each_distribution_metadata_is_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: Counter[str] = Counter()
-    original = md.Distribution.metadata
+#: counts, in a fresh interpreter (earlier tests of a session may have swapped importlib.metadata's classes), the
+#: reads of each distribution's METADATA while plugin discovery scans the entry points
+COUNT_READS = """
+import importlib.metadata as md, json
+from collections import Counter
+reads = Counter()
+original = md.Distribution.metadata
+def counted(self):
+    meta = original.fget(self)
+    reads[str(meta["Name"])] += 1
+    return meta
+md.Distribution.metadata = property(counted)
+from accel.plugins import scan_entry_points
+records = scan_entry_points()
+print(json.dumps({"reads": reads, "records": [[r.distribution, r.version] for r in records]}))
+"""
 
-    def counted(self: md.Distribution) -> Any:
-        meta = original.fget(self)  # type: ignore[attr-defined]
-        reads[str(meta["Name"])] += 1
-        return meta
 
-    monkeypatch.setattr(md.Distribution, "metadata", property(counted))
-    records = scan_entry_points()
-    assert all(n == 1 for n in reads.values()), reads
-    assert {r.distribution for r in records} <= set(reads)
-    for rec in records:
-        assert rec.version == md.version(rec.distribution)
+def test_each_distribution_metadata_is_read_once() -> None:
+    proc = subprocess.run([sys.executable, "-c", COUNT_READS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    reads, records = Counter(found["reads"]), found["records"]
+    assert records and all(n == 1 for n in reads.values()), reads
+    assert {dist for dist, _ in records} <= set(reads)
+    for dist, version in records:
+        assert version == md.version(dist)

@@ -40,6 +40,16 @@ def run(command: list[str], env: dict[str, str], cwd: Path, timeout: int = 300) 
     return proc
 
 
+def run_reference(command: list[str], env: dict[str, str], cwd: Path) -> None:
+    """Accelerate's run under torchrun, once more where a worker was killed by a signal: under the whole suite's
+    load a gloo worker of it has aborted (SIGABRT, in about one run of fifty) where the same command alone never
+    did. Only the reference is run again; accel's runs are not."""
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "Signal " in proc.stderr:
+        proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_ACCELERATE", "ACCEL_CONFIG", "PYTHONPATH")}
     env.update(PYTHONWARNINGS="ignore", WARM_WORKERS="0", **extra)
@@ -234,7 +244,11 @@ def launched(script: Path, tmp_path: Path, name: str, processes: int, real: bool
         env = environment()
         start = [sys.executable, "-m", "accel.commands.cli", "launch", "-n", str(processes)]
         start += ["--main_process_port", str(free_port())]
-    run([*start, str(script), str(out), *args], env, tmp_path)
+    command = [*start, str(script), str(out), *args]
+    if real and processes > 1:
+        run_reference(command, env, tmp_path)
+    else:
+        run(command, env, tmp_path)
     rows = [json.loads((out / f"result-{r}.json").read_text()) for r in range(processes)]
     assert all(row["accelerate"].startswith(SHADOW) is not real for row in rows), rows[0]["accelerate"]
     return rows
