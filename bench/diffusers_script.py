@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from _common import machine, write_section
-from trainer_step import REAL, free_port
+from trainer_step import REAL, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "tests" / "compat"
@@ -46,8 +46,7 @@ def one_run(impl: str, data: Path) -> float:
     with tempfile.TemporaryDirectory() as out:
         for name in ("images", "unet"):
             shutil.copytree(data / name, Path(out) / name)
-        env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_ACCELERATE", "ACCEL_CONFIG", "PYTHONPATH")}
-        env.update(PYTHONWARNINGS="ignore", WARM_WORKERS="0", COMPAT_TORCHVISION_STANDIN=str(COMPAT / "offline"))
+        env = clean_env(COMPAT_TORCHVISION_STANDIN=str(COMPAT / "offline"))
         env["PYTHONPATH"] = f"{COMPAT / 'record'}{os.pathsep}{COMPAT}"
         if impl == "accel":
             cmd = [

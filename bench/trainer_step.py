@@ -34,11 +34,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the variables that choose an ``accelerate`` or a launch, warnings off, workers cold."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_ACCELERATE", "ACCEL_CONFIG", "PYTHONPATH")}
+    env.update(PYTHONWARNINGS="ignore", WARM_WORKERS="0", **extra)
+    return env
+
+
 def one_run(impl: str, processes: int, steps: int) -> float:
     """Optimizer steps per second of process 0 in one run of ``impl`` ("accel" or "accelerate")."""
     with tempfile.TemporaryDirectory() as out:
-        env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_ACCELERATE", "ACCEL_CONFIG", "PYTHONPATH")}
-        env.update(PYTHONWARNINGS="ignore", WARM_WORKERS="0")
+        env = clean_env()
         args = [
             str(SCRIPT),
             out,

@@ -183,7 +183,7 @@ class Accelerator(Kernel):
     def gather(self, tensor: Any) -> Any:
         """Accelerate's ``gather``: every process's tensors have the same shape (``pad_across_processes`` first where
         they do not), so one all-gather per tensor does (accel's ``Kernel.gather`` first exchanges the sizes, which
-        the Trainer would pay at every step). In debug mode the shapes are checked first."""
+        the Trainer would pay at every step). In debug mode it is accel's gather, which exchanges the sizes first."""
         if self.num_processes == 1 or self.debug:
             return super().gather(tensor)
         from accelerate.utils.operations import recursively_apply
@@ -194,20 +194,9 @@ class Accelerator(Kernel):
 
         return recursively_apply(one, tensor, error_on_other_type=True)
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:  # type: ignore[override]
-        if use_gather_object:
-            return self.gather_object_for_metrics(input_data)
-        return super().gather_for_metrics(input_data)
-
-    def gather_object_for_metrics(self, input_data: Any) -> Any:
-        return super().gather_for_metrics(input_data)
-
     @contextlib.contextmanager
     def maybe_context_parallel(self, *args: Any, **kwargs: Any) -> Iterator[None]:
         yield  # context parallelism is configured through parallelism_config; without it there is nothing to do
-
-    def free_memory(self, *objects: Any) -> Any:
-        return super().free_memory(*objects)
 
 
 _POSITIONAL: Sequence[str] = (
