@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 import subprocess
 import sys
 import types
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,6 +73,7 @@ def test_component_classes_are_checked_in_one_scratch_manager(monkeypatch: pytes
 COUNT_READS = """
 import importlib.metadata as md, json
 from collections import Counter
+from pathlib import Path
 reads = Counter()
 original = md.Distribution.metadata
 def counted(self):
@@ -84,12 +87,27 @@ print(json.dumps({"reads": reads, "records": [[r.distribution, r.version] for r 
 """
 
 
-def test_each_distribution_metadata_is_read_once() -> None:
-    proc = subprocess.run([sys.executable, "-c", COUNT_READS], capture_output=True, text=True, timeout=120)
+def _distribution(root: Path, name: str, version: str, entry_points: str) -> None:
+    """A distribution on disk the way pip leaves it (a dist-info folder), with entry points of group ``accel``."""
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[accel]\n{entry_points}\n")
+
+
+def test_each_distribution_metadata_is_read_once(tmp_path: Path) -> None:
+    # two distributions of our own (one with two entry points), so the count has plugins to read in every venv,
+    # including the one with no plugin installed
+    _distribution(tmp_path, "accel_probe_one", "0.3.1", "probe_a = accel_probe_one:A\nprobe_b = accel_probe_one:B")
+    _distribution(tmp_path, "accel_probe_two", "1.0.0", "probe_c = accel_probe_two:C")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", COUNT_READS], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     reads, records = Counter(found["reads"]), found["records"]
-    assert records and all(n == 1 for n in reads.values()), reads
+    assert {"accel_probe_one", "accel_probe_two"} <= {dist for dist, _ in records}, records
+    assert all(n == 1 for n in reads.values()), reads
     assert {dist for dist, _ in records} <= set(reads)
+    probes = {"accel_probe_one": "0.3.1", "accel_probe_two": "1.0.0"}
     for dist, version in records:
-        assert version == md.version(dist)
+        assert version == probes.get(dist) or version == md.version(dist)

@@ -106,10 +106,14 @@ _MODULES: dict[str, Any] = {}  # entry-point value -> imported module (imports h
 def scan_entry_points() -> list[PluginRecord]:
     """All entry points of group ``accel``, one record per (name, distribution), without importing anything."""
     records: dict[tuple[str, str], PluginRecord] = {}
+    # one parse of each distribution's METADATA (``dist.version`` would read and parse the file again), shared by
+    # its entry points: they hold the same Distribution object
+    metas: dict[int, Any] = {}
     for ep in md.entry_points(group=GROUP):
         dist = ep.dist
-        # one parse of the distribution's METADATA (``dist.version`` would read and parse the file again)
-        meta = dist.metadata if dist is not None else None
+        meta = None if dist is None else metas.get(id(dist))
+        if dist is not None and meta is None:
+            meta = metas[id(dist)] = dist.metadata
         dist_name = meta["Name"] if meta is not None else "?"
         version = meta["Version"] if meta is not None else "?"
         records.setdefault((ep.name, dist_name), PluginRecord(ep.name, dist_name, version, ep.value))
