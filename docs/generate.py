@@ -128,10 +128,15 @@ class Impl:
     opts: dict[str, Any]
 
 
+#: accel plugins of this repository that come with a distribution other than a plugin's (known_plugins.json lists
+#: the plugin distributions): accel-accelerate's tables of Accelerate's names
+OTHER_PLUGINS = ("accelerate-names",)
+
+
 def known_plugin_names() -> list[str]:
     from accel.options import known_plugins
 
-    return list(known_plugins()["plugins"])
+    return [*known_plugins()["plugins"], *OTHER_PLUGINS]
 
 
 def plugin_modules() -> dict[str, Any]:
@@ -142,7 +147,7 @@ def plugin_modules() -> dict[str, Any]:
     missing = [name for name in known_plugin_names() if name not in points]
     if missing:
         raise SystemExit(
-            f"docs/generate.py: plugins {missing} of known_plugins.json are not installed in "
+            f"docs/generate.py: plugins {missing} of this repository are not installed in "
             f"{sys.prefix}; run `make setup` (it installs every plugins/*/) and `{COMMAND}` again"
         )
     return {name: points[name].load() for name in known_plugin_names()}
@@ -177,7 +182,7 @@ def kernel_implementers() -> list[tuple[str, Any]]:
 
 
 def who_answers() -> dict[str, list[Impl]]:
-    """Hook name -> its implementations: the kernel's own, then each plugin of known_plugins.json."""
+    """Hook name -> its implementations: the kernel's own, then each plugin of this repository."""
     table: dict[str, list[Impl]] = {}
     for where, obj in kernel_implementers():
         for hook, opts in implementations(obj):

@@ -206,8 +206,10 @@ def test_every_attribute_accelerate_lets_a_script_assign() -> None:
     """Each public attribute Accelerator lets a script assign: the Kernel accepts the value it holds (and refuses
     another it cannot honour in one line); one Kernel does not have raises the line that reading it raises, instead
     of adding an attribute nothing reads."""
+    from accel_accelerate import names  # the tables of Accelerate's names (accel-accelerate's plugin)
+
     kernel = Kernel()
-    table = accel.compat.accelerate_names()["members"]
+    table = names.accelerate_names()["members"]
     for name in ACCELERATE_SETTABLE:
         entry = table[name]
         if entry["status"] == "same":
@@ -217,7 +219,7 @@ def test_every_attribute_accelerate_lets_a_script_assign() -> None:
         else:
             with pytest.raises(AttributeError) as info:
                 setattr(kernel, name, None)
-            assert str(info.value) == accel.compat.member_message(name), name
+            assert str(info.value) == names.member_message(name), name
     kernel.gradient_accumulation_steps = 3
     kernel.even_batches = False
     assert kernel.gradient_accumulation_steps == 3 and kernel.dataloader_config.even_batches is False

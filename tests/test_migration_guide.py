@@ -67,7 +67,7 @@ def test_every_accel_name_of_the_imports_table_exists() -> None:
 
 
 def test_the_scheduler_section_names_the_options_the_kernel_declares() -> None:
-    from accel.compat import SCHEDULER_RULES
+    from accel.data_arguments import SCHEDULER_RULES
     from accel.options import Options, core_options
 
     options = Options()

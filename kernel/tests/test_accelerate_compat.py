@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from accel import DataLoaderConfiguration, GradientAccumulationPlugin
+from accel import DataLoaderConfiguration, GradientAccumulationPlugin, hookimpl
 from accel.data import BatchSamplerShard
 from accel.errors import UsageError
 from accel.kernel import PreparedOptimizer
@@ -47,21 +47,50 @@ from accel.testing import make_kernel, run_accel
             {"gradient_accumulation_steps": 2, "gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=2)},
             r"not both",
         ),
-        (
-            {"deepspeed_plugin": object()},
-            r"^Kernel\(deepspeed_plugin=...\) is not supported: .*plugins=\['deepspeed'\]",
-        ),
-        ({"fsdp_plugin": object()}, r"plugins=\['fsdp'\]"),
-        ({"megatron_lm_plugin": object()}, r"no Megatron-LM plugin"),
-        ({"dynamo_plugin": object()}, r"dynamo_backend="),
-        ({"parallelism_config": object()}, r"needs accel-plugin-parallel"),
-        ({"torch_tp_plugin": object()}, r"parallelism_config=ParallelismConfig\(tp_size=N\)"),
     ],
 )
 def test_accelerate_arguments_accel_refuses_say_what_to_use_in_one_line(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message) as info:
         make_kernel(**kwargs)
     assert "\n" not in str(info.value)
+
+
+class Explains:
+    """A plugin module that knows another library's names (as accel-accelerate's ``accelerate-names`` does)."""
+
+    @staticmethod
+    @hookimpl
+    def accel_explain_name(kind: str, name: str) -> str | None:
+        if name == "other_plugin":
+            return f"{kind} {name}: use Kernel(plugins=['other'])"
+        return None
+
+
+def test_a_name_a_plugin_explains_gets_its_line_and_others_pythons_error() -> None:
+    """``accel_explain_name``: an unknown argument a plugin explains is a UsageError with its line, an unknown
+    member (read or assigned) an AttributeError with it; a name no plugin explains keeps Python's error."""
+    with pytest.raises(UsageError, match=r"^argument other_plugin: use Kernel\(plugins=\['other'\]\)$"):
+        make_kernel(extra=[("explains", Explains)], other_plugin=1)
+    with pytest.raises(TypeError, match="unexpected argument 'no_such_thing'"):
+        make_kernel(extra=[("explains", Explains)], no_such_thing=1)
+    kernel = make_kernel(extra=[("explains", Explains)])
+    try:
+        with pytest.raises(AttributeError, match=r"^member other_plugin: use"):
+            kernel.other_plugin  # noqa: B018
+        with pytest.raises(AttributeError, match=r"^member other_plugin: use"):
+            kernel.other_plugin = 3
+        with pytest.raises(AttributeError, match="'Kernel' object has no attribute 'no_such_thing'"):
+            kernel.no_such_thing  # noqa: B018
+        kernel.no_such_thing = 3  # a name nobody explains is a plain attribute, as on any object
+        assert kernel.no_such_thing == 3
+    finally:
+        kernel.end_training()
+    bare = make_kernel()  # no plugin explains anything: Python's words
+    try:
+        with pytest.raises(AttributeError, match="'Kernel' object has no attribute 'other_plugin'"):
+            bare.other_plugin  # noqa: B018
+    finally:
+        bare.end_training()
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from accel.tracking import Tracker
 
 if TYPE_CHECKING:
     from accel.checkpoint import load_model
-    from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.data import skip_first_batches
+    from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from accel.utils.random import synchronize_rng_states
 
 _LAZY = {
-    "DataLoaderConfiguration": "accel.compat",
-    "GradientAccumulationPlugin": "accel.compat",
+    "DataLoaderConfiguration": "accel.data_arguments",
+    "GradientAccumulationPlugin": "accel.data_arguments",
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",

@@ -4,7 +4,7 @@ the same objects as ``accel.Kernel``, ``accel.DataLoaderConfiguration``, ..."""
 
 from __future__ import annotations
 
-from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.kernel import Kernel
 from accel.project import ProjectConfiguration
 

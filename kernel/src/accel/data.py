@@ -57,7 +57,7 @@ from accel.sampling import (
 )
 
 if TYPE_CHECKING:
-    from accel.compat import DataSettings
+    from accel.data_arguments import DataSettings
 
 
 class DataKernel(KernelView, Protocol):

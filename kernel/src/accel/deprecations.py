@@ -99,6 +99,18 @@ DEPRECATIONS: dict[str, Deprecation] = {
             )
             for name in ("requested", "as_scalar", "flatten")
         ),
+        *(
+            Deprecation(
+                f"accel.compat.{name}",
+                f"accel.{name}",
+                "0.1.1",
+                "0.2.0",
+                f"write `from accel import {name}` (accel.compat became accel.data_arguments; the tables of "
+                "Accelerate's names moved to accel-accelerate: accel_accelerate.names)",
+                kind="name",
+            )
+            for name in ("DataLoaderConfiguration", "GradientAccumulationPlugin")
+        ),
     )
 }
 

@@ -98,6 +98,7 @@ DISCOVERY_HOOKS = (
     "accel_config_questions",
     "accel_unavailable_reason",
     "accel_estimate_memory",
+    "accel_explain_name",
 )
 
 
@@ -225,6 +226,22 @@ def accel_estimate_memory(model: ModelSummary, query: MemoryQuery) -> Sequence[M
     included where they are a copy), bytes moved to host memory by offloading in ``cpu``, the largest layer gathered
     at once in ``gathered``. A combination the plugin refuses in a run is a row with ``supported=False`` and the
     reason in ``note``. An exception is an error naming the plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def accel_explain_name(kind: str, name: str) -> str | None:
+    """What to use instead of a name ``Kernel`` does not know, when it is another library's name: the line the user
+    sees instead of Python's bare error.
+
+    When: ``Kernel(NAME=...)`` with an argument no plugin declares (``kind="argument"``), and reading or assigning an
+    attribute a Kernel does not have (``kind="member"``, public names only). Who: first answer wins, at module level
+    like the other discovery hooks (cheap, no torch import); the kernel has no answer of its own.
+    accel-accelerate's ``accelerate-names`` plugin answers for Accelerate's ``Accelerator`` arguments and members
+    (``Kernel(deepspeed_plugin=...)``: use ``--use_deepspeed`` or ``Kernel(plugins=["deepspeed"])``).
+    Returns one line naming what to use, or ``None`` (then the argument is a ``TypeError`` and the attribute an
+    ``AttributeError`` with Python's usual words). An answer for an argument is raised as a ``UsageError``; for a
+    member, as the ``AttributeError``'s message.
     """
 
 

@@ -25,16 +25,15 @@ import pluggy
 import torch
 
 from accel import forksafe
-from accel.compat import (
-    AccelerateMembersMixin,
+from accel.contract import Topology
+from accel.data import GradientState, PreparedDataLoader, skip_first_batches
+from accel.data_arguments import (
+    DataArgumentsMixin,
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
-    argument_refusal,
     check_bool,
     resolve_data_settings,
 )
-from accel.contract import Topology
-from accel.data import GradientState, PreparedDataLoader, skip_first_batches
 from accel.debug import CheckedCollectives
 from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError, user_stacklevel
@@ -59,7 +58,7 @@ _ARGUMENTS = (
 )
 
 
-class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
+class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
     """The training-loop companion. ``Kernel().prepare(model, optimizer, dataloader, scheduler)``, then
     ``kernel.backward(loss)``; the same script runs on one CPU process or many, with any installed plugin.
 
@@ -71,12 +70,13 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
     (Accelerate's handler objects from :mod:`accel.utils`: their fields set the options plugins declare for them),
     and any option a plugin declares (``Kernel(fsdp_reshard_after_forward=False)``).
 
-    Accelerate's arguments keep their meaning (:mod:`accel.compat`): ``split_batches``, ``dataloader_config``
+    Accelerate's arguments keep their meaning (:mod:`accel.data_arguments`): ``split_batches``, ``dataloader_config``
     (:class:`accel.DataLoaderConfiguration`), ``dispatch_batches``/``use_seedable_sampler`` (accepted where they
     change nothing), ``rng_types`` (``["generator"]`` only), ``device_placement`` (True only),
     ``step_scheduler_with_optimizer``, ``gradient_accumulation_plugin`` (:class:`accel.GradientAccumulationPlugin`),
     and the ``scheduler_steps`` option (``"accelerate"``: Accelerate's rule, default; ``"per_optimizer_step"``). An
-    Accelerate argument accel does not have raises one line naming what to use instead.
+    argument of another library that a plugin explains (``accel_explain_name``: accel-accelerate's tables of
+    Accelerate's names) raises that line.
     """
 
     def __init__(
@@ -124,7 +124,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, AccelerateMembersMixin):
         declared = self.plugins.options()
         for name in options:
             if name not in declared:
-                refusal = argument_refusal(name)
+                refusal = self.plugins.pm.hook.accel_explain_name(kind="argument", name=name)
                 if refusal:
                     raise UsageError(refusal)
                 raise TypeError(

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.data import send_to_device
+    from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
     from accel.project import ProjectConfiguration
     from accel.utils.dataclasses import DistributedType
     from accel.utils.handlers import (
@@ -53,8 +53,8 @@ _LAZY = {
     "DistributedType": "accel.utils.dataclasses",
     **{name: "accel.utils.operations" for name in _OPERATIONS if name != "send_to_device"},
     # Accelerate's configuration dataclasses are importable from accelerate.utils too
-    "DataLoaderConfiguration": "accel.compat",
-    "GradientAccumulationPlugin": "accel.compat",
+    "DataLoaderConfiguration": "accel.data_arguments",
+    "GradientAccumulationPlugin": "accel.data_arguments",
     "ProjectConfiguration": "accel.project",
     **{
         name: "accel.utils.handlers"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.options import known_plugins
 from accel.project import ProjectConfiguration
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from accel import Kernel
-from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.errors import UsageError
 from accel.project import ProjectConfiguration
 from accelerate.state import QUIET, AcceleratorState, GradientState, PartialState

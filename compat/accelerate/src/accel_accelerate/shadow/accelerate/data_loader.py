@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accel.compat import DataLoaderConfiguration
+from accel.data_arguments import DataLoaderConfiguration
 from accel.data import skip_first_batches
 
 __all__ = ["DataLoaderConfiguration", "skip_first_batches"]

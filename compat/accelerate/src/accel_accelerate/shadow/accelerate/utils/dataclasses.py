@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel.compat import DataLoaderConfiguration, GradientAccumulationPlugin
+from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.project import ProjectConfiguration
 from accel.utils.dataclasses import DistributedType
 from accel.utils.handlers import (

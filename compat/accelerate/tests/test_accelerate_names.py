@@ -2,7 +2,7 @@
 ``accelerate.utils``, ``accelerate.data_loader`` and ``accelerate.state`` (the checked-in list
 tests/data/accelerate_names.json, written by tests/data/list_accelerate_names.py under Accelerate itself) either
 works on ``Kernel`` under its own name, has an accel name, or is refused with one line saying what to use instead;
-the guide's table is the mapping's (kernel/src/accel/accelerate_names.json)."""
+the guide's table is the mapping's (compat/accelerate/src/accel_accelerate/accelerate_names.json)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,33 @@ import json
 import operator
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from accel.compat import accelerate_modules, accelerate_names, markdown_table, module_name_entry, modules_table
 from accel.errors import UsageError
 from accel.kernel import Kernel
 from accel.testing import make_kernel
+from accel_accelerate.names import (
+    accelerate_modules,
+    accelerate_names,
+    markdown_table,
+    module_name_entry,
+    modules_table,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LISTED = json.loads((ROOT / "tests" / "data" / "accelerate_names.json").read_text())
 MAPPING = accelerate_names()
 GUIDE = ROOT / "docs" / "migrating-from-accelerate.md"
+#: the plugin that gives the kernel the lines of these tables (accel_explain_name)
+NAMES = ["accelerate-names"]
 BEGIN, END = "<!-- accelerate-names: begin -->", "<!-- accelerate-names: end -->"
 
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
-    k = make_kernel()
+    k = make_kernel(NAMES)
     yield k
     k.end_training()
 
@@ -66,10 +75,31 @@ def test_each_accelerate_argument_works_or_is_refused_with_its_message(name: str
     if entry["status"] == "refused":
         assert name not in params
         with pytest.raises(UsageError) as info:
-            make_kernel(**{name: object()})
+            make_kernel(NAMES, **{name: object()})
         assert str(info.value) == entry["message"]
     else:
         assert entry["status"] == "same" and name in params, name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"deepspeed_plugin": object()},
+            r"^Kernel\(deepspeed_plugin=...\) is not supported: .*plugins=\['deepspeed'\]",
+        ),
+        ({"fsdp_plugin": object()}, r"plugins=\['fsdp'\]"),
+        ({"megatron_lm_plugin": object()}, r"no Megatron-LM plugin"),
+        ({"dynamo_plugin": object()}, r"dynamo_backend="),
+        ({"parallelism_config": object()}, r"needs accel-plugin-parallel"),
+        ({"torch_tp_plugin": object()}, r"parallelism_config=ParallelismConfig\(tp_size=N\)"),
+    ],
+)
+def test_accelerate_plugin_arguments_say_what_to_use_in_one_line(kwargs: dict[str, Any], message: str) -> None:
+    """The plugin objects Accelerate takes as arguments: one line naming accel's plugin or option instead."""
+    with pytest.raises(UsageError, match=message) as info:
+        make_kernel(NAMES, **kwargs)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("name", LISTED["members"])
@@ -98,7 +128,7 @@ def test_the_guides_table_is_the_mappings() -> None:
     shown = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
     assert shown == markdown_table(), (
         "the name table in docs/migrating-from-accelerate.md is out of date: replace it with the output of "
-        "`python -m accel.compat`"
+        "`python -m accel_accelerate.names`"
     )
 
 
@@ -167,15 +197,15 @@ def test_the_guides_module_table_is_the_mappings() -> None:
     shown = text.split(MODULE_BEGIN, 1)[1].split(MODULE_END, 1)[0].strip("\n") + "\n"
     assert shown == modules_table(), (
         "the module table in docs/migrating-from-accelerate.md is out of date: replace it with the second table "
-        "`python -m accel.compat` prints"
+        "`python -m accel_accelerate.names` prints"
     )
 
 
-def test_python_m_accel_compat_prints_both_tables() -> None:
+def test_python_m_accel_accelerate_names_prints_both_tables() -> None:
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "accel.compat"], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-m", "accel_accelerate.names"], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out == markdown_table() + "\n" + modules_table()
