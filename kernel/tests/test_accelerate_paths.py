@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import accel
+import accel.active
 import accel.kernel
 from accel import Kernel, PartialState, UsageError
 from accel.testing import make_kernel
@@ -86,7 +87,7 @@ def test_state_is_a_read_only_view_of_its_kernel(kernel: Kernel) -> None:
 def test_partial_state_views_the_latest_kernel_or_makes_one(monkeypatch: pytest.MonkeyPatch) -> None:
     import accel.utils.operations as ops
 
-    monkeypatch.setattr(accel.kernel, "_ACTIVE", [])
+    monkeypatch.setattr(accel.active, "ACTIVE", [])
     with pytest.raises(UsageError, match=r"^accel.utils.operations.gather\(\) runs on the process's Kernel"):
         ops.gather(torch.ones(2))
     state = PartialState()  # no Kernel yet: makes one

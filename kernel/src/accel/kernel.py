@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -24,9 +23,9 @@ from typing import Any, cast
 import pluggy
 import torch
 
-from accel import forksafe
+from accel import active, forksafe
 from accel.contract import Topology
-from accel.data import GradientState, PreparedDataLoader, skip_first_batches
+from accel.data import GradientState, skip_first_batches
 from accel.data_arguments import (
     DataArgumentsMixin,
     DataLoaderConfiguration,
@@ -39,12 +38,21 @@ from accel.dispatch import HotHooks, each_implementation
 from accel.errors import UsageError, user_stacklevel
 from accel.options import KERNEL, Settings, did_you_mean, int_env, known_plugins, resolve, unread_accelerate_variables
 from accel.plugins import Plugins
-from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, _Accumulate
+from accel.prepared import (
+    PreparedOptimizer,
+    PreparedScheduler,
+    _Accumulate,
+    check_prepare_arguments,
+    no_grad_message,
+)
+from accel.preparing import Prepared, warn_unprepared_loaders
 from accel.process_ops import ProcessOpsMixin
 from accel.processes import note_failure_time
 from accel.project import ProjectConfiguration, check_project_config, configure_project
 from accel.tracking import TrackingMixin, check_tracker_names
 from accel.utils.dataclasses import DistributedType
+
+__all__ = ["Kernel", "PartialState", "PreparedOptimizer", "PreparedScheduler", "active_kernel"]
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 _ARGUMENTS = (
@@ -168,17 +176,14 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         self._save_state_pre_hooks: dict[int, Any] = collections.OrderedDict()
         self._load_state_pre_hooks: dict[int, Any] = collections.OrderedDict()
         self.gradient_state = GradientState()
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[PreparedOptimizer] = []
-        self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
-        self._originals: dict[int, torch.nn.Module] = {}  # prepared model -> the user's module
-        self._inner: dict[int, torch.nn.Module] = {}  # prepared model -> what the strategy returned
+        self._prepared = Prepared()  # what prepare() returned; the lists below are its own (the same objects)
+        self._models, self._optimizers = self._prepared.models, self._prepared.optimizers
+        self._schedulers, self._dataloaders = self._prepared.schedulers, self._prepared.dataloaders
+        self._originals, self._inner = self._prepared.originals, self._prepared.inner
         self._failed: set[Any] = set()  # plugin names (trackers) and (plugin, hook) pairs that raised
         self._warned: set[str] = set()
         self._torn_down = False
         self._leaders = None  # gather_for_metrics: the first process of each data shard
-        self._passed_loaders: set[int] = set()  # ids of the DataLoaders given to prepare
         self._loader_check_due = False  # set once the topology is known (several processes)
         check_tracker_names(self.settings["log_with"] or [], self.plugins.records)
         self.plugins.activate(self.settings)
@@ -203,7 +208,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         self._hot = HotHooks(self.plugins.pm)  # per-step hooks, resolved once (again at each prepare)
         self._accumulating = _Accumulate(self, ())
         self._join_uneven = False  # inside join_uneven_inputs with uneven batches: passes end where the data ends
-        _ACTIVE.append(self)
+        active.ACTIVE.append(self)
         atexit.register(self._teardown)
 
     # ---- settings and topology ----------------------------------------------------------------------------
@@ -370,121 +375,20 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
     def prepare(self, *args: Any, device_placement: bool = True) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers (any number, any order) for this run; return
         them in the same order (one object returned as itself). Other objects pass through unchanged."""
-        from torch.utils.data import DataLoader
-
         check_prepare_arguments(args)
-        hook = self.plugins.pm.hook
         self._hot = HotHooks(self.plugins.pm)
-        kinds: list[str] = []
-        models, optimizers, schedulers, dataloaders = [], [], [], []
-        for position, obj in enumerate(args, 1):
-            if self._is_prepared(obj):  # prepared before (by this kernel): returned as it is, never wrapped twice
-                kinds.append("other")
-            elif obj in _WRAPPED_MODELS:
-                raise UsageError(
-                    f"kernel.prepare() argument {position} is a model another Kernel prepared already (a "
-                    f"{type(obj).__name__} around it); wrapping it again would run it twice over; prepare the "
-                    "original model once, or pass kernel.unwrap_model(model) to this Kernel"
-                )
-            elif isinstance(obj, torch.nn.Module):
-                kinds.append("model")
-                models.append(obj)
-            elif isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
-                kinds.append("optimizer")
-                optimizers.append(obj)
-            elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-                hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-            ):
-                kinds.append("scheduler")
-                schedulers.append(obj)
-            elif isinstance(obj, DataLoader):
-                kinds.append("dataloader")
-                dataloaders.append(obj)
-                self._passed_loaders.add(id(obj))
-            else:
-                kinds.append("other")
-        for model in models:
-            hook.accel_transform_model(kernel=self, model=model)
-        w_models, w_opts, w_scheds = hook.accel_prepare_training(
-            kernel=self, models=models, optimizers=optimizers, schedulers=schedulers, dataloaders=dataloaders
-        )
-        if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
-            raise RuntimeError("accel_prepare_training returned lists of the wrong length")
-        for original, inner in zip(models, w_models, strict=True):
-            wrapped = AutocastModule(inner, self._autocast) if self._autocast is not None else inner
-            self._originals[id(wrapped)] = original
-            if wrapped is not original:
-                _WRAPPED_MODELS[wrapped] = original
-            self._inner[id(wrapped)] = inner
-            self._models.append(wrapped)
-        prepared_opts = [PreparedOptimizer(self, o) for o in w_opts]
-        self._optimizers.extend(prepared_opts)
-        prepared_scheds = [PreparedScheduler(self, s, self._optimizers) for s in w_scheds]
-        self._schedulers.extend(prepared_scheds)
-        queues = {
-            "model": iter(self._models[len(self._models) - len(models) :]),
-            "optimizer": iter(prepared_opts),
-            "scheduler": iter(prepared_scheds),
-        }
-        out = []
-        for obj, kind in zip(args, kinds, strict=True):
-            if kind == "dataloader":
-                loader = hook.accel_prepare_dataloader(kernel=self, dataloader=obj)
-                if isinstance(loader, PreparedDataLoader):
-                    loader.device_placement = device_placement
-                self._dataloaders.append(loader)
-                out.append(loader)
-            elif kind == "other":
-                out.append(obj)
-            else:
-                out.append(next(queues[kind]))
-        return out[0] if len(out) == 1 else tuple(out)
+        return self._prepared.prepare(self, args, device_placement)
 
     def _warn_unprepared_loaders(self) -> None:
-        """Once, at the first ``backward`` or ``gather_for_metrics`` of a run of several processes: a torch DataLoader
-        held by the calling frames (the training loop and its callers) that never went through ``prepare`` and has no
-        DistributedSampler gives every process the whole dataset. Loaders of iterable datasets are left out (they
-        may shard themselves)."""
+        """Once, at the first ``backward`` or ``gather_for_metrics`` of a run of several processes (see
+        :func:`accel.preparing.warn_unprepared_loaders`)."""
         self._loader_check_due = False
-        if not self.is_main_process:
-            return
-        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
-
-        def unsharded(value: Any) -> bool:
-            samplers = (
-                getattr(value, "sampler", None),
-                getattr(getattr(value, "batch_sampler", None), "sampler", None),
-            )
-            return (
-                isinstance(value, DataLoader)
-                and id(value) not in self._passed_loaders
-                and not isinstance(value.dataset, IterableDataset)
-                and not any(isinstance(s, DistributedSampler) for s in samplers)
-            )
-
-        names: dict[str, None] = {}
-        frame: Any = sys._getframe(1)
-        while frame is not None:
-            if not str(frame.f_globals.get("__name__", "")).startswith("accel."):
-                names.update((name, None) for name, value in list(frame.f_locals.items()) if unsharded(value))
-            frame = frame.f_back
-        if names:
-            listed = ", ".join(f"`{n}`" for n in names)
-            warnings.warn(
-                f"DataLoader {listed} did not go through kernel.prepare(): each of the {self.num_processes} "
-                "processes iterates its whole dataset (the same batches everywhere, an epoch "
-                f"{self.num_processes}x too long); pass it to kernel.prepare() to give each process its own shard",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
+        if self.is_main_process:
+            warn_unprepared_loaders(self._prepared.passed_loaders, self.num_processes)
 
     def _is_prepared(self, obj: Any) -> bool:
         """Whether ``prepare`` returned ``obj`` before (Accelerate returns such objects as they are, too)."""
-        return any(
-            obj is known
-            for group in (self._models, self._optimizers, self._schedulers, self._dataloaders)
-            for known in group
-        )
+        return self._prepared.knows(obj)
 
     def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
         """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that
@@ -508,12 +412,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         """The module the script passed to ``prepare`` for this prepared model: that very object, whatever wrapper
         the strategy and the autocast returned around it (an object ``prepare`` did not return is returned as it is).
         ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
-        original = self._originals.get(id(model))
-        if original is None:  # another Kernel's (or no Kernel's) model
-            original = _WRAPPED_MODELS.get(model, model)
-        if not keep_torch_compile and hasattr(original, "_orig_mod"):
-            original = cast(torch.nn.Module, original._orig_mod)
-        return original
+        return self._prepared.unwrap(model, keep_torch_compile)
 
     # ---- training step ------------------------------------------------------------------------------------
 
@@ -761,12 +660,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget the prepared objects, collect garbage and empty the device cache. Returns ``[None] * len(objects)``
         so ``model, opt = kernel.free_memory(model, opt)`` drops the caller's references too."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._originals.clear()
-        self._inner.clear()
+        self._prepared.clear()
         gc.collect()
         accelerator = getattr(torch, "accelerator", None)
         if accelerator is not None and accelerator.is_available():
@@ -821,17 +715,12 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         self._finish_save(at_exit=True)  # at interpreter exit: an asynchronous save in flight, without collectives
         self._end_trackers()  # a script that never called end_training still gets its logs flushed
         self.call_isolated("accel_teardown", kernel=self)
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
+        if self in active.ACTIVE:
+            active.ACTIVE.remove(self)
         checkpoint = sys.modules.get("accel.checkpoint")
-        if checkpoint is not None and not _ACTIVE:
+        if checkpoint is not None and not active.ACTIVE:
             checkpoint.exit_if_lost()  # an asynchronous save lost at interpreter exit: exit code 1
 
-
-_ACTIVE: list[Kernel] = []
-#: The models any Kernel of this process returned wrapped (not the script's own object) -> the script's model: never
-#: wrapped again; ``unwrap_model`` of any Kernel finds the script's model.
-_WRAPPED_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
 
 #: What a pickled Kernel carries to another process: the run's facts, nothing that runs collectives or hooks.
 _DETACHED_FACTS = (
@@ -848,80 +737,17 @@ _DETACHED_FACTS = (
 def _unpickle_kernel(pid: int, ident: int, facts: dict[str, Any]) -> Kernel:
     """The Kernel a pickle names: the live one in the process that pickled it, else a detached copy of its facts."""
     if pid == os.getpid():
-        for kernel in _ACTIVE:
+        for kernel in active.ACTIVE:
             if id(kernel) == ident:
-                return kernel
+                return cast(Kernel, kernel)
     kernel = Kernel.__new__(Kernel)
     kernel.__dict__.update(facts, _detached=pid)
     return kernel
 
 
-#: What ``prepare`` takes, for its error messages.
-PREPARE_TAKES = "prepare takes models, optimizers, DataLoaders and LR schedulers"
-
-
-def check_prepare_arguments(args: Sequence[Any]) -> None:
-    """One-line UsageErrors for what ``prepare`` would otherwise pass through silently although it cannot be meant:
-    ``None`` alone (``None`` among other objects passes, as in Accelerate: an optional scheduler), a tensor, an
-    iterator or generator (it would be used up by the first epoch and never sharded), the same object twice."""
-    import collections.abc
-
-    from torch.utils.data import DataLoader, Dataset
-
-    if args and all(obj is None for obj in args):
-        raise UsageError(f"kernel.prepare() got only None; {PREPARE_TAKES}")
-    seen: dict[int, int] = {}
-    for position, obj in enumerate(args, 1):
-        where = f"kernel.prepare() argument {position}"
-        if isinstance(obj, torch.Tensor):
-            raise UsageError(
-                f"{where} is a tensor; {PREPARE_TAKES}; move a tensor with tensor.to(kernel.device), or wrap data in "
-                "a Dataset and a DataLoader"
-            )
-        if isinstance(obj, Dataset):
-            raise UsageError(
-                f"{where} is a Dataset ({type(obj).__name__}), not a DataLoader; {PREPARE_TAKES}: pass "
-                "DataLoader(dataset, batch_size=...) and it is split between processes"
-            )
-        if isinstance(obj, (list, tuple)) and any(_preparable(x) for x in obj):
-            raise UsageError(
-                f"{where} is a {type(obj).__name__} of objects to prepare; pass them as separate arguments: "
-                "kernel.prepare(*objects), or model, optimizer = kernel.prepare(model, optimizer)"
-            )
-        if isinstance(obj, collections.abc.Iterator) and not isinstance(obj, DataLoader):
-            raise UsageError(
-                f"{where} is an iterator ({type(obj).__name__}), which is used up after one pass and cannot be "
-                f"split between processes; {PREPARE_TAKES}: pass the DataLoader itself"
-            )
-        if _preparable(obj):
-            first = seen.setdefault(id(obj), position)
-            if first != position:
-                raise UsageError(
-                    f"{where} is the same {type(obj).__name__} object as argument {first}; pass each object once"
-                )
-
-
-def _preparable(obj: Any) -> bool:
-    """Whether ``prepare`` takes ``obj`` (a model, optimizer, DataLoader or LR scheduler)."""
-    from torch.utils.data import DataLoader
-
-    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, DataLoader)) or hasattr(obj, "get_last_lr")
-
-
-def no_grad_message(loss: Any) -> str:
-    """Why ``kernel.backward(loss)`` cannot run, for a loss that is not a tensor that requires grad."""
-    if not isinstance(loss, torch.Tensor):
-        return f"kernel.backward() needs the loss tensor, got {type(loss).__name__} {loss!r:.40}"
-    return (
-        "kernel.backward(): the loss does not require grad: it was computed under torch.no_grad() or "
-        "torch.inference_mode(), from detached tensors (.item(), .detach()), or from a model with no trainable "
-        "parameters; compute it from the model's output with grad enabled"
-    )
-
-
 def active_kernel() -> Kernel | None:
-    """The most recently created Kernel of this process that has not ended, if any."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    """The most recently created Kernel of this process that has not ended, if any (:mod:`accel.active`)."""
+    return cast("Kernel | None", active.active_kernel())
 
 
 #: what the view answers, each the same-named member of its Kernel

@@ -10,7 +10,7 @@ from typing import Any
 
 def _rank() -> tuple[int, int, int]:
     """(process index, local process index, process count) of the active Kernel, else from the environment."""
-    from accel.kernel import active_kernel  # torch is loaded by now if a Kernel exists
+    from accel.active import active_kernel  # torch is loaded by now if a Kernel exists
 
     kernel = active_kernel()
     if kernel is not None:
@@ -35,7 +35,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         rank, _, world = _rank()
         prefix = f"[RANK {rank}] " if world > 1 else ""
         if in_order and world > 1:
-            from accel.kernel import active_kernel
+            from accel.active import active_kernel
 
             kernel = active_kernel()
             for i in range(world):

@@ -288,3 +288,66 @@ def _to_fp32(obj: Any) -> Any:
     """Half-precision float tensors of a nested output (named tuples included) cast to fp32; a tensor output (the
     common case, on every forward) without map_tensors' walk of a structure."""
     return _half_to_fp32(obj) if type(obj) is torch.Tensor else map_tensors(_half_to_fp32, obj)
+
+
+#: What ``prepare`` takes, for its error messages.
+PREPARE_TAKES = "prepare takes models, optimizers, DataLoaders and LR schedulers"
+
+
+def check_prepare_arguments(args: Sequence[Any]) -> None:
+    """One-line UsageErrors for what ``prepare`` would otherwise pass through silently although it cannot be meant:
+    ``None`` alone (``None`` among other objects passes, as in Accelerate: an optional scheduler), a tensor, an
+    iterator or generator (it would be used up by the first epoch and never sharded), the same object twice."""
+    import collections.abc
+
+    from torch.utils.data import DataLoader, Dataset
+
+    if args and all(obj is None for obj in args):
+        raise UsageError(f"kernel.prepare() got only None; {PREPARE_TAKES}")
+    seen: dict[int, int] = {}
+    for position, obj in enumerate(args, 1):
+        where = f"kernel.prepare() argument {position}"
+        if isinstance(obj, torch.Tensor):
+            raise UsageError(
+                f"{where} is a tensor; {PREPARE_TAKES}; move a tensor with tensor.to(kernel.device), or wrap data in "
+                "a Dataset and a DataLoader"
+            )
+        if isinstance(obj, Dataset):
+            raise UsageError(
+                f"{where} is a Dataset ({type(obj).__name__}), not a DataLoader; {PREPARE_TAKES}: pass "
+                "DataLoader(dataset, batch_size=...) and it is split between processes"
+            )
+        if isinstance(obj, (list, tuple)) and any(_preparable(x) for x in obj):
+            raise UsageError(
+                f"{where} is a {type(obj).__name__} of objects to prepare; pass them as separate arguments: "
+                "kernel.prepare(*objects), or model, optimizer = kernel.prepare(model, optimizer)"
+            )
+        if isinstance(obj, collections.abc.Iterator) and not isinstance(obj, DataLoader):
+            raise UsageError(
+                f"{where} is an iterator ({type(obj).__name__}), which is used up after one pass and cannot be "
+                f"split between processes; {PREPARE_TAKES}: pass the DataLoader itself"
+            )
+        if _preparable(obj):
+            first = seen.setdefault(id(obj), position)
+            if first != position:
+                raise UsageError(
+                    f"{where} is the same {type(obj).__name__} object as argument {first}; pass each object once"
+                )
+
+
+def _preparable(obj: Any) -> bool:
+    """Whether ``prepare`` takes ``obj`` (a model, optimizer, DataLoader or LR scheduler)."""
+    from torch.utils.data import DataLoader
+
+    return isinstance(obj, (torch.nn.Module, torch.optim.Optimizer, DataLoader)) or hasattr(obj, "get_last_lr")
+
+
+def no_grad_message(loss: Any) -> str:
+    """Why ``kernel.backward(loss)`` cannot run, for a loss that is not a tensor that requires grad."""
+    if not isinstance(loss, torch.Tensor):
+        return f"kernel.backward() needs the loss tensor, got {type(loss).__name__} {loss!r:.40}"
+    return (
+        "kernel.backward(): the loss does not require grad: it was computed under torch.no_grad() or "
+        "torch.inference_mode(), from detached tensors (.item(), .detach()), or from a model with no trainable "
+        "parameters; compute it from the model's output with grad enabled"
+    )

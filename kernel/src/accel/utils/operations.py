@@ -1,5 +1,5 @@
 """``accelerate.utils.operations`` under its accel path: the free collective functions of Accelerate, each the
-same-named method of the process's Kernel (:func:`accel.kernel.active_kernel`, the most recent one; a
+same-named method of the process's Kernel (:func:`accel.active.active_kernel`, the most recent one; a
 :class:`accel.state.PartialState` makes one). No logic of its own: ``gather(t)`` is ``active_kernel().gather(t)``.
 
 ``DistributedOperationException`` is :class:`accel.DistributedOperationError` (debug mode, accel/debug.py).
@@ -7,7 +7,7 @@ same-named method of the process's Kernel (:func:`accel.kernel.active_kernel`, t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from accel.errors import DistributedOperationError, UsageError
 
@@ -29,7 +29,7 @@ __all__ = [
 
 
 def _kernel(function: str) -> Kernel:
-    from accel.kernel import active_kernel
+    from accel.active import active_kernel
 
     kernel = active_kernel()
     if kernel is None:
@@ -37,7 +37,7 @@ def _kernel(function: str) -> Kernel:
             f"accel.utils.operations.{function}() runs on the process's Kernel and there is none: create "
             f"accel.Kernel() (or accel.state.PartialState()) first, or call kernel.{function}(...)"
         )
-    return kernel
+    return cast("Kernel", kernel)
 
 
 def gather(tensor: Any) -> Any:

@@ -10,10 +10,9 @@ from accel.errors import UsageError
 
 def local_process_index() -> int:
     """This process's index on its machine: from the active Kernel, else from the launcher's ``LOCAL_RANK``."""
-    import sys
+    from accel.active import active_kernel  # imports no torch
 
-    kernels = sys.modules.get("accel.kernel")  # no Kernel made yet means no torch import needed here
-    kernel = kernels.active_kernel() if kernels is not None else None
+    kernel = active_kernel()
     return kernel.local_process_index if kernel is not None else int(os.environ.get("LOCAL_RANK") or 0)
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def process_index() -> int:
     """This process's index in the run: from the active Kernel, else from the launcher's ``RANK``."""
-    from accel.kernel import active_kernel
+    from accel.active import active_kernel
 
     kernel = active_kernel()
     return kernel.process_index if kernel is not None else int(os.environ.get("RANK") or 0)
@@ -48,7 +48,7 @@ def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator 
     (``generator``, which must be given), or the run's device type such as ``"cuda"`` (the default generator of
     this process's device; another device type is refused, as Accelerate fails on it). Call it on every process,
     after ``Kernel()`` (:meth:`accel.Kernel.synchronize_rng_states`); on one process it changes nothing."""
-    from accel.kernel import active_kernel
+    from accel.active import active_kernel
     from accel.process_ops import rng_kinds
 
     kernel = active_kernel()

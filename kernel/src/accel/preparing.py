@@ -1,0 +1,177 @@
+"""What ``kernel.prepare(...)`` does with its arguments, and the objects it returned: the part of a Kernel that sorts
+the arguments into models, optimizers, schedulers and dataloaders, asks the plugins to prepare them
+(``accel_transform_model``, ``accel_prepare_training``, ``accel_prepare_dataloader``), wraps what they return
+(autocast, :class:`~accel.prepared.PreparedOptimizer`, :class:`~accel.prepared.PreparedScheduler`) and remembers it,
+so that ``unwrap_model``, checkpoints and ``free_memory`` find every prepared object and the script's own module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import torch
+
+from accel.data import PreparedDataLoader
+from accel.errors import UsageError, user_stacklevel
+from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, StepKernel
+
+if TYPE_CHECKING:
+    from accel.plugins import Plugins
+
+
+class PreparingKernel(StepKernel, Protocol):
+    """What preparing reads of the Kernel beyond :class:`accel.prepared.StepKernel`."""
+
+    plugins: Plugins
+    _autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None
+
+
+#: The models any Kernel of this process returned wrapped (not the script's own object) -> the script's model: never
+#: wrapped again; ``unwrap_model`` of any Kernel finds the script's model.
+WRAPPED_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
+
+
+class Prepared:
+    """The objects one Kernel's ``prepare`` returned, in the order prepared, and what each wraps."""
+
+    def __init__(self) -> None:
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[PreparedOptimizer] = []
+        self.schedulers: list[PreparedScheduler] = []
+        self.dataloaders: list[PreparedDataLoader] = []
+        self.originals: dict[int, torch.nn.Module] = {}  # prepared model -> the user's module
+        self.inner: dict[int, torch.nn.Module] = {}  # prepared model -> what the strategy returned
+        self.passed_loaders: set[int] = set()  # ids of the DataLoaders given to prepare
+
+    def knows(self, obj: Any) -> bool:
+        """Whether ``prepare`` returned ``obj`` before."""
+        return any(
+            obj is known
+            for group in (self.models, self.optimizers, self.schedulers, self.dataloaders)
+            for known in group
+        )
+
+    def prepare(self, kernel: PreparingKernel, args: Sequence[Any], device_placement: bool) -> Any:
+        """``kernel.prepare(*args)``: each argument prepared by the plugins (or passed through), in order."""
+        from torch.utils.data import DataLoader
+
+        hook = kernel.plugins.pm.hook
+        kinds: list[str] = []
+        models, optimizers, schedulers, dataloaders = [], [], [], []
+        for position, obj in enumerate(args, 1):
+            if self.knows(obj):  # prepared before (by this kernel): returned as it is, never wrapped twice
+                kinds.append("other")
+            elif obj in WRAPPED_MODELS:
+                raise UsageError(
+                    f"kernel.prepare() argument {position} is a model another Kernel prepared already (a "
+                    f"{type(obj).__name__} around it); wrapping it again would run it twice over; prepare the "
+                    "original model once, or pass kernel.unwrap_model(model) to this Kernel"
+                )
+            elif isinstance(obj, torch.nn.Module):
+                kinds.append("model")
+                models.append(obj)
+            elif isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, PreparedOptimizer):
+                kinds.append("optimizer")
+                optimizers.append(obj)
+            elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+                hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+            ):
+                kinds.append("scheduler")
+                schedulers.append(obj)
+            elif isinstance(obj, DataLoader):
+                kinds.append("dataloader")
+                dataloaders.append(obj)
+                self.passed_loaders.add(id(obj))
+            else:
+                kinds.append("other")
+        for model in models:
+            hook.accel_transform_model(kernel=kernel, model=model)
+        w_models, w_opts, w_scheds = hook.accel_prepare_training(
+            kernel=kernel, models=models, optimizers=optimizers, schedulers=schedulers, dataloaders=dataloaders
+        )
+        if not (len(w_models), len(w_opts), len(w_scheds)) == (len(models), len(optimizers), len(schedulers)):
+            raise RuntimeError("accel_prepare_training returned lists of the wrong length")
+        autocast = kernel._autocast
+        for original, inner in zip(models, w_models, strict=True):
+            wrapped = AutocastModule(inner, autocast) if autocast is not None else inner
+            self.originals[id(wrapped)] = original
+            if wrapped is not original:
+                WRAPPED_MODELS[wrapped] = original
+            self.inner[id(wrapped)] = inner
+            self.models.append(wrapped)
+        prepared_opts = [PreparedOptimizer(kernel, o) for o in w_opts]
+        self.optimizers.extend(prepared_opts)
+        prepared_scheds = [PreparedScheduler(kernel, s, self.optimizers) for s in w_scheds]
+        self.schedulers.extend(prepared_scheds)
+        queues = {
+            "model": iter(self.models[len(self.models) - len(models) :]),
+            "optimizer": iter(prepared_opts),
+            "scheduler": iter(prepared_scheds),
+        }
+        out = []
+        for obj, kind in zip(args, kinds, strict=True):
+            if kind == "dataloader":
+                loader = hook.accel_prepare_dataloader(kernel=kernel, dataloader=obj)
+                if isinstance(loader, PreparedDataLoader):
+                    loader.device_placement = device_placement
+                self.dataloaders.append(loader)
+                out.append(loader)
+            elif kind == "other":
+                out.append(obj)
+            else:
+                out.append(next(queues[kind]))
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def unwrap(self, model: torch.nn.Module, keep_torch_compile: bool) -> torch.nn.Module:
+        """The module the script passed to ``prepare`` for ``model`` (see ``Kernel.unwrap_model``)."""
+        original = self.originals.get(id(model))
+        if original is None:  # another Kernel's (or no Kernel's) model
+            original = WRAPPED_MODELS.get(model, model)
+        if not keep_torch_compile and hasattr(original, "_orig_mod"):
+            original = cast(torch.nn.Module, original._orig_mod)
+        return original
+
+    def clear(self) -> None:
+        """Forget every prepared object (``free_memory``)."""
+        for group in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.originals, self.inner):
+            group.clear()
+
+
+def warn_unprepared_loaders(passed: set[int], num_processes: int) -> None:
+    """A torch DataLoader held by the calling frames (the training loop and its callers) that never went through
+    ``prepare`` (its id not in ``passed``) and has no DistributedSampler gives every process the whole dataset: one
+    warning naming it. Loaders of iterable datasets are left out (they may shard themselves)."""
+    from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+
+    def unsharded(value: Any) -> bool:
+        samplers = (
+            getattr(value, "sampler", None),
+            getattr(getattr(value, "batch_sampler", None), "sampler", None),
+        )
+        return (
+            isinstance(value, DataLoader)
+            and id(value) not in passed
+            and not isinstance(value.dataset, IterableDataset)
+            and not any(isinstance(s, DistributedSampler) for s in samplers)
+        )
+
+    names: dict[str, None] = {}
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if not str(frame.f_globals.get("__name__", "")).startswith("accel."):
+            names.update((name, None) for name, value in list(frame.f_locals.items()) if unsharded(value))
+        frame = frame.f_back
+    if names:
+        listed = ", ".join(f"`{n}`" for n in names)
+        warnings.warn(
+            f"DataLoader {listed} did not go through kernel.prepare(): each of the {num_processes} "
+            "processes iterates its whole dataset (the same batches everywhere, an epoch "
+            f"{num_processes}x too long); pass it to kernel.prepare() to give each process its own shard",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
