@@ -34,7 +34,8 @@ docs: setup
 
 # Every test folder (pyproject.toml testpaths): kernel/tests (the kernel's own), plugins/<name>/tests (each plugin's,
 # runnable with only that plugin installed: `make test-plugin-alone`) and tests/ (cross-plugin and end-to-end suites).
-# plugins/xla/tests and plugins/ipex/tests need their own torch and run in test-xla / test-ipex. With the 25 slowest
+# plugins/xla/tests and plugins/ipex/tests need their own torch and run in test-xla / test-ipex, but for the module
+# of each that tests the plugin in this venv (test_xla_plugin.py, test_ipex_plugin.py), run here. With the 25 slowest
 # tests (--durations=25); tests/suite_budget.py prints the total and the 10 slowest modules and fails the run when it
 # took longer than its budget (ACCEL_SUITE_BUDGET seconds, 0: off). PYTEST_WORKERS=N runs it on N pytest-xdist
 # workers (--dist loadfile: whole modules per worker, so a module's shared fixtures, a launch several tests read, a

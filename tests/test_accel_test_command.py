@@ -75,24 +75,6 @@ def test_accel_test_reports_processes_that_die_before_reporting(tmp_path: Path) 
     assert "before reporting" in result.stderr
 
 
-def test_summary_names_the_failed_check_and_process(capsys: pytest.CaptureFixture[str]) -> None:
-    from accel.commands.test_cmd import summarize
-
-    ok = {"name": "world", "ok": True, "detail": "2 process(es)"}
-    bad = {"name": "training", "ok": False, "detail": "parameters differ between processes by 0.5"}
-    report = {
-        "ok": False,
-        "num_processes": 2,
-        "device": "cpu",
-        "mixed_precision": "no",
-        "plugins": ["ddp:strategy"],
-        "processes": [{"process": 0, "results": [ok]}, {"process": 1, "results": [ok, bad]}],
-    }
-    assert summarize(1, report, 3.0) == 1
-    err = capsys.readouterr().err
-    assert "accel test: FAILED on process 1: training: parameters differ between processes by 0.5" in err
-
-
 def _installed(*names: str) -> bool:
     import importlib.util
 

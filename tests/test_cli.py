@@ -62,22 +62,6 @@ def launcher_line(stdout: str) -> str:
 # ---- help and flags ----------------------------------------------------------------------------------------------
 
 
-def test_top_level_help_and_version(env):
-    result = run(["--help"], env)
-    assert result.returncode == 0 and result.stderr == ""
-    for command in ("launch", "plugins", "env"):
-        assert re.search(rf"^\s+{command}\s", result.stdout, re.M), result
-    version = run(["--version"], env)
-    assert version.returncode == 0 and re.fullmatch(r"accel \d+\.\d+\.\d+\S*\n", version.stdout)
-
-
-def test_unknown_command_is_one_line(env):
-    result = run(["lauch"], env)
-    assert result.returncode == 2 and result.err_lines == [
-        "accel: error: unknown command 'lauch'; did you mean `launch`? (see `accel --help`)"
-    ]
-
-
 def test_launch_help_lists_every_seed_flag_in_both_spellings(env, tmp_path):
     result = run(["launch", "--help"], {**env, "COLUMNS": "200"})
     assert result.returncode == 0, result

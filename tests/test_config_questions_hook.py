@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from accel import Options, PluginError, Question, hookimpl
-from accel.commands.config import upgrade
 from accel.commands.questionnaire import Questionnaire
 from accel.plugins import Plugins
 from accel.testing.shadow import hide_plugins
@@ -138,36 +137,3 @@ def test_with_the_ddp_plugin_disabled_multi_process_machines_are_not_offered() -
     reason = "plugin 'ddp' is disabled: disabled by ACCEL_DISABLE_PLUGINS"
     assert script.disabled["distributed_type"]["MULTI_CPU"] == reason
     assert script.disabled["distributed_type"]["MULTI_GPU"] == reason
-
-
-def test_upgrade_keeps_values_and_reports_changes() -> None:
-    options = Plugins.load(env={"ACCEL_PLUGINS": ""}).options()
-    new, changes = upgrade({"fp16": True, "dynamo_backend": "INDUCTOR", "num_processes": 4}, options)
-    assert new["mixed_precision"] == "fp16" and new["dynamo_config"] == {"dynamo_backend": "inductor"}
-    assert new["num_processes"] == 4 and "fp16" not in new and "dynamo_backend" not in new
-    assert any("fp16" in c for c in changes) and any("dynamo_backend" in c for c in changes)
-    same, none = upgrade(new, options)
-    assert same == new and none == []
-
-
-def test_default_config_uses_the_detected_hardware() -> None:
-    from accel import HardwareInfo
-    from accel.commands.config import default_config
-
-    gpus = module("gpus", accel_detect_hardware=lambda env: HardwareInfo("cuda", device_count=4, priority=10))
-    plugins = Plugins.load(env={"ACCEL_PLUGINS": "ddp"}, extra=[("gpus", gpus)])
-    data = default_config(plugins, plugins.options(), {}, "bf16")
-    assert (data["distributed_type"], data["num_processes"], data["use_cpu"], data["mixed_precision"]) == (
-        "MULTI_GPU",
-        4,
-        False,
-        "bf16",
-    )
-    # without a plugin that runs several processes: one process on one device
-    alone = Plugins.load(env={"ACCEL_PLUGINS": ""}, extra=[("gpus", gpus)])
-    data = default_config(alone, alone.options(), {}, "no")
-    assert (data["distributed_type"], data["num_processes"], data["use_cpu"]) == ("NO", 1, False)
-    # a CPU-only machine (the kernel's own answer)
-    cpu = Plugins.load(env={"ACCEL_PLUGINS": ""})
-    data = default_config(cpu, cpu.options(), {}, "no")
-    assert (data["distributed_type"], data["num_processes"], data["use_cpu"]) == ("NO", 1, True)

@@ -9,7 +9,8 @@ share their runs: one run (of one process, or a launch of two) saves every varia
 resumes every variant, each variant with its own seeds, checkpoint and records (and, launched, its own process
 group), and each is still asserted by its own test.
 
-The in-process tests at the end show each mechanism on its own, quickly."""
+The in-process tests at the end show each mechanism on its own, quickly (the samplers' own tests are in
+kernel/tests/test_sampling.py)."""
 
 from __future__ import annotations
 
@@ -315,102 +316,3 @@ def test_reseed_workers_option(reseed: bool) -> None:
     resumed = [b.flatten().tolist() for b in kernel.skip_first_batches(dl, 3)]
     assert [[int(v) for v in b] for b in resumed] == [[int(v) for v in b] for b in straight]  # the same samples
     assert (resumed == straight) is reseed
-
-
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("even", [False, True])
-def test_one_process_iterable_shard_takes_the_fast_path_to_the_same_samples(drop_last: bool, even: bool) -> None:
-    """One process reads an iterable dataset without grouping samples (the grouping cost ~8 % of a fast
-    loader's throughput); what it hands out is what the general path hands out, short last group included."""
-    from accel.sampling import IterableDatasetShard
-
-    for n in range(11):
-        shard = IterableDatasetShard(list(range(n)), 4, 1, 0, drop_last, even)
-        fast = list(shard)
-        assert shard.seen == n
-        general = list(shard._share())
-        if drop_last:  # the general path leaves the short group out; the DataLoader drops that batch either way
-            fast = fast[: len(fast) - len(fast) % 4]
-        assert fast == general, (n, fast, general)
-
-
-def test_random_states_leave_numpy_random_alone_until_it_is_loaded() -> None:
-    """The prepared loader of an iterable dataset reads the random states before every batch it reads
-    ahead. numpy 2 loads ``numpy.random`` on first use; until then nothing drew from its global generator, so its
-    state (50 µs a read) is not read, and reading the others does not load it. Once loaded, it is saved as before."""
-    code = (
-        "import sys, torch\n"
-        "from accel.sampling import rng_states\n"
-        "print('numpy' in rng_states(), 'numpy.random' in sys.modules)\n"
-        "import numpy.random\n"
-        "numpy.random.seed(3)\n"
-        "states = rng_states()\n"
-        "first = numpy.random.rand(5)\n"
-        "from accel.sampling import set_rng_states\n"
-        "set_rng_states(states)\n"
-        "print('numpy' in states, bool((numpy.random.rand(5) == first).all()))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["False", "False", "True", "True"], out
-
-
-def test_numpy_state_read_through_its_words_is_numpy_own() -> None:
-    """numpy's global state is read again only when its raw words changed or a cached gaussian was
-    pending (``randn`` uses that up without drawing); every read must equal ``numpy.random.get_state()``."""
-    np = pytest.importorskip("numpy")
-    from accel.sampling import _numpy_read, _numpy_state
-
-    def same(a: Any, b: Any) -> bool:
-        return bool(a[0] == b[0] and (a[1] == b[1]).all() and a[2:] == b[2:])
-
-    np.random.seed(1)
-    start = np.random.get_state()
-    steps = [
-        lambda: None,
-        lambda: np.random.rand(3),
-        lambda: None,
-        lambda: np.random.randn(),  # draws two gaussians, caches one
-        lambda: None,
-        lambda: np.random.randn(),  # uses the cached one: no words change
-        lambda: None,
-        lambda: np.random.seed(1),
-        lambda: np.random.randint(5),
-        lambda: np.random.set_state(start),
-        lambda: np.random.random(700),  # past the 624 words: numpy regenerates them
-    ]
-    for step in steps:
-        step()
-        assert same(_numpy_state(np.random), np.random.get_state())
-    assert _numpy_read.usable  # the words were read (not a full read every time)
-
-
-def test_python_state_read_through_its_words_is_pythons_own() -> None:
-    """python's global ``random`` state is read again only when its raw words changed; the cached gaussian
-    is taken as it is at each read (``gauss()`` uses it up without drawing). Every read must equal
-    ``random.getstate()``."""
-    import random
-
-    from accel.sampling import _python_read, _python_state
-
-    random.seed(1)
-    start = random.getstate()
-    steps = [
-        lambda: None,
-        lambda: random.random(),
-        lambda: None,
-        lambda: random.gauss(),  # draws two, caches one
-        lambda: None,
-        lambda: random.gauss(),  # uses the cached one: no words change
-        lambda: None,
-        lambda: random.seed(1),
-        lambda: random.randint(0, 5),
-        lambda: random.setstate(start),
-        lambda: random.getrandbits(32 * 700),  # past the 624 words: python regenerates them
-        lambda: random.seed(2),
-    ]
-    for step in steps:
-        step()
-        assert _python_state() == random.getstate()
-    assert _python_read.usable  # the words were read (not a full read every time)
-    reads = _python_read.state
-    assert _python_state() is reads  # unchanged: the last read, not a new one

@@ -65,6 +65,7 @@ MOVES: dict[str, list[str]] = {
         "fsdp_ckpt_worker.py",
         "fsdp_single_worker.py",
     ],
+    "plugins/ipex/tests": ["test_ipex_plugin.py"],
     "plugins/mlflow/tests": ["test_tracker_mlflow.py", "mlflow_server.py"],
     "plugins/parallel/tests": [
         "test_parallel.py",
@@ -77,6 +78,7 @@ MOVES: dict[str, list[str]] = {
     ],
     "plugins/tensorboard/tests": ["test_tracker_tensorboard.py"],
     "plugins/wandb/tests": ["test_tracker_wandb.py", "wandb_records.py"],
+    "plugins/xla/tests": ["test_xla_plugin.py"],
 }
 
 #: Kernel-generic helpers that move into the public testing package (``accel.testing``): old file -> new file, and the

@@ -233,3 +233,38 @@ class HotHooks:
         for name in HOT_BROADCAST_HOOKS:
             setattr(self, name.removeprefix("accel_"), resolve_each(pm, name))
         self.unscale_needed = self.unscale_gradients is not _nothing
+
+
+def call_isolated(
+    pm: pluggy.PluginManager,
+    hook_name: str,
+    failed: set[Any],
+    is_main_process: bool,
+    trackers: bool | None,
+    kwargs: dict[str, Any],
+) -> None:
+    """``kernel.call_isolated``: every implementation of ``hook_name`` called on its own (see there); ``failed``
+    holds the tracker names and (plugin, hook) pairs that raised, skipped from then on."""
+    import warnings
+
+    from accel.errors import user_stacklevel
+
+    for one in each_implementation(pm, hook_name):
+        tracker = getattr(one.plugin, "role", None) == "tracker"
+        if trackers is not None and tracker != trackers:
+            continue
+        key: Any = one.plugin_name if tracker else (one.plugin_name, hook_name)
+        if key in failed:
+            continue
+        if tracker and getattr(one.plugin, "main_process_only", True) and not is_main_process:
+            continue
+        try:
+            one(**kwargs)
+        except Exception as exc:  # logging and teardown must never stop training
+            failed.add(key)
+            who = f"tracker {one.plugin.name!r}" if tracker else f"plugin {one.plugin_name!r}"
+            warnings.warn(
+                f"{who} failed in {hook_name} and is skipped from now on: {type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),
+            )

@@ -19,7 +19,8 @@ Every plugin inherits this file. Each hook says **when** it is called, **who ans
 There are two kinds of implementers:
 
 1. **Discovery hooks** (``accel_add_options``, ``accel_detect_hardware``, ``accel_activate``,
-   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``) are implemented at
+   ``accel_config_questions``, ``accel_unavailable_reason``, ``accel_estimate_memory``, ``accel_explain_name``)
+   are implemented at
    module level by the module an entry point names (group ``accel``). They must be cheap and **must not import
    torch** (they run for ``accel --help``, ``accel plugins``, ``accel env``).
 2. **Runtime hooks** (everything else) are answered only by the :class:`accel.Component` objects that

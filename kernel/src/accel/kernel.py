@@ -34,7 +34,7 @@ from accel.data_arguments import (
     resolve_data_settings,
 )
 from accel.debug import CheckedCollectives
-from accel.dispatch import HotHooks, each_implementation
+from accel.dispatch import HotHooks, call_isolated
 from accel.errors import UsageError, user_stacklevel
 from accel.options import KERNEL, Settings, did_you_mean, int_env, known_plugins, resolve, unread_accelerate_variables
 from accel.plugins import Plugins
@@ -45,7 +45,7 @@ from accel.prepared import (
     check_prepare_arguments,
     no_grad_message,
 )
-from accel.preparing import Prepared, warn_unprepared_loaders
+from accel.preparing import Prepared, join_uneven_inputs, warn_unprepared_loaders
 from accel.process_ops import ProcessOpsMixin
 from accel.processes import note_failure_time
 from accel.project import ProjectConfiguration, check_project_config, configure_project
@@ -457,45 +457,15 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         with self.plugins.pm.hook.accel_sync_in_backward(kernel=self, model=inner):
             yield
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         """Train or evaluate on uneven inputs through torch's ``Join`` (Accelerate's): with ``even_batches=False``
         (the argument, else the Kernel's) a process that runs out of batches stops its passes over the prepared
         dataloaders instead of getting empty batches, and ``Join`` shadows the collectives of ``joinables`` (prepared
         models of a strategy whose model torch can join: DDP) until every process is done, so none waits forever.
         With even batches, or one process, it changes nothing."""
-        from torch.distributed.algorithms import Join, Joinable
-
-        if even_batches is not None:
-            check_bool("join_uneven_inputs(even_batches=...)", even_batches)
-        uneven = not (self.even_batches if even_batches is None else even_batches)
-        if self.num_processes == 1 or not uneven:
-            yield
-            return
-        inner = [self._inner.get(id(obj), obj) for obj in joinables]
-        for obj, joinable in zip(joinables, inner, strict=True):
-            if not isinstance(joinable, Joinable):
-                raise UsageError(
-                    f"join_uneven_inputs: {type(obj).__name__} is not something torch's Join can shadow (a "
-                    "torch.distributed.algorithms.Joinable); pass the models prepare returned, in a run whose "
-                    "strategy makes them joinable (data parallel: --plugin ddp)"
-                )
-        loaders = [dl for dl in self._dataloaders if dl.set_even_batches(False) is not None]
-        if len(loaders) < len(self._dataloaders) and self.even_batches:
-            warnings.warn(
-                "join_uneven_inputs(even_batches=False): overriding even_batches is only supported for map-style "
-                "datasets; dataloaders over an IterableDataset keep even batches (Accelerate's warning)",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-        self._join_uneven = True
-        try:
-            with Join(inner, throw_on_early_termination=False):
-                yield
-        finally:
-            self._join_uneven = False
-            for dl in loaders:
-                dl.set_even_batches(self.even_batches)
+        return join_uneven_inputs(self, joinables, even_batches)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-batch of gradient accumulation: sets ``sync_gradients`` (every
@@ -677,25 +647,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
         skipped from then on (a tracker that raises is skipped for every tracking hook; teardown per hook).
         Trackers run on the main process unless they set ``main_process_only = False``. ``trackers=True`` calls
         only tracker components, ``False`` only the others, ``None`` everyone."""
-        for one in each_implementation(self.plugins.pm, hook_name):
-            tracker = getattr(one.plugin, "role", None) == "tracker"
-            if trackers is not None and tracker != trackers:
-                continue
-            key: Any = one.plugin_name if tracker else (one.plugin_name, hook_name)
-            if key in self._failed:
-                continue
-            if tracker and getattr(one.plugin, "main_process_only", True) and not self.is_main_process:
-                continue
-            try:
-                one(**kwargs)
-            except Exception as exc:  # logging and teardown must never stop training
-                self._failed.add(key)
-                who = f"tracker {one.plugin.name!r}" if tracker else f"plugin {one.plugin_name!r}"
-                warnings.warn(
-                    f"{who} failed in {hook_name} and is skipped from now on: {type(exc).__name__}: {exc}",
-                    RuntimeWarning,
-                    stacklevel=user_stacklevel(),
-                )
+        call_isolated(self.plugins.pm, hook_name, self._failed, self.is_main_process, trackers, kwargs)
 
     def end_training(self) -> None:
         """Finish trackers and release the processes' resources (process group). Safe to call once at the end.

@@ -11,17 +11,30 @@ import contextlib
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from accel.data import PreparedDataLoader
+from accel.data_arguments import check_bool
 from accel.errors import UsageError, user_stacklevel
 from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, StepKernel
 
 if TYPE_CHECKING:
     from accel.plugins import Plugins
+
+
+class JoiningKernel(Protocol):
+    """What ``join_uneven_inputs`` reads of the Kernel."""
+
+    even_batches: bool
+    _inner: dict[int, torch.nn.Module]
+    _dataloaders: list[PreparedDataLoader]
+    _join_uneven: bool
+
+    @property
+    def num_processes(self) -> int: ...
 
 
 class PreparingKernel(StepKernel, Protocol):
@@ -175,3 +188,40 @@ def warn_unprepared_loaders(passed: set[int], num_processes: int) -> None:
             UserWarning,
             stacklevel=user_stacklevel(),
         )
+
+
+@contextlib.contextmanager
+def join_uneven_inputs(kernel: JoiningKernel, joinables: Sequence[Any], even_batches: bool | None) -> Iterator[None]:
+    """``kernel.join_uneven_inputs(joinables, even_batches)`` (see there)."""
+    from torch.distributed.algorithms import Join, Joinable
+
+    if even_batches is not None:
+        check_bool("join_uneven_inputs(even_batches=...)", even_batches)
+    uneven = not (kernel.even_batches if even_batches is None else even_batches)
+    if kernel.num_processes == 1 or not uneven:
+        yield
+        return
+    inner = [kernel._inner.get(id(obj), obj) for obj in joinables]
+    for obj, joinable in zip(joinables, inner, strict=True):
+        if not isinstance(joinable, Joinable):
+            raise UsageError(
+                f"join_uneven_inputs: {type(obj).__name__} is not something torch's Join can shadow (a "
+                "torch.distributed.algorithms.Joinable); pass the models prepare returned, in a run whose "
+                "strategy makes them joinable (data parallel: --plugin ddp)"
+            )
+    loaders = [dl for dl in kernel._dataloaders if dl.set_even_batches(False) is not None]
+    if len(loaders) < len(kernel._dataloaders) and kernel.even_batches:
+        warnings.warn(
+            "join_uneven_inputs(even_batches=False): overriding even_batches is only supported for map-style "
+            "datasets; dataloaders over an IterableDataset keep even batches (Accelerate's warning)",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+    kernel._join_uneven = True
+    try:
+        with Join(inner, throw_on_early_termination=False):
+            yield
+    finally:
+        kernel._join_uneven = False
+        for dl in loaders:
+            dl.set_even_batches(kernel.even_batches)

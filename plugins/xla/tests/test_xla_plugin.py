@@ -1,8 +1,8 @@
 """accel-plugin-xla in the main environment (torch 2.13, where torch-xla cannot load): discovery without torch_xla,
 the plugin listed as unavailable with the exact reason (for real: the torch-xla 2.9.0 wheel on PYTHONPATH gives the
 undefined-symbol ImportError), activation, Accelerate's TPU config keys, and the exact launch commands (local
-torch_xla.launch and TPU pods through gcloud). Training on the XLA device is tested in `.venv-xla` (`make test-xla`,
-plugins/xla/tests)."""
+torch_xla.launch and TPU pods through gcloud). It runs in `make test` (pyproject.toml's testpaths
+name it); training on the XLA device is tested in `.venv-xla` (`make test-xla`, the other modules here)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,38 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from clitools import clean_env, run
 
 import accel_xla
 from accel import Settings, UsageError
 from accel.commands.launch import plan_launch
 from accel.options import resolve
 from accel.plugins import Plugins
-from accel.testing import imported_modules
+from accel.testing import imported_modules, isolated_env, run_tree
 from accel_xla import launch as xla_launch
 from accel_xla.availability import release
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 XLA_VERSION = "2.9.0"
 SYMBOL = "undefined symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE"
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment for an ``accel`` subprocess (accel.testing.isolated_env): no accel, Accelerate or
+    launcher variables, every config lookup place inside ``home``, and ``PYTHONPATH`` only what ``extra`` gives."""
+    env = isolated_env(home / "accel_home", extra={"HOME": str(home / "user"), "PYTHONUNBUFFERED": "1", **extra})
+    (home / "accel_home").mkdir(parents=True, exist_ok=True)
+    env.pop("XDG_CACHE_HOME", None)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", "")
+    return env
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``accel ARGS``, waiting for every process it starts (accel.testing.run_tree)."""
+    return run_tree([str(Path(sys.executable).parent / "accel"), *args], env=env, cwd=cwd, timeout=240)
+
+
+def err_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
 def settings(
@@ -88,7 +106,7 @@ def accel(args: list[str], tmp_path: Path, pythonpath: Path | None = None, cwd: 
     """``accel ARGS`` in a subprocess, in ``tmp_path`` (which holds an empty ``train.py``)."""
     (tmp_path / "train.py").touch()
     extra = {"PYTHONPATH": str(pythonpath)} if pythonpath else {}
-    return run(args, clean_env(tmp_path / "home", hide=False, **extra, **env), cwd=cwd or tmp_path)
+    return run(args, clean_env(tmp_path / "home", **extra, **env), cwd=cwd or tmp_path)
 
 
 # ---- discovery ------------------------------------------------------------------------------------------------
@@ -142,15 +160,15 @@ def test_installed_torch_xla_that_cannot_load_is_reported_not_crashed(tmp_path: 
     script.write_text("raise SystemExit('must not run')\n")
     proc = accel(["launch", "--plugin", "xla", str(script)], tmp_path, broken_torch_xla)
     assert proc.returncode == 2, proc
-    assert len(proc.err_lines) == 1 and "Traceback" not in proc.stderr, proc
-    assert proc.err_lines[0].startswith("accel: error: plugin 'xla': torch_xla cannot be imported: ImportError:")
+    assert len(err_lines(proc)) == 1 and "Traceback" not in proc.stderr, proc
+    assert err_lines(proc)[0].startswith("accel: error: plugin 'xla': torch_xla cannot be imported: ImportError:")
     assert SYMBOL in proc.stderr and f"pip install torch=={XLA_VERSION}" in proc.stderr
 
     code = (
         "from accel import Kernel, UsageError\n"
         "try:\n    Kernel(plugins=['xla'])\nexcept UsageError as exc:\n    print('UsageError:', exc)\n"
     )
-    env = clean_env(tmp_path / "home", hide=False, PYTHONPATH=str(broken_torch_xla))
+    env = clean_env(tmp_path / "home", PYTHONPATH=str(broken_torch_xla))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("UsageError: plugin 'xla': torch_xla cannot be imported:") and SYMBOL in out.stdout
@@ -463,7 +481,7 @@ def test_tpu_pod_command_from_an_accelerate_config(tmp_path: Path) -> None:
 def test_bad_launch_options_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     proc = accel(["launch", "--plugin", "xla", *args, "--dry-run", "train.py"], tmp_path)
     assert proc.returncode == 2, proc
-    assert len(proc.err_lines) == 1 and message in proc.err_lines[0], proc
+    assert len(err_lines(proc)) == 1 and message in err_lines(proc)[0], proc
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@
 The real IPEX 2.8.0 wheel is installed with ``pip install --no-deps --target`` into a cached directory (``.cache/``
 in the repository, ~50 MB, fast from pip's cache) and put on ``PYTHONPATH``: importing it there prints IPEX's error
 and crashes, so these tests show that the plugin never imports it, that ``accel plugins``/``accel env`` report the
-mismatch and exit 0, and that asking for the plugin is one line, exit 2. Training with IPEX is tested for real in
-``plugins/ipex/tests`` (``make test-ipex``: torch 2.8.0 + IPEX 2.8.0 in ``.venv-ipex``).
+mismatch and exit 0, and that asking for the plugin is one line, exit 2. It runs in ``make test`` (pyproject.toml's
+``testpaths`` name it); training with IPEX is tested for real by the other modules here (``make test-ipex``:
+torch 2.8.0 + IPEX 2.8.0 in ``.venv-ipex``).
 """
 
 from __future__ import annotations
@@ -19,18 +20,34 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from clitools import TESTS, Result, clean_env, run
 
+from accel.testing import isolated_env, run_tree
 from accel.testing.shadow import hide_plugins
 from accel_ipex import compatibility_problem
 
-REPO = TESTS.parent
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
 IPEX_WHEEL = "intel-extension-for-pytorch==2.8.0"
 CACHE = REPO / ".cache" / "ipex-2.8.0-nodeps"
-PROBE = str(TESTS / "scripts" / "cli_probe.py")
+PROBE = str(HERE / "scripts" / "cli_probe.py")
 TORCH = md.version("torch")
 IPEX_PLUGIN_VERSION = md.version("accel-plugin-ipex")  # the installed plugin, whatever release
 MISMATCH = f"intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found {TORCH}: install torch==2.8.*"
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment for an ``accel`` subprocess (accel.testing.isolated_env): no accel, Accelerate or
+    launcher variables, every config lookup place inside ``home``, and ``PYTHONPATH`` only what ``extra`` gives."""
+    env = isolated_env(home / "accel_home", extra={"HOME": str(home / "user"), "PYTHONUNBUFFERED": "1", **extra})
+    (home / "accel_home").mkdir(parents=True, exist_ok=True)
+    env.pop("XDG_CACHE_HOME", None)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", "")
+    return env
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``accel ARGS``, waiting for every process it starts (accel.testing.run_tree)."""
+    return run_tree([str(Path(sys.executable).parent / "accel"), *args], env=env, timeout=240)
 
 
 def real_ipex_wheel() -> Path:
@@ -80,14 +97,15 @@ def wheel() -> Path:
 
 @pytest.fixture
 def env(tmp_path: Path, shown: Path, wheel: Path) -> dict[str, str]:
-    return clean_env(tmp_path, hide=False, PYTHONPATH=os.pathsep.join([str(shown), str(wheel)]), COLUMNS="250")
+    return clean_env(tmp_path, PYTHONPATH=os.pathsep.join([str(shown), str(wheel)]), COLUMNS="250")
 
 
-def one_error(result: Result, *needles: str) -> str:
+def one_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
     assert result.returncode == 2, result
-    assert len(result.err_lines) == 1 and "Traceback" not in result.stderr, result
+    err_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(err_lines) == 1 and "Traceback" not in result.stderr, result
     assert "ERROR! Intel" not in result.stdout + result.stderr, result  # IPEX was never imported
-    line = result.err_lines[0]
+    line = err_lines[0]
     for needle in needles:
         assert needle in line, (needle, line)
     return line
@@ -140,7 +158,7 @@ def test_entry_point_and_no_heavy_import(tmp_path):
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'intel_extension_for_pytorch')))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env(tmp_path, hide=False)
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env(tmp_path)
     )
     assert proc.returncode == 0, proc.stderr
     reason, modules = proc.stdout.splitlines()
@@ -149,7 +167,7 @@ def test_entry_point_and_no_heavy_import(tmp_path):
 
 
 def test_without_ipex_installed_plugins_shows_it_unavailable(tmp_path, shown):
-    result = run(["plugins", "--json"], clean_env(tmp_path, hide=False, PYTHONPATH=str(shown)))
+    result = run(["plugins", "--json"], clean_env(tmp_path, PYTHONPATH=str(shown)))
     assert result.returncode == 0, result
     row = {r["name"]: r for r in json.loads(result.stdout)}["ipex"]
     assert row["status"] == "unavailable"
