@@ -90,3 +90,35 @@ def test_a_removed_hook_is_not_called(tmp_path: Path) -> None:
     handle.remove()
     kernel.load_state(directory)
     assert calls == [os.fspath(directory)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_models_state_is_taken_once_and_written_as_the_hooks_saw_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asynchronous: bool
+) -> None:
+    """With a save hook that keeps the weights, each model's state dict is taken once per save (a sharding strategy
+    gathers to take it), and what accel writes is that state dict, as Accelerate writes the ``weights`` its hooks
+    saw."""
+    kernel, model, _ = run()
+    taken: list[int] = []
+    original = Kernel.get_state_dict
+
+    def counted(self: Kernel, m: nn.Module) -> dict[str, Any]:
+        taken.append(id(m))
+        return original(self, m)
+
+    monkeypatch.setattr(Kernel, "get_state_dict", counted)
+    seen: list[dict[str, Any]] = []
+
+    def mark(models: list[Any], weights: list[Any], output_dir: str) -> None:
+        weights[0]["weight"] = torch.full_like(weights[0]["weight"], 7.0)  # what the hook saw is what is written
+        seen.append(weights[0])
+
+    kernel.register_save_state_pre_hook(mark)
+    directory = kernel.save_state(tmp_path / "ckpt", asynchronous=asynchronous)
+    kernel.wait_for_save()
+    assert len(taken) == 1 and len(seen) == 1
+    kernel.register_save_state_pre_hook(lambda models, weights, output_dir: None)  # a second save: taken again
+    kernel.load_state(directory)
+    assert torch.equal(model.weight.detach(), torch.full_like(model.weight, 7.0))
+    kernel.end_training()

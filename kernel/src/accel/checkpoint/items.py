@@ -9,7 +9,7 @@ import random
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -225,6 +225,9 @@ class Item:
     kind: str
     per_rank: bool = False
     provider: str = KERNEL
+    #: a model's state dict taken already in this save (for the script's save hooks): written as it is, as Accelerate
+    #: writes the ``weights`` its hooks saw, instead of being taken again (a sharding strategy gathers to take it)
+    state: Any = field(default=None, repr=False, compare=False)
 
 
 def _stateful(obj: Any) -> bool:
@@ -308,6 +311,8 @@ def _component_name(impl: Any) -> str:
 
 
 def _state_of(kernel: CheckpointKernel, item: Item) -> Any:
+    if item.state is not None:
+        return item.state
     if item.kind == "model":
         return kernel.get_state_dict(item.obj)
     return item.obj.state_dict()

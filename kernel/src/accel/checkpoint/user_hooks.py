@@ -5,7 +5,8 @@ Before ``save_state`` writes anything, each save hook is called as ``hook(models
 models as the script built them (unwrapped from data parallelism, as Accelerate passes them), their state dicts and the checkpoint's directory, still the temporary one, so whatever the hook
 writes there is published with the checkpoint and listed in its manifest (accel never opens those files). A model
 whose state dict the hook removed from ``weights`` is not saved by accel; the main process decides, as it is the
-one that saves models in Accelerate (the diffusers hooks remove weights on the main process only).
+one that saves models in Accelerate (the diffusers hooks remove weights on the main process only). The others are
+written from the state dicts the hooks saw, taken once (as Accelerate writes its ``weights``).
 
 Before ``load_state`` restores anything, each load hook is called as ``hook(models, input_dir)``; a model the hook
 removed from ``models`` has been loaded by the hook, and accel neither checks nor restores that model's item.
@@ -37,6 +38,8 @@ def run_save_hooks(
 
     models = [item for item in items.values() if item.kind == "model"]
     weights = [_state_of(kernel, item) for item in models]
+    for item, state in zip(models, weights, strict=True):
+        item.state = state  # taken once: the writer saves what the hooks saw
     left = list(weights)
     for hook in hooks:
         hook([kernel.unwrap_model(item.obj) for item in models], left, os.fspath(directory))
