@@ -47,8 +47,11 @@ def test_plugins_lists_the_kernels_built_ins_and_nothing_else_active(env: dict[s
 
     table = accel(["plugins"], env)
     assert table.returncode == 0, table
-    lines = {line.split()[0]: line for line in table.stdout.splitlines()[3:] if line.strip()}
+    body = [line for line in table.stdout.splitlines()[3:] if line.strip()]
+    lines = {line.split()[0]: line for line in body if line.split()[0] in rows}
     assert set(lines) == set(rows)
+    # after the rows, only the hint a venv without plugins gets
+    assert all(line.startswith("no plugins installed") for line in body if line.split()[0] not in rows), body
     for name, row in rows.items():
         assert row["status"] in lines[name] and all(hook in lines[name] for hook in row["hooks"]), name
 
