@@ -16,6 +16,7 @@ import torch
 
 from accel.errors import DistributedOperationError, UsageError
 from accel.nested import map_tensors
+from accel.utils.random import rng_kinds
 
 #: Keyword arguments of ``Kernel(...)`` that are options of the kernel (plugins may declare more).
 
@@ -81,19 +82,6 @@ def split_share(inputs: Any, num_processes: int, index: int, apply_padding: bool
     if isinstance(part, torch.Tensor):
         return torch.cat([part, inputs[-1:].expand(pad, *inputs.shape[1:])])
     return part + inputs[-1:] * pad
-
-
-#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types.
-RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
-
-
-def rng_kinds(rng_types: Iterable[Any]) -> list[str]:
-    """``synchronize_rng_states``'s ``rng_types`` as names; a UsageError for one Accelerate does not have."""
-    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
-    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
-    if unknown:
-        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
-    return kinds
 
 
 class ProcessOpsMixin:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from accel.builtin import is_builtin
 from accel.contract import KernelView
 from accel.dispatch import each_implementation
 from accel.errors import CheckpointError, PluginError
@@ -30,6 +29,9 @@ if TYPE_CHECKING:
 
 class InstalledPlugin(Protocol):
     """What the checkpoint code reads of an installed plugin's record (:class:`accel.plugins.PluginRecord`)."""
+
+    @property
+    def name(self) -> str: ...
 
     @property
     def distribution(self) -> str: ...
@@ -52,6 +54,9 @@ class PluginTable(Protocol):
 
     @property
     def records(self) -> Mapping[str, InstalledPlugin]: ...
+
+    @property
+    def builtin(self) -> Sequence[InstalledPlugin]: ...
 
 
 class CheckpointKernel(KernelView, Protocol):
@@ -294,8 +299,9 @@ def call_by_owner(
     ``arguments(name)`` gives the call's keyword arguments, or None to skip that component. The calls are
     :func:`accel.dispatch.each_implementation`'s (that implementation plus every wrapper of the hook), so wrappers
     wrap each component's call and see its answer, and pluggy's tracing and monitoring see the calls."""
+    builtin = {record.name for record in kernel.plugins.builtin}
     for one in each_implementation(kernel.plugins.pm, hook):
-        name = _component_name(one.impl)
+        name = KERNEL if one.impl.plugin_name in builtin else _component_name(one.impl)
         kwargs = arguments(name)
         if kwargs is None:
             continue
@@ -304,9 +310,7 @@ def call_by_owner(
 
 
 def _component_name(impl: Any) -> str:
-    """The component's name; the kernel's (``"accel"``) for a built-in plugin (the checkpoint writer)."""
-    if is_builtin(impl.plugin_name):
-        return KERNEL
+    """The component's name (a built-in plugin, the checkpoint writer, answers as the kernel, ``"accel"``)."""
     return getattr(impl.plugin, "name", "") or impl.plugin_name.split(":")[0]
 
 

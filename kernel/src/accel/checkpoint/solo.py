@@ -62,7 +62,8 @@ def state_writers(kernel: CheckpointKernel) -> list[str]:
     """The active components other than the kernel that implement ``accel_save_state``: they may claim items and
     write them collectively, so the run's state is not known to be replicated."""
     impls = kernel.plugins.pm.hook.accel_save_state.get_hookimpls()
-    return sorted({_component_name(i) for i in impls if not (i.wrapper or i.hookwrapper)} - {KERNEL})
+    builtin = {record.name for record in kernel.plugins.builtin}
+    return sorted({_component_name(i) for i in impls if not (i.wrapper or i.hookwrapper or i.plugin_name in builtin)})
 
 
 def _default_store() -> Any:

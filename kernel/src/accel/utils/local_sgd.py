@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accel.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.kernel import Kernel
+
+class SGDKernel(Protocol):
+    """What ``LocalSGD`` uses of the Kernel (:class:`accel.Kernel` is one)."""
+
+    @property
+    def num_processes(self) -> int: ...
+
+    @property
+    def components(self) -> list[Any]: ...
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any: ...
+
 
 #: The capability a strategy component lists in ``provides`` when every process holds a full replica of the
 #: model's parameters (so averaging them across processes is meaningful).
@@ -23,7 +38,7 @@ class LocalSGD:
     ``local_sgd_steps`` steps, and when the block ends, the parameters are averaged across processes. Disabled
     (a no-op) with one process or ``enabled=False``. Accelerate's class, same arguments."""
 
-    def __init__(self, accelerator: Kernel, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
+    def __init__(self, accelerator: SGDKernel, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
         if local_sgd_steps < 1:
             raise UsageError(f"LocalSGD(local_sgd_steps={local_sgd_steps}): must be at least 1")
         distributed = accelerator.num_processes > 1

@@ -7,12 +7,35 @@ same-named method of the process's Kernel (:func:`accel.active.active_kernel`, t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from accel.errors import DistributedOperationError, UsageError
 
 if TYPE_CHECKING:
-    from accel.kernel import Kernel
+    import torch
+
+    from accel.contract import Collectives
+
+
+class OpsKernel(Protocol):
+    """What these functions call on the process's Kernel (:class:`accel.Kernel` is one)."""
+
+    collectives: Collectives
+    device: torch.device
+
+    @property
+    def num_processes(self) -> int: ...
+
+    def gather(self, tensor: Any) -> Any: ...
+
+    def gather_object(self, obj: Any) -> list[Any]: ...
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any: ...
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any: ...
+
+    def broadcast(self, data: Any, from_process: int = 0) -> Any: ...
+
 
 DistributedOperationException = DistributedOperationError
 
@@ -28,7 +51,7 @@ __all__ = [
 ]
 
 
-def _kernel(function: str) -> Kernel:
+def _kernel(function: str) -> OpsKernel:
     from accel.active import active_kernel
 
     kernel = active_kernel()
@@ -37,7 +60,7 @@ def _kernel(function: str) -> Kernel:
             f"accel.utils.operations.{function}() runs on the process's Kernel and there is none: create "
             f"accel.Kernel() (or accel.state.PartialState()) first, or call kernel.{function}(...)"
         )
-    return cast("Kernel", kernel)
+    return cast(OpsKernel, kernel)
 
 
 def gather(tensor: Any) -> Any:

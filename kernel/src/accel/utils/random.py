@@ -14,6 +14,19 @@ if TYPE_CHECKING:
     import torch
 
 
+#: Accelerate's ``RNGType`` values: ``"torch"`` (the CPU generator), ``"generator"`` (the one passed) and device types.
+RNG_TYPES = ("torch", "generator", "cuda", "xla", "mlu", "sdaa", "musa", "npu", "xpu", "hpu", "neuron")
+
+
+def rng_kinds(rng_types: Iterable[Any]) -> list[str]:
+    """``synchronize_rng_states``'s ``rng_types`` as names; a UsageError for one Accelerate does not have."""
+    kinds = [str(getattr(kind, "value", kind)) for kind in ([rng_types] if isinstance(rng_types, str) else rng_types)]
+    unknown = [kind for kind in kinds if kind not in RNG_TYPES]
+    if unknown:
+        raise UsageError(f"synchronize_rng_states: unknown rng_types {unknown}; known: {', '.join(RNG_TYPES)}")
+    return kinds
+
+
 def process_index() -> int:
     """This process's index in the run: from the active Kernel, else from the launcher's ``RANK``."""
     from accel.active import active_kernel
@@ -49,7 +62,6 @@ def synchronize_rng_states(rng_types: Iterable[Any], generator: torch.Generator 
     this process's device; another device type is refused, as Accelerate fails on it). Call it on every process,
     after ``Kernel()`` (:meth:`accel.Kernel.synchronize_rng_states`); on one process it changes nothing."""
     from accel.active import active_kernel
-    from accel.process_ops import rng_kinds
 
     kernel = active_kernel()
     if kernel is not None:
