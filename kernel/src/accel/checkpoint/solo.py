@@ -63,7 +63,8 @@ def state_writers(kernel: CheckpointKernel) -> list[str]:
     write them collectively, so the run's state is not known to be replicated."""
     impls = kernel.plugins.pm.hook.accel_save_state.get_hookimpls()
     builtin = {record.name for record in kernel.plugins.builtin}
-    return sorted({_component_name(i) for i in impls if not (i.wrapper or i.hookwrapper or i.plugin_name in builtin)})
+    writers = {_component_name(i) for i in impls if not (i.wrapper or i.hookwrapper or i.plugin_name in builtin)}
+    return sorted(writers - {KERNEL})
 
 
 def _default_store() -> Any:
