@@ -10,7 +10,8 @@ Iterable datasets: every process reads the stream and takes its slice of each ``
 
 Shuffling: a ``RandomSampler`` without its own generator is replaced by ``SeedableRandomSampler``, seeded
 identically on every process (drawn from torch's global generator and broadcast from process 0) and reseeded with
-``seed + epoch``, so all processes agree on the permutation and an epoch can be replayed exactly.
+``seed + epoch``, so all processes agree on the permutation and an epoch can be replayed exactly
+(``Kernel(seed_samplers=False)`` keeps it on one process: torch's global generator draws each epoch's order).
 
 Resuming: a prepared dataloader knows how many batches of the current pass it handed out and the sampler's (and
 generators') state when the pass began (``state_dict``). ``load_state_dict`` makes the next pass replay that
@@ -708,7 +709,8 @@ def shard_dataloader(
         base = DataLoader(dataloader.dataset, batch_size=None, sampler=skipper, **kwargs)
         return PreparedDataLoader(kernel, base, None, 0, device_placement, None, skipper, device_loader)
     sampler = getattr(batch_sampler, "sampler", None)
-    if isinstance(sampler, RandomSampler) and sampler.generator is None:
+    seeded_here = n > 1 or kernel.settings.get("seed_samplers", True)
+    if isinstance(sampler, RandomSampler) and sampler.generator is None and seeded_here:
         seed = kernel._data.data_seed
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,)).item())

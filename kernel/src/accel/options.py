@@ -449,6 +449,17 @@ def core_options(options: Options) -> None:
         "the pass, so random augmentation repeats exactly after a resume; False: torch seeds each worker once, a "
         "resumed run loads the same samples but augments them differently (Kernel argument).",
     )
+    add(
+        "seed_samplers",
+        type="bool",
+        default=True,
+        cli=False,
+        env=("ACCEL_SEED_SAMPLERS",),
+        help="On one process, a prepared DataLoader's RandomSampler without a generator becomes a "
+        "SeedableRandomSampler; False keeps it, each epoch's order drawn from torch's global generator as in "
+        "Accelerate (Kernel argument; accel-accelerate's default). With several processes it is always replaced: "
+        "every process must draw the same order.",
+    )
     # Accelerate keys accepted for compatibility; they change nothing the kernel does.
     add(
         "compute_environment",

@@ -5,7 +5,9 @@ every process writes ``<dir>/rank<RANK>.json`` at exit with
   hook on the user's ``torch.optim`` optimizer; the wrappers of accel and its plugins, Accelerate and DeepSpeed's ZeRO are not
   counted, their inner optimizer is), so a step skipped for inf/NaN gradients or an accumulation step is absent;
 - ``losses``: the ``loss`` of every training forward that returns one (transformers' model outputs), through a
-  global module forward hook.
+  global module forward hook;
+- ``params`` (only with ``COMPAT_RECORD_MODULE=<class name>``): a SHA-256 of every parameter of the last module of
+  that class that ran a forward, as it is when the process exits (what training left in it).
 
 The same file is used under accel and under Accelerate, so the two runs are recorded the same way.
 """
@@ -22,6 +24,8 @@ if _DIR:
     _record: dict[str, list] = {"lrs": [], "losses": []}
     _WRAPPERS = ("accel.", "accel_", "accelerate.", "deepspeed.runtime.")
     _last = {"output": None}
+    _MODULE = os.environ.get("COMPAT_RECORD_MODULE", "")
+    _seen: dict[str, object] = {}
 
     def _on_step(optimizer, args, kwargs):  # noqa: ANN001
         if type(optimizer).__module__.startswith(_WRAPPERS):
@@ -30,6 +34,8 @@ if _DIR:
         return None
 
     def _on_forward(module, args, output):  # noqa: ANN001
+        if _MODULE and type(module).__name__ == _MODULE:
+            _seen["module"] = module
         loss = getattr(output, "loss", None) if not isinstance(output, dict) or "loss" in output else None
         if loss is None or not module.training or output is _last["output"]:
             return None
@@ -53,6 +59,13 @@ if _DIR:
         if "RANK" not in os.environ and not (_record["lrs"] or _record["losses"]):
             return  # a launcher process (accel/accelerate launch): nothing of its own to record
         rank = os.environ.get("RANK", "0")
+        if _seen:
+            import hashlib
+
+            _record["params"] = {
+                name: hashlib.sha256(p.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+                for name, p in _seen["module"].named_parameters()
+            }
         os.makedirs(_DIR, exist_ok=True)
         with open(os.path.join(_DIR, f"rank{rank}.json"), "w") as f:
             json.dump(_record, f)
@@ -64,7 +77,9 @@ if _DIR:
         _DIR = directory
         _record["lrs"].clear()
         _record["losses"].clear()
+        _record.pop("params", None)
         _last["output"] = None
+        _seen.clear()
 
     def flush() -> None:
         """Write the record now (``several.py``, after each example); nothing is left for the exit."""

@@ -441,11 +441,12 @@ class DeepSpeedStrategy(ProcessGroupComponent):
         rec = self._trained()
         if rec is None:
             return None
-        unsupported = sorted(set(backward_kwargs) - {"retain_graph"})
+        # scale_wrt_gas=False: the loss is already divided for accumulation (transformers' Trainer does it itself)
+        unsupported = sorted(set(backward_kwargs) - {"retain_graph", "scale_wrt_gas"})
         if unsupported:
             raise UsageError(
                 f"kernel.backward({', '.join(unsupported)}=...) is not supported with DeepSpeed (its "
-                "engine's backward takes retain_graph only); leave it out"
+                "engine's backward takes retain_graph and scale_wrt_gas only); leave it out"
             )
         rec.engine.set_gradient_accumulation_boundary(kernel.sync_gradients)
         rec.engine.backward(loss, **backward_kwargs)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import logging
 import os
+import types
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,6 +19,8 @@ import torch
 from accel import Kernel
 from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
 from accel.errors import UsageError
+from accel.nested import map_tensors
+from accel.prepared import AutocastModule, PreparedOptimizer
 from accel.project import ProjectConfiguration
 from accelerate.state import QUIET, AcceleratorState, GradientState, PartialState
 from accelerate.utils.dataclasses import (
@@ -24,6 +29,8 @@ from accelerate.utils.dataclasses import (
     FullyShardedDataParallelPlugin,
     TorchDynamoPlugin,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Accelerate arguments that name a plugin object; None (what libraries pass when unused) is dropped
 _PLUGIN_ARGUMENTS = (
@@ -86,11 +93,15 @@ class Accelerator(Kernel):
             arguments.pop("dynamo_backend")
         if "ACCEL_SCRIPT_SKIPS_BATCHES" not in os.environ:  # Accelerate's scripts skip a resumed epoch themselves
             options.setdefault("script_skips_batches", True)
+        if "ACCEL_SEED_SAMPLERS" not in os.environ:  # one process: a shuffling order from torch's generator
+            options.setdefault("seed_samplers", False)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=QUIET)
             super().__init__(**arguments, **options)
         self.gradient_state = GradientState(plugin)
+        self.__dict__["_accelerate_dataloader_config"] = arguments.get("dataloader_config")
         self._accelerate_plugins = given
+        self._deepspeed_steps: list[PreparedOptimizer] = []  # the Kernel's optimizers of DeepSpeed engines
         AcceleratorState._shared_state.clear()
         PartialState._shared_state["_kernel"] = self
         AcceleratorState._shared_state["_kernel"] = self
@@ -155,18 +166,45 @@ class Accelerator(Kernel):
     def _component_names(self) -> set[str]:
         return {component.name for component in self.components}
 
+    @property  # type: ignore[override]
+    def dataloader_config(self) -> DataLoaderConfiguration:
+        """The ``DataLoaderConfiguration`` given, else the run's with Accelerate's defaults (no seedable sampler)."""
+        config = self.__dict__.get("_accelerate_dataloader_config")
+        if config is None:
+            config = dataclasses.replace(super().dataloader_config, use_seedable_sampler=False)
+        return config
+
+    @dataloader_config.setter
+    def dataloader_config(self, value: DataLoaderConfiguration) -> None:
+        Kernel.dataloader_config.fset(self, value)  # type: ignore[attr-defined]
+        self.__dict__["_accelerate_dataloader_config"] = value
+
     def prepare(self, *args: Any, device_placement: Any = None) -> Any:  # type: ignore[override]
-        """Accelerate's ``prepare``. A shuffling DataLoader's order is drawn from ``data_seed``, else from
-        ``torch.random.initial_seed()`` (Accelerate's ``SeedableRandomSampler``: the seed of the script's
-        ``set_seed``), so the batches are Accelerate's."""
+        """Accelerate's ``prepare``: a DataLoader's sampler follows Accelerate's rules (``use_seedable_sampler``:
+        a ``SeedableRandomSampler`` seeded from ``data_seed``, else ``torch.random.initial_seed()``, as
+        ``set_seed`` left it; without it a generator of the sampler's own), and the prepared loader is a
+        ``DataLoaderShard``, so the batches and the objects a script inspects are Accelerate's."""
+        if "_kernel" not in AcceleratorState._shared_state:
+            raise AttributeError(
+                "`AcceleratorState` object has no attribute `distributed_type`. This happens if "
+                "`AcceleratorState._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+                "reinitialized."
+            )
+        from accelerate.data_loader import accelerate_sampler, as_accelerate_loader
+
         config = self.dataloader_config
-        if config.data_seed is not None or not any(isinstance(a, torch.utils.data.DataLoader) for a in args):
-            return super().prepare(*args)
-        self.dataloader_config = dataclasses.replace(config, data_seed=torch.random.initial_seed() % 2**63)
-        try:
-            return super().prepare(*args)
-        finally:
-            self.dataloader_config = config
+        for obj in args:
+            if isinstance(obj, torch.utils.data.DataLoader) and not self._is_prepared(obj):
+                accelerate_sampler(obj, config.use_seedable_sampler, config.data_seed, self)
+        if self.deepspeed_plugin is not None:
+            self._adopt_deepspeed_config(self.deepspeed_plugin)
+        out = self._deepspeed_optimizers(super().prepare(*args))  # DeepSpeedOptimizerWrapper: see backward()
+        for obj in out if len(args) > 1 else (out,):
+            if isinstance(obj, AutocastModule):  # the unwrapped model computes in the autocast too, as in Accelerate
+                self._autocast_forward(self.unwrap_model(obj))
+        if len(args) == 1:
+            return as_accelerate_loader(out, config.use_stateful_dataloader)
+        return tuple(as_accelerate_loader(obj, config.use_stateful_dataloader) for obj in out)
 
     def prepare_data_loader(
         self, data_loader: Any, device_placement: Any = None, slice_fn_for_dispatch: Any = None
@@ -176,9 +214,105 @@ class Accelerator(Kernel):
     def prepare_model(  # type: ignore[override]
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        if evaluation_mode and self.num_processes == 1:
-            return model.to(self.device)  # Accelerate wraps nothing for evaluation on one process
+        if evaluation_mode:  # Accelerate wraps nothing for evaluation (TRL's reference models): placed, autocast
+            if device_placement is not False:
+                model = model.to(self.device)
+            self._autocast_forward(model)
+            return model
         return super().prepare_model(model)
+
+    def _autocast_forward(self, model: torch.nn.Module) -> None:
+        """Accelerate's mixed precision: the module's own ``forward`` runs under the autocast and returns fp32
+        outputs (the original kept as ``_original_forward``), so calls of the unwrapped model (the Trainer's
+        ``self.model``: TRL's reference forwards with the adapter disabled, its generation) compute as under
+        Accelerate. Under DeepSpeed, as in Accelerate, the engine casts instead."""
+        context = self._autocast
+        if context is None or "_original_forward" in model.__dict__ or self.deepspeed_plugin is not None:
+            return
+        forward = model.forward
+        function = getattr(forward, "__func__", None)  # a bound method: patched on the function, as Accelerate
+        # does, so a deep copy of the model calls its own forward
+
+        def fp32(out: Any) -> Any:
+            return map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
+
+        if function is None:
+
+            def patched(*args: Any, **kwargs: Any) -> Any:
+                with context():
+                    return fp32(forward(*args, **kwargs))
+
+            model.forward = functools.wraps(forward)(patched)  # type: ignore[method-assign]
+        else:
+
+            def method(module: Any, *args: Any, **kwargs: Any) -> Any:
+                with context():
+                    return fp32(function(module, *args, **kwargs))
+
+            model.forward = types.MethodType(functools.wraps(function)(method), model)  # type: ignore[method-assign]
+        model.__dict__["_original_forward"] = forward
+
+    # ---- DeepSpeed, driven as Accelerate drives it --------------------------------------------------------
+
+    def _adopt_deepspeed_config(self, plugin: DeepSpeedPlugin) -> None:
+        """Before a ``prepare``: the DeepSpeed configuration as the library left it goes to the engine, and its
+        ``gradient_accumulation_steps`` becomes this Accelerator's where they differ (Accelerate's rule: the
+        ``Trainer`` accumulates itself and builds its Accelerator with 1, its DeepSpeed config says its own
+        number of steps)."""
+        plugin.write_config()
+        steps = plugin.deepspeed_config.get("gradient_accumulation_steps")
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps != self.gradient_accumulation_steps:
+            logger.warning(
+                "Gradient accumulation steps mismatch: GradientAccumulationPlugin has %s, DeepSpeed config has %s. "
+                "Using DeepSpeed's value.",
+                self.gradient_accumulation_steps,
+                steps,
+            )
+            self.gradient_accumulation_steps = steps
+
+    def _deepspeed_optimizers(self, prepared: Any) -> Any:
+        """``prepare``'s result with the optimizer of each DeepSpeed engine as a ``DeepSpeedOptimizerWrapper``."""
+        engines = self._deepspeed_engines()
+        if not engines:
+            return prepared
+        from accelerate.utils.deepspeed import DeepSpeedOptimizerWrapper
+
+        stepped = {id(engine.basic_optimizer) for engine in engines if engine.optimizer is not None}
+
+        def swap(obj: Any) -> Any:
+            if isinstance(obj, PreparedOptimizer) and id(obj.optimizer) in stepped:
+                if obj not in self._deepspeed_steps:
+                    self._deepspeed_steps.append(obj)
+                return DeepSpeedOptimizerWrapper(obj)
+            return obj
+
+        return tuple(swap(obj) for obj in prepared) if isinstance(prepared, tuple) else swap(prepared)
+
+    def _deepspeed_engines(self) -> list[Any]:
+        """The engines of the prepared models (accel-plugin-deepspeed's prepared model has the engine as ``engine``)."""
+        engines = (getattr(self._inner.get(id(model), model), "engine", None) for model in self._models)
+        return [engine for engine in engines if engine is not None and hasattr(engine, "basic_optimizer")]
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Accelerate's ``backward``. Under DeepSpeed it is Accelerate's too: the engine's backward (``scale_wrt_gas``
+        and the rest go to it), then, at the end of an accumulation cycle, the engine's step (clipping by the
+        configuration's ``gradient_clipping``, the optimizer step, clearing the gradients), so the prepared
+        optimizer's ``step``/``zero_grad`` do nothing and ``clip_grad_norm_`` returns the norm of that step."""
+        super().backward(loss, **kwargs)
+        if self._deepspeed_steps and self.sync_gradients:
+            for optimizer in self._deepspeed_steps:
+                optimizer.step()
+
+    def clip_grad_norm_(  # type: ignore[override]
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> Any:
+        """Accelerate's. Under DeepSpeed the engine clipped in the step ``backward`` ran (by ``gradient_clipping``
+        of its configuration, as in Accelerate): the global gradient norm of that step, a float."""
+        if not self._deepspeed_steps:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        engine = next((e for e in self._deepspeed_engines() if e.optimizer is not None), None)
+        norm = engine.get_global_grad_norm() if engine is not None else None
+        return float(norm) if norm is not None else None
 
     def gather(self, tensor: Any) -> Any:
         """Accelerate's ``gather``: every process's tensors have the same shape (``pad_across_processes`` first where
@@ -193,6 +327,25 @@ class Accelerator(Kernel):
             return torch.cat(parts)
 
         return recursively_apply(one, tensor, error_on_other_type=True)
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(  # type: ignore[override]
+        self, joinables: Sequence[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Accelerate's: torch's ``Join`` over uneven inputs, and for a distributed type Accelerate does not join
+        (FSDP, DeepSpeed, XLA, Megatron-LM) its warning and nothing else. Unlike Accelerate's, it also joins on
+        several CPU processes (gloo), where Accelerate only warns and a DDP loop over uneven batches hangs."""
+        kind = self.distributed_type
+        if kind != DistributedType.NO and not str(getattr(kind, "value", kind)).startswith("MULTI_"):
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU training, as a result `join_uneven_inputs` "
+                "will have no effect.",
+                stacklevel=3,
+            )
+            yield
+            return
+        with super().join_uneven_inputs(joinables, even_batches):
+            yield
 
     @contextlib.contextmanager
     def maybe_context_parallel(self, *args: Any, **kwargs: Any) -> Iterator[None]:

@@ -76,7 +76,14 @@ class PartialState:
     def distributed_type(self) -> Any:
         from accelerate.utils import DistributedType
 
-        return DistributedType(self._view.distributed_type.value)
+        chosen = self._shared_state.get("_distributed_type")
+        return chosen if chosen is not None else DistributedType(self._view.distributed_type.value)
+
+    @distributed_type.setter
+    def distributed_type(self, value: Any) -> None:
+        """Accelerate's is a plain attribute, which scripts set (the Accelerator then behaves as for that type
+        where Accelerate's decides by it: ``join_uneven_inputs``); the processes and devices stay the run's."""
+        self._shared_state["_distributed_type"] = value
 
     @property
     def backend(self) -> str | None:
@@ -101,7 +108,15 @@ class PartialState:
         self._shared_state["_kernel"].debug = value
 
     def destroy_process_group(self, group: Any = None) -> None:
-        self._view.destroy_process_group(group)
+        """Through the process's state, as Accelerate's ``AcceleratorState`` does: this one may have been reset."""
+        kernel = self._shared_state.get("_kernel") or PartialState._shared_state.get("_kernel")
+        if kernel is not None:
+            _View.of(kernel).destroy_process_group(group)
+        else:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group(group)
 
     def __repr__(self) -> str:
         return repr(self._view)

@@ -1,11 +1,12 @@
 """``accelerate.test_utils``: the helpers Accelerate's own multi-process test scripts import (``RegressionDataset``,
-``RegressionModel``, ``are_the_same_tensors``), accel's :mod:`accel.testing.regression`."""
+``RegressionModel``, ``are_the_same_tensors``, ``require_bnb``, ``torch_device``), accel's :mod:`accel.testing.regression`."""
 
 from __future__ import annotations
 
 import torch
 
 from accel.testing.regression import RegressionDataset, RegressionModel
+from accelerate.test_utils.testing import require_bnb, torch_device
 
 
 def are_the_same_tensors(tensor: torch.Tensor) -> bool:
@@ -18,4 +19,4 @@ def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     return all(torch.equal(gathered[i], tensor[0].cpu()) for i in range(gathered.shape[0]))
 
 
-__all__ = ["RegressionDataset", "RegressionModel", "are_the_same_tensors"]
+__all__ = ["RegressionDataset", "RegressionModel", "are_the_same_tensors", "require_bnb", "torch_device"]

@@ -208,11 +208,26 @@ class FullyShardedDataParallelPlugin:
         )
 
 
+#: ``DeepSpeedPlugin`` fields read from its configuration where it sets them (Accelerate's mapping)
+_DEEPSPEED_FIELDS = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+
+
 @dataclass
 class DeepSpeedPlugin:
     """Accelerate's ``DeepSpeedPlugin``: selects accel-plugin-deepspeed with these settings. ``hf_ds_config`` (a
     dict, a JSON file or an ``HfDeepSpeedConfig``) is the DeepSpeed configuration, its ``auto`` values filled by
-    accel."""
+    accel. As in Accelerate, ``deepspeed_config`` is that configuration (the dict libraries edit before ``prepare``:
+    transformers' ``Trainer`` fills its ``auto`` values there), and the fields the configuration sets
+    (``zero_stage``, ``gradient_accumulation_steps``, the offload devices, ...) are read from it."""
 
     hf_ds_config: Any = None
     gradient_accumulation_steps: Any = None
@@ -229,23 +244,54 @@ class DeepSpeedPlugin:
     enable_msamp: bool = False
     msamp_opt_level: str | None = None
 
+    def __post_init__(self) -> None:
+        from accelerate.utils.deepspeed import HfDeepSpeedConfig
+
+        self._config_file: str | None = None  # the JSON file given, which accel-plugin-deepspeed reads itself
+        self._written: str | None = None  # else the file this process writes deepspeed_config into
+        config = self.hf_ds_config
+        if config is None:
+            self.deepspeed_config: dict[str, Any] = {}
+            return
+        if isinstance(config, str):
+            self._config_file = config
+            try:
+                config = HfDeepSpeedConfig(config)
+            except ValueError:  # no such file, or not JSON: accel-plugin-deepspeed says which, in one line
+                self.deepspeed_config = {}
+                return
+        if not isinstance(config, HfDeepSpeedConfig):
+            config = HfDeepSpeedConfig(config)
+        self.hf_ds_config = config
+        self.deepspeed_config = config.config
+        for name, path in _DEEPSPEED_FIELDS.items():
+            value = config.get_value(path)
+            if value is not None and value != "auto" and getattr(self, name) is None:
+                setattr(self, name, value)
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        from accelerate.utils.deepspeed import HfDeepSpeedConfig
+
+        return HfDeepSpeedConfig(self.deepspeed_config).get_value(ds_key_long, default)
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        return bool(self.get_value(ds_key_long) == "auto")
+
     @staticmethod
     def options_of(plugin: DeepSpeedPlugin) -> dict[str, Any]:
         options: dict[str, Any] = {}
-        config = plugin.hf_ds_config
-        config = getattr(config, "config", config)
-        if isinstance(config, str):
-            options["deepspeed_config_file"] = config
-        elif isinstance(config, dict):  # accel-plugin-deepspeed reads a file: this process writes one
+        if plugin._config_file is not None:
+            options["deepspeed_config_file"] = plugin._config_file
+        elif plugin.hf_ds_config is not None:  # accel-plugin-deepspeed reads a file: this process writes one
             import atexit
-            import json
             import os
             import tempfile
 
-            with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="accel-deepspeed-", delete=False) as f:
-                json.dump(config, f)
-            atexit.register(os.remove, f.name)
-            options["deepspeed_config_file"] = f.name
+            handle, path = tempfile.mkstemp(suffix=".json", prefix="accel-deepspeed-")
+            os.close(handle)
+            atexit.register(os.remove, path)
+            plugin._written = options["deepspeed_config_file"] = path
+            plugin.write_config()
         _set(options, "zero_stage", plugin.zero_stage)
         _set(options, "offload_optimizer_device", plugin.offload_optimizer_device)
         _set(options, "offload_param_device", plugin.offload_param_device)
@@ -256,6 +302,16 @@ class DeepSpeedPlugin:
         if isinstance(plugin.gradient_clipping, int | float) and not isinstance(plugin.gradient_clipping, bool):
             options["gradient_clipping"] = float(plugin.gradient_clipping)
         return options
+
+    def write_config(self) -> None:
+        """Write ``deepspeed_config`` as it is now into the file accel-plugin-deepspeed reads (the Accelerator does
+        so again at each ``prepare``: what a library changed in it since reaches the engine, as in Accelerate)."""
+        if self._written is None:
+            return
+        import json
+
+        with open(self._written, "w", encoding="utf-8") as f:
+            json.dump(self.deepspeed_config, f)
 
     @classmethod
     def of_kernel(cls, kernel: Any) -> DeepSpeedPlugin:

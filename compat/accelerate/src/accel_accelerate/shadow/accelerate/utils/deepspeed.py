@@ -1,6 +1,7 @@
 """``accelerate.utils.deepspeed``: ``HfDeepSpeedConfig`` (a DeepSpeed configuration that transformers reads while
 it builds models) and the wrapper classes. Under accel the DeepSpeed engine belongs to accel-plugin-deepspeed, and
-``DummyOptim``/``DummyScheduler`` are its own (``accel.utils``)."""
+``DummyOptim``/``DummyScheduler`` are its own (``accel.utils``); ``DeepSpeedOptimizerWrapper`` is what
+``Accelerator.prepare`` returns for the engine's optimizer, as in Accelerate, and the other wrappers are refused."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from typing import Any
 
 from accel.errors import UsageError
+from accel.prepared import PreparedOptimizer
 
 
 class HfDeepSpeedConfig:
@@ -84,8 +86,25 @@ class DeepSpeedEngineWrapper(_EngineOwned):
     pass
 
 
-class DeepSpeedOptimizerWrapper(_EngineOwned):
-    pass
+class DeepSpeedOptimizerWrapper(PreparedOptimizer):
+    """What ``Accelerator.prepare`` returns for the optimizer of a DeepSpeed engine, as in Accelerate: the
+    Accelerator's ``backward`` steps the engine at the end of each accumulation cycle (through the Kernel's prepared
+    optimizer, ``prepared``), so ``step()`` and ``zero_grad()`` here do nothing. Everything else is the optimizer's
+    (``param_groups`` for a scheduler, ``state``)."""
+
+    def __init__(self, prepared: PreparedOptimizer) -> None:
+        super().__init__(prepared.kernel, prepared.optimizer)
+        self.__dict__["prepared"] = prepared
+
+    @property  # type: ignore[override]
+    def step_was_skipped(self) -> bool:
+        return bool(self.__dict__["prepared"].step_was_skipped)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
 
 
 class DeepSpeedSchedulerWrapper(_EngineOwned):

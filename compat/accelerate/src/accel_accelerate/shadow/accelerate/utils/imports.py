@@ -54,6 +54,7 @@ is_ipex_available = _package("intel_extension_for_pytorch")
 is_lomo_available = _package("lomo_optim")
 is_schedulefree_available = _package("schedulefree")
 is_pandas_available = _package("pandas")
+is_pytest_available = _package("pytest")
 is_timm_available = _package("timm")
 is_triton_available = _package("triton")
 is_torchvision_available = _package("torchvision")
@@ -94,6 +95,17 @@ def is_8bit_bnb_available() -> bool:
 def is_fp8_available() -> bool:
     """Whether an fp8 backend is installed (accel-plugin-amp's fp8 runs on torchao)."""
     return _found("torchao") or _found("transformer_engine") or _found("msamp")
+
+
+def is_rocm_available() -> bool:
+    import torch
+
+    return torch.version.hip is not None and torch.cuda.is_available()
+
+
+def is_fp16_available() -> bool:
+    """Whether fp16 is supported: everywhere but Habana's first Gaudi (as in Accelerate)."""
+    return True
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:
