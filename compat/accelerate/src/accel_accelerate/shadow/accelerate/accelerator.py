@@ -168,10 +168,12 @@ class Accelerator(Kernel):
 
     @property  # type: ignore[override]
     def dataloader_config(self) -> DataLoaderConfiguration:
-        """The ``DataLoaderConfiguration`` given, else the run's with Accelerate's defaults (no seedable sampler)."""
+        """The ``DataLoaderConfiguration`` given, else the run's with Accelerate's defaults (no seedable sampler, not
+        stateful: ``load_state`` restarts the epoch and the script skips the batches it saw, as diffusers' do)."""
         config = self.__dict__.get("_accelerate_dataloader_config")
         if config is None:
-            config = dataclasses.replace(super().dataloader_config, use_seedable_sampler=False)
+            base = super().dataloader_config
+            config = dataclasses.replace(base, use_seedable_sampler=False, use_stateful_dataloader=False)
         return config
 
     @dataloader_config.setter
