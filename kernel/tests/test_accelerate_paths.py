@@ -1,5 +1,5 @@
-"""Accelerate's module paths under accel (accel.accelerator, accel.state, accel.utils.operations,
-accel.utils.dataclasses, accel.data_loader, accel.test_utils) on one process with the kernel alone. Their behaviour
+"""Accelerate's module paths under accel (accel.utils.operations and accel.utils.dataclasses; accel.accelerator,
+accel.state, accel.data_loader and accel.test_utils as deprecated aliases) on one process with the kernel alone. Their behaviour
 on 2 processes is what tests/compat/test_upstream_ports.py runs: Accelerate's own test_ops, test_sync and
 test_distributed_data_loop scripts."""
 
@@ -25,31 +25,49 @@ def kernel() -> Iterator[Kernel]:
     k.end_training()
 
 
-def test_each_module_path_exports_accels_own_objects() -> None:
+def test_accelerates_module_paths_under_accel_are_deprecated_aliases_of_accels_objects() -> None:
+    """The paths renaming ``accelerate`` to ``accel`` produces for Accelerate's modules: each name is accel's own
+    object, with a DeprecationWarning naming where to import it (``from accel import X``)."""
     import accel.accelerator
     import accel.data_loader
     import accel.state
     import accel.test_utils
     import accel.test_utils.testing
-    import accel.utils
-    import accel.utils.dataclasses
-    import accel.utils.operations
     from accel.data import GradientState, skip_first_batches
     from accel.testing.regression import RegressionDataset, RegressionModel, assert_exception
 
-    assert accel.accelerator.Kernel is accel.Kernel
-    assert accel.accelerator.DataLoaderConfiguration is accel.DataLoaderConfiguration
-    assert accel.accelerator.GradientAccumulationPlugin is accel.GradientAccumulationPlugin
-    assert accel.state.PartialState is accel.PartialState
-    assert accel.state.GradientState is GradientState
-    assert accel.data_loader.skip_first_batches is skip_first_batches is accel.skip_first_batches
+    for module, name, expected, replacement in (
+        (accel.accelerator, "Kernel", accel.Kernel, "accel.Kernel"),
+        (accel.accelerator, "DataLoaderConfiguration", accel.DataLoaderConfiguration, "accel.DataLoaderConfiguration"),
+        (
+            accel.accelerator,
+            "GradientAccumulationPlugin",
+            accel.GradientAccumulationPlugin,
+            "accel.GradientAccumulationPlugin",
+        ),
+        (accel.state, "PartialState", accel.PartialState, "accel.PartialState"),
+        (accel.state, "GradientState", GradientState, "accel.GradientState"),
+        (accel.data_loader, "skip_first_batches", skip_first_batches, "accel.skip_first_batches"),
+        (accel.test_utils, "RegressionDataset", RegressionDataset, "accel.testing.regression.RegressionDataset"),
+        (accel.test_utils, "RegressionModel", RegressionModel, "accel.testing.regression.RegressionModel"),
+        (accel.test_utils.testing, "assert_exception", assert_exception, "accel.testing.regression.assert_exception"),
+    ):
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} is deprecated .*use {replacement} "):
+            assert getattr(module, name) is expected
+    assert accel.GradientState is GradientState and accel.skip_first_batches is skip_first_batches
+    with pytest.raises(AttributeError, match="module 'accel.state' has no attribute 'AcceleratorState'"):
+        accel.state.AcceleratorState  # noqa: B018
+
+
+def test_the_utils_module_paths_are_accels_own() -> None:
+    import accel.utils
+    import accel.utils.dataclasses
+    import accel.utils.operations
+
     assert accel.utils.dataclasses.DistributedType is accel.utils.DistributedType
     assert accel.utils.dataclasses.DataLoaderConfiguration is accel.DataLoaderConfiguration
     assert accel.utils.operations.gather is accel.utils.gather
     assert accel.utils.operations.DistributedOperationException is accel.DistributedOperationError
-    assert accel.test_utils.RegressionDataset is RegressionDataset
-    assert accel.test_utils.RegressionModel is RegressionModel
-    assert accel.test_utils.testing.assert_exception is assert_exception
 
 
 def test_distributed_type_has_accelerates_members_equal_to_their_names() -> None:
@@ -107,14 +125,14 @@ def test_pickled_kernel_has_the_same_state(kernel: Kernel) -> None:
 
 
 def test_gradient_state_reset_is_a_no_op(kernel: Kernel) -> None:
-    from accel.state import GradientState
+    from accel import GradientState
 
     GradientState._reset_state()  # Accelerate's tests call it between Accelerators; accel's is one per Kernel
     assert kernel.gradient_state.sync_gradients
 
 
 def test_regression_helpers_are_accelerates() -> None:
-    from accel.test_utils import RegressionDataset, RegressionModel, assert_exception
+    from accel.testing.regression import RegressionDataset, RegressionModel, assert_exception
 
     a = RegressionDataset(length=4, seed=42)
     assert len(a) == 4 and set(a[0]) == {"x", "y"}

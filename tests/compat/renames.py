@@ -44,6 +44,27 @@ RENAMES = (
 
 
 @dataclass(frozen=True)
+class ModulePath:
+    """After the renames, ``from OLD import`` becomes ``from NEW import`` (Accelerate's module paths whose names accel
+    exports elsewhere)."""
+
+    old: str
+    new: str
+    guide: str  # the guide's text that maps it (must appear verbatim in the guide)
+
+
+_TOP = "| `from accelerate.accelerator import X`, `from accelerate.state import X`, `from accelerate.data_loader import X` |"
+_TEST_UTILS = "| `from accelerate.test_utils import X`, `from accelerate.test_utils.testing import assert_exception` |"
+MODULE_PATHS = (
+    ModulePath("accel.accelerator", "accel", _TOP),
+    ModulePath("accel.state", "accel", _TOP),
+    ModulePath("accel.data_loader", "accel", _TOP),
+    ModulePath("accel.test_utils.testing", "accel.testing.regression", _TEST_UTILS),
+    ModulePath("accel.test_utils", "accel.testing.regression", _TEST_UTILS),
+)
+
+
+@dataclass(frozen=True)
 class Skip:
     """A statement line (stripped, as it reads after the renames) that becomes ``pass``: a check of a behaviour the
     guide says accel does otherwise."""
@@ -78,7 +99,8 @@ SKIPS = (
 
 
 def rename(source: str) -> str:
-    """``source`` with every rule of :data:`RENAMES` applied to its name tokens, then the :data:`SKIPS`."""
+    """``source`` with every rule of :data:`RENAMES` applied to its name tokens, then the :data:`MODULE_PATHS` of its
+    ``from ... import`` lines, then the :data:`SKIPS`."""
     lines = source.splitlines(keepends=True)
     edits: list[tuple[int, int, int, str]] = []  # row, start col, end col, new text
     previous: list[tokenize.TokenInfo] = []
@@ -99,6 +121,12 @@ def rename(source: str) -> str:
     for row, start, end, new in reversed(edits):
         line = lines[row - 1]
         lines[row - 1] = line[:start] + new + line[end:]
+    for row, line in enumerate(lines):
+        for path in MODULE_PATHS:
+            old = f"from {path.old} import "
+            if line.lstrip().startswith(old):
+                lines[row] = line.replace(old, f"from {path.new} import ", 1)
+                break
     skips = {skip.statement: skip for skip in SKIPS}
     for row, line in enumerate(lines):
         skip = skips.get(line.strip())
@@ -111,7 +139,7 @@ def rename(source: str) -> str:
 def missing_from_guide() -> list[str]:
     """The rules whose guide text is not (or no longer) in the guide."""
     text = GUIDE.read_text()
-    return [rule.guide for rule in (*RENAMES, *SKIPS) if rule.guide not in text]
+    return [rule.guide for rule in (*RENAMES, *MODULE_PATHS, *SKIPS) if rule.guide not in text]
 
 
 if __name__ == "__main__":

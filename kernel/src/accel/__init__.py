@@ -15,12 +15,11 @@ from accel.tracking import Tracker
 
 if TYPE_CHECKING:
     from accel.checkpoint import load_model
-    from accel.data import skip_first_batches
+    from accel.data import GradientState, skip_first_batches
     from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
-    from accel.kernel import Kernel, PreparedOptimizer, PreparedScheduler
+    from accel.kernel import Kernel, PartialState, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
-    from accel.state import PartialState
     from accel.utils import (
         AutocastKwargs,
         DistributedDataParallelKwargs,
@@ -37,7 +36,8 @@ _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
-    "PartialState": "accel.state",
+    "GradientState": "accel.data",
+    "PartialState": "accel.kernel",
     "ProjectConfiguration": "accel.project",
     "debug_launcher": "accel.launchers",
     "load_model": "accel.checkpoint",
@@ -66,6 +66,7 @@ __all__ = [
     "DistributedOperationError",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "GradientState",
     "HardwareInfo",
     "InitProcessGroupKwargs",
     "ItemRecord",

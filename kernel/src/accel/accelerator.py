@@ -1,11 +1,14 @@
-"""``accelerate.accelerator`` under its accel path (``from accelerate.accelerator import Accelerator`` becomes
-``from accel.accelerator import Kernel``): the Kernel and the configuration classes Accelerate's module exports,
-the same objects as ``accel.Kernel``, ``accel.DataLoaderConfiguration``, ..."""
+"""Deprecated: ``accelerate.accelerator``'s path under accel. Import from ``accel`` (``from accel import Kernel,
+DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration``), or run the script unchanged on
+accel-accelerate. Each name works with a ``DeprecationWarning`` naming its replacement until its removal release
+(:data:`accel.deprecations.DEPRECATIONS`)."""
 
 from __future__ import annotations
 
-from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
-from accel.kernel import Kernel
-from accel.project import ProjectConfiguration
+from typing import Any
 
-__all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "Kernel", "ProjectConfiguration"]
+from accel.deprecations import attribute
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, name)

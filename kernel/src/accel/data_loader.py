@@ -1,10 +1,14 @@
-"""``accelerate.data_loader`` under its accel path: what accel has of it, the same objects as elsewhere in accel
-(``skip_first_batches``, ``DataLoaderConfiguration``); ``prepare_data_loader`` is ``kernel.prepare_data_loader``.
-The guide's table (accel-accelerate: ``python -m accel_accelerate.names``) maps each of its names."""
+"""Deprecated: ``accelerate.data_loader``'s path under accel. Import from ``accel`` (``from accel import
+DataLoaderConfiguration, skip_first_batches``; ``kernel.prepare_data_loader``), or run the script unchanged on
+accel-accelerate, whose ``accelerate.data_loader`` has Accelerate's classes. Each name works with a
+``DeprecationWarning`` naming its replacement until its removal release (:data:`accel.deprecations.DEPRECATIONS`)."""
 
 from __future__ import annotations
 
-from accel.data import skip_first_batches
-from accel.data_arguments import DataLoaderConfiguration
+from typing import Any
 
-__all__ = ["DataLoaderConfiguration", "skip_first_batches"]
+from accel.deprecations import attribute
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, name)

@@ -111,6 +111,56 @@ DEPRECATIONS: dict[str, Deprecation] = {
             )
             for name in ("DataLoaderConfiguration", "GradientAccumulationPlugin")
         ),
+        *(
+            Deprecation(
+                f"{module}.{name}",
+                replacement,
+                "0.1.1",
+                "0.2.0",
+                f"{how}; or run the script unchanged on accel-accelerate, where `{module.replace('accel', 'accelerate', 1)}` "
+                "is Accelerate's",
+                kind="name",
+            )
+            for module, how, names in (
+                (
+                    "accel.accelerator",
+                    "import it from accel",
+                    {
+                        "Kernel": "accel.Kernel",
+                        "DataLoaderConfiguration": "accel.DataLoaderConfiguration",
+                        "GradientAccumulationPlugin": "accel.GradientAccumulationPlugin",
+                        "ProjectConfiguration": "accel.ProjectConfiguration",
+                    },
+                ),
+                (
+                    "accel.state",
+                    "import it from accel",
+                    {"PartialState": "accel.PartialState", "GradientState": "accel.GradientState"},
+                ),
+                (
+                    "accel.data_loader",
+                    "import it from accel",
+                    {
+                        "DataLoaderConfiguration": "accel.DataLoaderConfiguration",
+                        "skip_first_batches": "accel.skip_first_batches",
+                    },
+                ),
+                (
+                    "accel.test_utils",
+                    "import it from accel.testing.regression",
+                    {
+                        name: f"accel.testing.regression.{name}"
+                        for name in ("RegressionDataset", "RegressionModel", "assert_exception")
+                    },
+                ),
+                (
+                    "accel.test_utils.testing",
+                    "import it from accel.testing.regression",
+                    {"assert_exception": "accel.testing.regression.assert_exception"},
+                ),
+            )
+            for name, replacement in names.items()
+        ),
     )
 }
 

@@ -303,7 +303,7 @@ class Kernel(ProcessOpsMixin, TrackingMixin, DataArgumentsMixin):
     @property
     def state(self) -> PartialState:
         """Accelerate's ``accelerator.state``: a read-only view of this Kernel's distributed facts with Accelerate's
-        names (``distributed_type``, ``process_index``, ...; :class:`accel.state.PartialState`). The settings are
+        names (``distributed_type``, ``process_index``, ...; :class:`accel.PartialState`). The settings are
         ``kernel.settings``, the active plugins ``kernel.components``."""
         return PartialState.of(self)
 

@@ -1,8 +1,14 @@
-"""``accelerate.test_utils`` under its accel path: the generic test helpers of :mod:`accel.testing.regression`
-(``RegressionDataset``, ``RegressionModel``, ``assert_exception``) where Accelerate's scripts import them."""
+"""Deprecated: ``accelerate.test_utils``'s path under accel. Import the generic test helpers from
+``accel.testing.regression`` (``RegressionDataset``, ``RegressionModel``, ``assert_exception``), or run the script
+unchanged on accel-accelerate. Each name works with a ``DeprecationWarning`` naming its replacement until its removal
+release (:data:`accel.deprecations.DEPRECATIONS`)."""
 
 from __future__ import annotations
 
-from accel.testing.regression import RegressionDataset, RegressionModel, assert_exception
+from typing import Any
 
-__all__ = ["RegressionDataset", "RegressionModel", "assert_exception"]
+from accel.deprecations import attribute
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, name)

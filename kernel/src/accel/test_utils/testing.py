@@ -1,7 +1,12 @@
-"""``accelerate.test_utils.testing`` under its accel path: :func:`accel.testing.regression.assert_exception`."""
+"""Deprecated: ``accelerate.test_utils.testing``'s path under accel: ``assert_exception`` is
+``accel.testing.regression.assert_exception`` (works with a ``DeprecationWarning`` until its removal release)."""
 
 from __future__ import annotations
 
-from accel.testing.regression import assert_exception
+from typing import Any
 
-__all__ = ["assert_exception"]
+from accel.deprecations import attribute
+
+
+def __getattr__(name: str) -> Any:
+    return attribute(__name__, name)

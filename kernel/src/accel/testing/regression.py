@@ -1,5 +1,5 @@
 """Generic helpers for a user's own multi-process tests, as Accelerate's ``accelerate.test_utils`` has them (its
-scripts import them from there; ``accel.test_utils`` is that path): a linear-regression dataset and model whose
+scripts import them from there): a linear-regression dataset and model whose
 gradients are easy to compare between processes, and :func:`assert_exception`.
 
 ``RegressionDataset``/``RegressionModel`` are Accelerate's (same arguments, same numbers for a seed)."""

@@ -3,7 +3,7 @@
 
 ``DistributedType`` has Accelerate's members (``NO`` and the ``distributed_type`` values of Accelerate's config file
 that accel reads, ``known_plugins.json``), each equal to its name as a string, as Accelerate's ``str`` enum is. A
-Kernel's is ``kernel.state.distributed_type`` (:class:`accel.state.PartialState`), worked out from the processes,
+Kernel's is ``kernel.state.distributed_type`` (:class:`accel.PartialState`), worked out from the processes,
 the device and the strategy plugin.
 """
 

@@ -1,6 +1,6 @@
 """``accelerate.utils.operations`` under its accel path: the free collective functions of Accelerate, each the
 same-named method of the process's Kernel (:func:`accel.active.active_kernel`, the most recent one; a
-:class:`accel.state.PartialState` makes one). No logic of its own: ``gather(t)`` is ``active_kernel().gather(t)``.
+:class:`accel.PartialState` makes one). No logic of its own: ``gather(t)`` is ``active_kernel().gather(t)``.
 
 ``DistributedOperationException`` is :class:`accel.DistributedOperationError` (debug mode, accel/debug.py).
 """
@@ -58,7 +58,7 @@ def _kernel(function: str) -> OpsKernel:
     if kernel is None:
         raise UsageError(
             f"accel.utils.operations.{function}() runs on the process's Kernel and there is none: create "
-            f"accel.Kernel() (or accel.state.PartialState()) first, or call kernel.{function}(...)"
+            f"accel.Kernel() (or accel.PartialState()) first, or call kernel.{function}(...)"
         )
     return cast(OpsKernel, kernel)
 

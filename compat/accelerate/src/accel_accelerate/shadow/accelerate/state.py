@@ -11,8 +11,8 @@ from typing import Any
 
 import accel.data
 from accel import Kernel
+from accel import PartialState as _View
 from accel.kernel import active_kernel
-from accel.state import PartialState as _View
 
 #: Kernel messages about Accelerate arguments that real Accelerate accepts without a word
 QUIET = r".*(change nothing in this run|changes nothing in this run)"

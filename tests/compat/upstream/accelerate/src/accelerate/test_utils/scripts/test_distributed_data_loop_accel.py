@@ -30,7 +30,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-from accel.accelerator import Kernel, DataLoaderConfiguration
+from accel import Kernel, DataLoaderConfiguration
 from accel.utils.dataclasses import DistributedType
 
 

@@ -17,7 +17,7 @@
 import torch
 
 from accel import PartialState
-from accel.test_utils.testing import assert_exception
+from accel.testing.regression import assert_exception
 from accel.utils.dataclasses import DistributedType
 from accel.utils.operations import (
     DistributedOperationException,

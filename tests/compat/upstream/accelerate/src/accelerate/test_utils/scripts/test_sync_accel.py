@@ -20,9 +20,9 @@ from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
-from accel.accelerator import Kernel, DataLoaderConfiguration, GradientAccumulationPlugin
-from accel.state import GradientState
-from accel.test_utils import RegressionDataset, RegressionModel
+from accel import Kernel, DataLoaderConfiguration, GradientAccumulationPlugin
+from accel import GradientState
+from accel.testing.regression import RegressionDataset, RegressionModel
 from accel.utils import DistributedType, set_seed
 
 
