@@ -60,27 +60,54 @@ def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[
     each framework that is skipped (no venv)."""
     accel = str(Path(PY).with_name("accel"))
     found: dict[str, Callable[[int, list[str]], list[str]]] = {
-        "raw": lambda n, script: [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(n), *script],
-        "accel": lambda n, script: [accel, "launch", "-q", "-n", str(n), *script],
+        "raw": lambda n, script: [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(n),
+            f"--master_port={free_port()}",
+            *script,
+        ],
+        "accel": lambda n, script: [
+            accel,
+            "launch",
+            "-q",
+            "-n",
+            str(n),
+            "--main_process_port",
+            str(free_port()),
+            *script,
+        ],
     }
     skipped = []
     acc = VENVS["accelerate"] / "bin" / "accelerate"
     if acc.exists():
         found["accelerate"] = lambda n, script: [
             str(acc), "launch", "--num_processes", str(n), "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no", *(["--multi_gpu"] if n > 1 else ["--cpu"]), *script,
+            "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+            *(["--multi_gpu"] if n > 1 else ["--cpu"]), *script,
         ]  # fmt: skip
     else:
         skipped.append(f"Accelerate: skipped, no venv at {VENVS['accelerate']} (ACCEL_BENCH_ACCELERATE_VENV)")
     fab = VENVS["fabric"] / "bin" / "fabric"
     if fab.exists():
         found["fabric"] = lambda n, script: [
-            str(fab), "run", "--accelerator", "cpu", "--devices", str(n),
+            str(fab), "run", "--accelerator", "cpu", "--devices", str(n), "--main-port", str(free_port()),
             *(["--strategy", "ddp"] if n > 1 else []), *script,
         ]  # fmt: skip
     else:
         skipped.append(f"Lightning Fabric: skipped, no venv at {VENVS['fabric']} (ACCEL_BENCH_FABRIC_VENV)")
     return found, skipped
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now: each launch gets its own (a fixed 29500 collides with the previous run's)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_once(cmd: list[str], timeout: float = 600) -> tuple[float, float, float, dict[str, float]]:
