@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 IPEX_WHEEL = "intel-extension-for-pytorch==2.8.0"
 CACHE = REPO / ".cache" / "ipex-2.8.0-nodeps"
-PROBE = str(HERE / "scripts" / "cli_probe.py")
+PROBE = str(REPO / "tests" / "scripts" / "cli_probe.py")  # the CLI probe the main suite uses
 TORCH = md.version("torch")
 IPEX_PLUGIN_VERSION = md.version("accel-plugin-ipex")  # the installed plugin, whatever release
 MISMATCH = f"intel-extension-for-pytorch 2.8.0 needs torch 2.8.*, found {TORCH}: install torch==2.8.*"

@@ -28,6 +28,22 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
+def tiny_gpt2(tok: PreTrainedTokenizerFast) -> GPT2LMHeadModel:
+    """A 2-layer GPT-2 for ``tok``'s vocabulary, its weights drawn after ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+    )
+    return GPT2LMHeadModel(config)
+
+
 def texts(n: int = 48) -> Dataset:
     g = torch.Generator().manual_seed(0)
     rows = [" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (8,), generator=g)) for _ in range(n)]
@@ -56,18 +72,7 @@ def main() -> None:
     parser.add_argument("--resume-from", default=None)
     args = parser.parse_args()
     tok = tokenizer()
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=32,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-    )
-    model = GPT2LMHeadModel(config)
+    model = tiny_gpt2(tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     training = SFTConfig(
         output_dir=os.path.join(args.out, "sft"),

@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TrainerCallback
+from sft_lora import WORDS, tiny_gpt2, tokenizer  # the same tiny model and tokenizer as the SFT script (beside it)
+from transformers import TrainerCallback
 
-WORDS = "the a cat dog sat ran on under mat log fast slow red blue big small and then".split()
 #: what the logs keep of each trainer (TRL's names)
 LOGGED = {
     "dpo": (
@@ -38,13 +37,6 @@ LOGGED = {
     ),
     "grpo": ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "entropy", "kl"),
 }
-
-
-def tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<unk>", *WORDS])}
-    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
 def sentence(g: torch.Generator, n: int) -> str:
@@ -101,18 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     tok = tokenizer()
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=32,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-    )
-    model = GPT2LMHeadModel(config)
+    model = tiny_gpt2(tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     common: dict[str, Any] = {
         "output_dir": os.path.join(args.out, args.trainer),
