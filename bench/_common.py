@@ -163,3 +163,12 @@ def callgrind_total(path: Path) -> int | None:
     """The instructions one callgrind output file counted (None if it holds no total)."""
     found = re.search(r"^(?:summary|totals): (\d+)", path.read_text(encoding="utf-8", errors="replace"), re.M)
     return int(found.group(1)) if found else None
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now: each launch gets its own (a fixed 29500 collides with the previous run's)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

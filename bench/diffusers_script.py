@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, write_section
-from trainer_step import REAL, clean_env, free_port
+from _common import free_port, machine, write_section
+from trainer_step import REAL, clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "tests" / "compat"

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import free_port
+
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 TRAIN = str(HERE / "launched_train.py")
@@ -99,15 +101,6 @@ def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[
     else:
         skipped.append(f"Lightning Fabric: skipped, no venv at {VENVS['fabric']} (ACCEL_BENCH_FABRIC_VENV)")
     return found, skipped
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now: each launch gets its own (a fixed 29500 collides with the previous run's)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_once(cmd: list[str], timeout: float = 600) -> tuple[float, float, float, dict[str, float]]:

@@ -14,24 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import machine, write_section
+from _common import free_port, machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "compat" / "accelerate" / "tests" / "scripts" / "trainer_regression.py"
 REAL = Path(sys.prefix) / "accelerate-real"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -32,12 +32,14 @@ same for ``accel_clip_grad_norm`` (``plain_clip``) on each step that clips.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pluggy
 
 from accel import hookspecs
+from accel.errors import user_stacklevel
 from accel.options import KERNEL
 
 HOT_HOOKS = ("accel_backward", "accel_optimizer_step", "accel_zero_grad", "accel_no_sync", "accel_clip_grad_norm")
@@ -245,10 +247,6 @@ def call_isolated(
 ) -> None:
     """``kernel.call_isolated``: every implementation of ``hook_name`` called on its own (see there); ``failed``
     holds the tracker names and (plugin, hook) pairs that raised, skipped from then on."""
-    import warnings
-
-    from accel.errors import user_stacklevel
-
     for one in each_implementation(pm, hook_name):
         tracker = getattr(one.plugin, "role", None) == "tracker"
         if trackers is not None and tracker != trackers:

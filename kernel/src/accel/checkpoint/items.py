@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -299,9 +299,9 @@ def call_by_owner(
     ``arguments(name)`` gives the call's keyword arguments, or None to skip that component. The calls are
     :func:`accel.dispatch.each_implementation`'s (that implementation plus every wrapper of the hook), so wrappers
     wrap each component's call and see its answer, and pluggy's tracing and monitoring see the calls."""
-    builtin = {record.name for record in kernel.plugins.builtin}
+    builtin = builtin_names(kernel)
     for one in each_implementation(kernel.plugins.pm, hook):
-        name = KERNEL if one.impl.plugin_name in builtin else _component_name(one.impl)
+        name = _component_name(one.impl, builtin)
         kwargs = arguments(name)
         if kwargs is None:
             continue
@@ -309,8 +309,15 @@ def call_by_owner(
         yield name, [] if answer is None else [answer]
 
 
-def _component_name(impl: Any) -> str:
-    """The component's name (a built-in plugin, the checkpoint writer, answers as the kernel, ``"accel"``)."""
+def builtin_names(kernel: CheckpointKernel) -> set[str]:
+    """The names under which the Kernel's built-in plugins are registered (they answer as the kernel)."""
+    return {record.name for record in kernel.plugins.builtin}
+
+
+def _component_name(impl: Any, builtin: Collection[str]) -> str:
+    """The component's name; the kernel's (``"accel"``) for a built-in plugin (the checkpoint writer)."""
+    if impl.plugin_name in builtin:
+        return KERNEL
     return getattr(impl.plugin, "name", "") or impl.plugin_name.split(":")[0]
 
 

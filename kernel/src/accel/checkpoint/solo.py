@@ -43,7 +43,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from accel.checkpoint.items import _component_name
+from accel.checkpoint.items import _component_name, builtin_names
 from accel.errors import UsageError
 from accel.options import KERNEL
 
@@ -62,9 +62,8 @@ def state_writers(kernel: CheckpointKernel) -> list[str]:
     """The active components other than the kernel that implement ``accel_save_state``: they may claim items and
     write them collectively, so the run's state is not known to be replicated."""
     impls = kernel.plugins.pm.hook.accel_save_state.get_hookimpls()
-    builtin = {record.name for record in kernel.plugins.builtin}
-    writers = {_component_name(i) for i in impls if not (i.wrapper or i.hookwrapper or i.plugin_name in builtin)}
-    return sorted(writers - {KERNEL})
+    builtin = builtin_names(kernel)
+    return sorted({_component_name(i, builtin) for i in impls if not (i.wrapper or i.hookwrapper)} - {KERNEL})
 
 
 def _default_store() -> Any:
