@@ -22,9 +22,11 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,26 +105,45 @@ def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[
     return found, skipped
 
 
-def run_once(cmd: list[str], timeout: float = 600) -> tuple[float, float, float, dict[str, float]]:
+def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float, dict[str, float]]:
     """Seconds from starting ``cmd`` to its first stdout line and to its exit, the CPU seconds it and its children
     used, and its last JSON line ({} if none). The environment is the caller's without the test suite's warm-worker
-    switches: what users get."""
+    switches: what users get. A run still going after ``timeout`` seconds (a launcher whose worker died while the
+    other waits in a collective) is killed with its whole process group and raises."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARM_WORKERS")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    proc.stdout.readline()
-    first = time.perf_counter() - start
-    out, err = proc.communicate(timeout=timeout)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))  # also ends a readline that waits
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        first = time.perf_counter() - start
+        out, err = proc.communicate()
+    finally:
+        killer.cancel()
     done = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
+        why = f"killed after {timeout:.0f} s" if done >= timeout else f"exit {proc.returncode}"
+        raise RuntimeError(f"{' '.join(cmd)} failed ({why}):\n{err[-2000:]}")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     return first, done, cpu, json.loads(lines[-1]) if lines else {}
+
+
+def run_retried(cmd: list[str]) -> tuple[float, float, float, dict[str, float]]:
+    """``run_once``, tried a second time when the first fails: one launcher's rare crash or hang (a worker lost at
+    start) does not throw away the other frameworks' rounds. The retry is printed; a second failure raises."""
+    try:
+        return run_once(cmd)
+    except RuntimeError as e:
+        print(f"bench: retrying once: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        return run_once(cmd)
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -147,10 +168,10 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
             args = [TRAIN, "--model", model, "--accum", str(accum), "--clip", str(clip), *steps]
             row = results.setdefault(label, {})
             for name in order:
-                *_, result = run_once(found[name](n, [*args, "--impl", name]))
+                *_, result = run_retried(found[name](n, [*args, "--impl", name]))
                 row.setdefault(name, []).append(result)
         for name in order:
-            first, done, cpu, _ = run_once(found[name](2, [PROBE]))
+            first, done, cpu, _ = run_retried(found[name](2, [PROBE]))
             results.setdefault("launch -> first line", {}).setdefault(name, []).append({"seconds": first})
             results.setdefault("launch -> exit", {}).setdefault(name, []).append({"seconds": done})
             results.setdefault(LAUNCH_CPU, {}).setdefault(name, []).append({"seconds": cpu})
