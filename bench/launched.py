@@ -117,7 +117,7 @@ def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float,
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
-    killer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))  # also ends a readline that waits
+    killer = threading.Timer(timeout, kill_tree, (proc.pid,))  # also ends a readline that waits
     killer.start()
     try:
         assert proc.stdout is not None
@@ -134,6 +134,26 @@ def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float,
         raise RuntimeError(f"{' '.join(cmd)} failed ({why}):\n{err[-2000:]}")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     return first, done, cpu, json.loads(lines[-1]) if lines else {}
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it: a launcher's workers may sit in process groups of their own
+    (torch elastic starts them so) and would keep the output pipe open."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo = [pid]
+    while todo:
+        one = todo.pop()
+        todo.extend(children.get(one, []))
+        try:
+            os.kill(one, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run_retried(cmd: list[str]) -> tuple[float, float, float, dict[str, float]]:
