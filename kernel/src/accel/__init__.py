@@ -15,8 +15,9 @@ from accel.tracking import Tracker
 
 if TYPE_CHECKING:
     from accel.checkpoint import load_model
-    from accel.data import GradientState, skip_first_batches
+    from accel.data import skip_first_batches
     from accel.data_arguments import DataLoaderConfiguration, GradientAccumulationPlugin
+    from accel.gradient_state import GradientState
     from accel.kernel import Kernel, PartialState, PreparedOptimizer, PreparedScheduler
     from accel.launchers import debug_launcher, notebook_launcher
     from accel.project import ProjectConfiguration
@@ -36,7 +37,7 @@ _LAZY = {
     "Kernel": "accel.kernel",
     "PreparedOptimizer": "accel.kernel",
     "PreparedScheduler": "accel.kernel",
-    "GradientState": "accel.data",
+    "GradientState": "accel.gradient_state",
     "PartialState": "accel.kernel",
     "ProjectConfiguration": "accel.project",
     "debug_launcher": "accel.launchers",

@@ -24,6 +24,10 @@ other batch's augmentation (``Kernel(reseed_workers=False)`` turns that off: tor
 each worker, the resumed pass's samples the same but not their random augmentation). Map-style loaders know the epoch's last batch by count and load nothing ahead of the
 training loop; iterable datasets are read one batch ahead, with the random states before that read kept for
 ``save_state``.
+
+Why one module of this size: the prepared dataloader and the shard samplers it builds share the pass state
+(position, seeds, padding) that exact resume rests on; the samplers that do not need it are in
+:mod:`accel.sampling`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from accel.contract import KernelView
 from accel.errors import UsageError
+from accel.gradient_state import GradientState
 from accel.nested import map_tensors
 from accel.sampling import (
     _END,
@@ -172,50 +177,6 @@ def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     else:
         kwargs.pop("persistent_workers", None)
     return kwargs
-
-
-class GradientState:
-    """Shared between the Kernel and its dataloaders: whether this step syncs and where the epoch is."""
-
-    def __init__(self) -> None:
-        self.sync_gradients = True
-        self.step = 0
-        self.active: list[PreparedDataLoader] = []
-        #: Whether the innermost dataloader being iterated has handed out its last batch. A plain attribute, kept
-        #: up to date by ``enter``/``leave``/``refresh`` (the dataloaders call them), since every step reads it.
-        self.end_of_dataloader = False
-
-    def enter(self, loader: PreparedDataLoader) -> None:
-        self.active.append(loader)
-        self.refresh()
-
-    def leave(self, loader: PreparedDataLoader) -> None:
-        if loader in self.active:
-            self.active.remove(loader)
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Read ``end_of_dataloader`` again from the innermost active dataloader (after it changed)."""
-        self.end_of_dataloader = bool(self.active) and self.active[-1].end_of_dataloader
-
-    @property
-    def remainder(self) -> int:
-        return self.active[-1].remainder if self.active else 0
-
-    @property
-    def active_dataloader(self) -> PreparedDataLoader | None:
-        """The prepared dataloader being iterated (the innermost one when loops nest), or None (Accelerate's)."""
-        return self.active[-1] if self.active else None
-
-    @staticmethod
-    def _reset_state() -> None:
-        """Accelerate resets its process-wide GradientState with it (its tests call it between Accelerators);
-        accel's is one per Kernel, so there is nothing to reset."""
-
-    @property
-    def in_dataloader(self) -> bool:
-        """Whether a prepared dataloader is being iterated (Accelerate's)."""
-        return bool(self.active)
 
 
 class PreparedDataLoader:

@@ -1,6 +1,6 @@
 """``Kernel``'s dataloader and accumulation arguments, with Accelerate's names and meaning: the dataclasses
 (:class:`DataLoaderConfiguration`, :class:`GradientAccumulationPlugin`), their checks, the settings a Kernel resolves
-from them, and the Kernel members that read them back.
+from them, and the Kernel's part that reads them back (:class:`DataArguments`).
 
 What accel does not have of Accelerate's ``Accelerator`` is not listed here: a plugin answers
 ``accel_explain_name`` with the line saying what to use (accel-accelerate's ``accelerate-names``).
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from accel.errors import UsageError
 
 if TYPE_CHECKING:
+    from accel.options import Settings
     from accel.project import ProjectConfiguration
 
 #: ``scheduler_steps``: how often a prepared scheduler steps (see :class:`accel.kernel.PreparedScheduler`).
@@ -212,28 +213,40 @@ def resolve_data_settings(
     return settings, steps
 
 
-class DataArgumentsMixin:
-    """The members that read back what ``Kernel(...)`` resolved of these arguments, under Accelerate's names, and the
-    one line a plugin gives for a member Kernel does not have (mixed into :class:`accel.Kernel`)."""
+class ArgumentsKernel(Protocol):
+    """What :class:`DataArguments` reads and sets of its Kernel."""
 
     _data: DataSettings
     even_batches: bool
     project_configuration: ProjectConfiguration
+    settings: Settings
+
+
+class DataArguments:
+    """A Kernel's part that reads back what ``Kernel(...)`` resolved of these arguments, under Accelerate's names
+    (its ``_arguments``; the Kernel offers each public member under the same name)."""
+
+    dispatch_batches = False  # every process reads its own shard
+    use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
+    use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
+
+    def __init__(self, kernel: ArgumentsKernel) -> None:
+        self.kernel = kernel
 
     @property
     def split_batches(self) -> bool:
-        return self._data.split_batches
+        return self.kernel._data.split_batches
 
     @property
     def non_blocking(self) -> bool:
-        return self._data.non_blocking
+        return self.kernel._data.non_blocking
 
     @property
     def dataloader_config(self) -> DataLoaderConfiguration:
-        data = self._data
+        data = self.kernel._data
         return DataLoaderConfiguration(
             split_batches=data.split_batches,
-            even_batches=self.even_batches,
+            even_batches=self.kernel.even_batches,
             use_seedable_sampler=True,
             data_seed=data.data_seed,
             non_blocking=data.non_blocking,
@@ -248,14 +261,14 @@ class DataArgumentsMixin:
                 f"kernel.dataloader_config expects an accel.DataLoaderConfiguration, got {type(value).__name__}"
             )
         value.__post_init__()  # fields may have been changed since it was made
-        self._data = replace(
-            self._data,
+        self.kernel._data = replace(
+            self.kernel._data,
             split_batches=value.split_batches,
             even_batches=value.even_batches,
             data_seed=value.data_seed,
             non_blocking=value.non_blocking,
         )
-        self.even_batches = value.even_batches
+        self.kernel.even_batches = value.even_batches
 
     @property
     def device_placement(self) -> bool:
@@ -275,46 +288,49 @@ class DataArgumentsMixin:
     def rng_types(self, value: Sequence[Any]) -> None:
         check_rng_types("kernel.rng_types = ...", value)
 
-    dispatch_batches = False  # every process reads its own shard
-    use_seedable_sampler = True  # shuffling always uses a sampler seeded identically on every process
-    use_stateful_dataloader = True  # prepared dataloaders always have state_dict/load_state_dict
-
     @property
     def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
+        return self.kernel.project_configuration.logging_dir
 
-    def __getattr__(self, name: str) -> Any:
-        """A member Kernel does not have: the line a plugin gives for it (another library's name), else Python's."""
-        message = self._explain_member(name)
-        detached = self.__dict__.get("_detached")
-        if detached is not None and not message:
-            message = (
-                f"kernel.{name}: this Kernel was unpickled in another process than the one that created it (pid "
-                f"{detached}); it knows the run's facts (process_index, num_processes, device, is_main_process) but "
-                "runs no collectives, hooks or checkpoints; use the Kernel of the training process"
-            )
-        raise AttributeError(message or f"{type(self).__name__!r} object has no attribute {name!r}")
+    @property
+    def project_dir(self) -> str | None:
+        """The ``project_dir`` setting: where checkpoints and logs go (``None``: not set)."""
+        return self.kernel.settings["project_dir"]
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Assigning a member Kernel does not have that a plugin explains (Accelerate's ``kernel.scaler = ...``)
-        raises the same line as reading it, instead of adding an attribute nothing reads."""
-        if name not in self.__dict__ and not hasattr(type(self), name):
-            message = self._explain_member(name)
-            if message:
-                raise AttributeError(message)
-        object.__setattr__(self, name, value)
 
-    def _explain_member(self, name: str) -> str | None:
-        """``accel_explain_name(kind="member")`` for a public ``name``, asked once per name and Kernel (None before
-        the plugins are loaded)."""
-        if name.startswith("_"):
-            return None
-        state = self.__dict__
-        plugins, explained = state.get("plugins"), state.get("_explained")
-        if plugins is None:
-            return None
-        if explained is None:
-            explained = state["_explained"] = {}
-        if name not in explained:
-            explained[name] = plugins.pm.hook.accel_explain_name(kind="member", name=name)
-        return cast("str | None", explained[name])
+def explain_member(kernel: Any, name: str) -> str | None:
+    """``accel_explain_name(kind="member")`` for a public ``name`` of a Kernel, asked once per name and Kernel (None
+    before the plugins are loaded): the line a plugin gives for another library's name."""
+    if name.startswith("_"):
+        return None
+    state = kernel.__dict__
+    plugins, explained = state.get("plugins"), state.get("_explained")
+    if plugins is None:
+        return None
+    if explained is None:
+        explained = state["_explained"] = {}
+    if name not in explained:
+        explained[name] = plugins.pm.hook.accel_explain_name(kind="member", name=name)
+    return cast("str | None", explained[name])
+
+
+def missing_member(kernel: Any, name: str) -> AttributeError:
+    """The error for reading a member a Kernel does not have: a plugin's line for it (another library's name), the
+    line of a Kernel unpickled in another process, else Python's."""
+    message = explain_member(kernel, name)
+    detached = kernel.__dict__.get("_detached")
+    if detached is not None and not message:
+        message = (
+            f"kernel.{name}: this Kernel was unpickled in another process than the one that created it (pid "
+            f"{detached}); it knows the run's facts (process_index, num_processes, device, is_main_process) but "
+            "runs no collectives, hooks or checkpoints; use the Kernel of the training process"
+        )
+    return AttributeError(message or f"{type(kernel).__name__!r} object has no attribute {name!r}")
+
+
+def assign_member(kernel: Any, name: str, value: Any) -> None:
+    """``Kernel.__setattr__``: assigning a member Kernel does not have that a plugin explains (Accelerate's
+    ``kernel.scaler = ...``) raises the same line as reading it, instead of adding an attribute nothing reads."""
+    if name not in kernel.__dict__ and not hasattr(type(kernel), name) and explain_member(kernel, name):
+        raise missing_member(kernel, name)
+    object.__setattr__(kernel, name, value)

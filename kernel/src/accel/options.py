@@ -3,6 +3,9 @@
 The kernel declares its own options in ``core_options``; every plugin adds its own through the
 ``accel_add_options`` hook. One ``Option`` record drives all four surfaces, so a value is validated the same
 way wherever it comes from. This module does not import torch.
+
+Why one module of this size: the schema, its validation and its four surfaces' readers are one schema, and the
+kernel's own options (``core_options``) are declarations, data rather than code, kept beside the rules they follow.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@
   ``compile``) must be provided by an active component, or the error says which plugin to install.
 
 No torch import here.
+
+Why one module of this size: discovery, control and resolution work on the same plugin records and name them in
+the same error lines (a failed import is reported when that plugin is asked for, a conflict names both
+distributions); split, each part would reach into the others' state.
 """
 
 from __future__ import annotations

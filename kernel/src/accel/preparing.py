@@ -8,6 +8,7 @@ so that ``unwrap_model``, checkpoints and ``free_memory`` find every prepared ob
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import warnings
 import weakref
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
-from accel.data import PreparedDataLoader
+from accel.data import PreparedDataLoader, skip_first_batches
 from accel.data_arguments import check_bool
 from accel.errors import UsageError, user_stacklevel
 from accel.prepared import AutocastModule, PreparedOptimizer, PreparedScheduler, StepKernel
@@ -42,6 +43,9 @@ class PreparingKernel(StepKernel, Protocol):
 
     plugins: Plugins
     _autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None
+    _loader_check_due: bool
+
+    def prepare(self, *args: Any, device_placement: bool = True) -> Any: ...
 
 
 #: The models any Kernel of this process returned wrapped (not the script's own object) -> the script's model: never
@@ -52,7 +56,8 @@ WRAPPED_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = we
 class Prepared:
     """The objects one Kernel's ``prepare`` returned, in the order prepared, and what each wraps."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: PreparingKernel) -> None:
+        self.kernel = kernel
         self.models: list[torch.nn.Module] = []
         self.optimizers: list[PreparedOptimizer] = []
         self.schedulers: list[PreparedScheduler] = []
@@ -60,6 +65,10 @@ class Prepared:
         self.originals: dict[int, torch.nn.Module] = {}  # prepared model -> the user's module
         self.inner: dict[int, torch.nn.Module] = {}  # prepared model -> what the strategy returned
         self.passed_loaders: set[int] = set()  # ids of the DataLoaders given to prepare
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(o.step_was_skipped for o in self.optimizers)
 
     def knows(self, obj: Any) -> bool:
         """Whether ``prepare`` returned ``obj`` before."""
@@ -69,10 +78,45 @@ class Prepared:
             for known in group
         )
 
-    def prepare(self, kernel: PreparingKernel, args: Sequence[Any], device_placement: bool) -> Any:
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``kernel.prepare`` of one model (Accelerate's name)."""
+        return self.kernel.prepare(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+        """``kernel.prepare`` of one optimizer (Accelerate's name)."""
+        return self.kernel.prepare(optimizer)
+
+    def prepare_data_loader(self, dataloader: Any) -> Any:
+        """``kernel.prepare`` of one data loader (Accelerate's name)."""
+        return self.kernel.prepare(dataloader)
+
+    def prepare_scheduler(self, scheduler: Any) -> Any:
+        """``kernel.prepare`` of one scheduler (Accelerate's name)."""
+        return self.kernel.prepare(scheduler)
+
+    def model_init_context(self) -> contextlib.AbstractContextManager[Any]:
+        """The context to build models in (``with kernel.model_init_context(): model = Net()``): a strategy that
+        partitions parameters as they are created (DeepSpeed ZeRO-3 with ``zero3_init_flag``) answers it; with
+        every other plugin it does nothing."""
+        return self.kernel.plugins.pm.hook.accel_model_init_context(kernel=self.kernel)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int) -> Any:
+        """A dataloader whose next pass starts at batch ``num_batches``; skipped batches are not loaded."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def warn_unprepared_loaders(self) -> None:
+        """Once, at the first ``backward`` or ``gather_for_metrics`` of a run of several processes (see
+        :func:`warn_unprepared_loaders`)."""
+        kernel = self.kernel
+        kernel._loader_check_due = False
+        if kernel.is_main_process:
+            warn_unprepared_loaders(self.passed_loaders, kernel.num_processes)
+
+    def prepare(self, args: Sequence[Any], device_placement: bool) -> Any:
         """``kernel.prepare(*args)``: each argument prepared by the plugins (or passed through), in order."""
         from torch.utils.data import DataLoader
 
+        kernel = self.kernel
         hook = kernel.plugins.pm.hook
         kinds: list[str] = []
         models, optimizers, schedulers, dataloaders = [], [], [], []
@@ -140,8 +184,10 @@ class Prepared:
                 out.append(next(queues[kind]))
         return out[0] if len(out) == 1 else tuple(out)
 
-    def unwrap(self, model: torch.nn.Module, keep_torch_compile: bool) -> torch.nn.Module:
-        """The module the script passed to ``prepare`` for ``model`` (see ``Kernel.unwrap_model``)."""
+    def unwrap_model(self, model: torch.nn.Module, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The module the script passed to ``prepare`` for this prepared model: that very object, whatever wrapper
+        the strategy and the autocast returned around it (an object ``prepare`` did not return is returned as it is).
+        ``keep_torch_compile=False`` also strips ``torch.compile``'s wrapper."""
         original = self.originals.get(id(model))
         if original is None:  # another Kernel's (or no Kernel's) model
             original = WRAPPED_MODELS.get(model, model)
@@ -149,10 +195,19 @@ class Prepared:
             original = cast(torch.nn.Module, original._orig_mod)
         return original
 
-    def clear(self) -> None:
-        """Forget every prepared object (``free_memory``)."""
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget the prepared objects, collect garbage and empty the device cache. Returns ``[None] * len(objects)``
+        so ``model, opt = kernel.free_memory(model, opt)`` drops the caller's references too."""
         for group in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.originals, self.inner):
             group.clear()
+        gc.collect()
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.is_available():
+            memory = getattr(accelerator, "memory", None)
+            empty = getattr(memory, "empty_cache", None) if memory is not None else None
+            if empty is not None:
+                empty()
+        return [None] * len(objects)
 
 
 def warn_unprepared_loaders(passed: set[int], num_processes: int) -> None:
@@ -191,8 +246,14 @@ def warn_unprepared_loaders(passed: set[int], num_processes: int) -> None:
 
 
 @contextlib.contextmanager
-def join_uneven_inputs(kernel: JoiningKernel, joinables: Sequence[Any], even_batches: bool | None) -> Iterator[None]:
-    """``kernel.join_uneven_inputs(joinables, even_batches)`` (see there)."""
+def join_uneven_inputs(
+    kernel: JoiningKernel, joinables: Sequence[Any], even_batches: bool | None = None
+) -> Iterator[None]:
+    """Train or evaluate on uneven inputs through torch's ``Join`` (Accelerate's; ``kernel.join_uneven_inputs``): with
+    ``even_batches=False`` (the argument, else the Kernel's) a process that runs out of batches stops its passes over
+    the prepared dataloaders instead of getting empty batches, and ``Join`` shadows the collectives of ``joinables``
+    (prepared models of a strategy whose model torch can join: DDP) until every process is done, so none waits
+    forever. With even batches, or one process, it changes nothing."""
     from torch.distributed.algorithms import Join, Joinable
 
     if even_batches is not None:

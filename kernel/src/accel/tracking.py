@@ -1,4 +1,4 @@
-"""Experiment tracking: the Kernel's tracker API and the base class of tracker components. No torch import.
+"""Experiment tracking: the Kernel's tracker API (its part :class:`Tracking`) and the base class of tracker components. No torch import.
 
 A tracker is a plugin whose ``accel_activate`` returns a :class:`Tracker` when its name is in ``log_with`` (or
 ``"all"`` is). The Kernel never names a tracker: it calls the tracking hooks of :mod:`accel.hookspecs` on every
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from accel.contract import Component
 from accel.errors import UsageError, user_stacklevel
@@ -121,31 +121,49 @@ def __getattr__(name: str) -> Any:
     return attribute(__name__, name)
 
 
-class TrackingMixin:
-    """The Kernel's tracking methods (mixed into :class:`accel.Kernel`)."""
+class TrackingKernel(Protocol):
+    """What :class:`Tracking` reads of its Kernel."""
 
     plugins: Plugins
     settings: Settings
-    _trackers_started: bool = False
-    _trackers_ended: bool = False
-    _warned: set[str]
-
-    def call_isolated(self, hook_name: str, **kwargs: Any) -> None:  # implemented by Kernel
-        raise NotImplementedError
 
     @property
-    def is_main_process(self) -> bool:  # implemented by Kernel
-        raise NotImplementedError
+    def is_main_process(self) -> bool: ...
+
+    def call_isolated(self, hook_name: str, *, trackers: bool | None = None, **kwargs: Any) -> None: ...
+
+
+class Tracking:
+    """A Kernel's part for its tracker API (its ``_tracking``; the Kernel offers each public member under the same
+    name, documented in :class:`accel.parts.TrackingPart`): it checks the arguments and calls the tracking hooks on
+    the active trackers, each isolated."""
+
+    def __init__(self, kernel: TrackingKernel) -> None:
+        check_tracker_names(kernel.settings["log_with"] or [], kernel.plugins.records)
+        self.kernel = kernel
+        self.started = False  # init_trackers was called
+        self.ended = False  # and the runs it started are finished
+        self._warned: set[str] = set()
+
+    @property
+    def log_with(self) -> list[str]:
+        return list(self.kernel.settings["log_with"] or [])
+
+    @log_with.setter
+    def log_with(self, value: str | Sequence[str] | None) -> None:
+        names = [value] if isinstance(value, str) else list(value or [])
+        if sorted(names) != sorted(self.log_with):
+            raise UsageError(
+                f"kernel.log_with = {value!r}: trackers are chosen when the Kernel is created (they are plugins); "
+                f"pass Kernel(log_with={value!r}) instead (this run has log_with={self.log_with!r})"
+            )
 
     @property
     def trackers(self) -> list[Component]:
-        """The active tracker components, in the order hooks ask them."""
-        return [c for c in self.plugins.components if c.role == "tracker"]
+        return [c for c in self.kernel.plugins.components if c.role == "tracker"]
 
     @trackers.setter
     def trackers(self, value: list[Component]) -> None:
-        """Accepted when it holds this run's trackers (``kernel.trackers = kernel.trackers``); trackers are plugins
-        chosen by ``Kernel(log_with=...)``, so another list is one line saying so."""
         if [id(t) for t in value] != [id(t) for t in self.trackers]:
             raise UsageError(
                 "kernel.trackers cannot be replaced: trackers are plugins chosen by Kernel(log_with=[...]); "
@@ -158,10 +176,6 @@ class TrackingMixin:
         config: Mapping[str, Any] | None = None,
         init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """Start a run named ``project_name`` in every tracker of ``log_with`` and record ``config`` (the
-        hyper-parameters). ``init_kwargs`` maps a tracker name to keyword arguments for that backend, e.g.
-        ``{"my_tracker": {"project": "x"}, "other_tracker": {"uri": "http://..."}}``. Main process only, unless a
-        tracker says otherwise."""
         if not isinstance(project_name, str) or not project_name:
             raise UsageError(f"init_trackers(project_name=...) expects a non-empty string, got {project_name!r}")
         for key, value in (init_kwargs or {}).items():
@@ -170,11 +184,11 @@ class TrackingMixin:
                     f"init_trackers(init_kwargs=...): the entry for {key!r} must be a dict of keyword "
                     f"arguments, got {type(value).__name__}"
                 )
-        self._trackers_started = True
-        self._trackers_ended = False
-        self.call_isolated(
+        self.started = True
+        self.ended = False
+        self.kernel.call_isolated(
             "accel_init_trackers",
-            kernel=self,
+            kernel=self.kernel,
             project_name=project_name,
             config=dict(config or {}),
             init_kwargs={k: dict(v) for k, v in (init_kwargs or {}).items()},
@@ -183,7 +197,7 @@ class TrackingMixin:
     def _tracking_ready(self, what: str) -> bool:
         if not self.trackers:
             return False
-        if not self._trackers_started:
+        if not self.started:
             self._warn_once(
                 f"{what}-before-init", f"kernel.{what}() was called before kernel.init_trackers(); nothing was logged"
             )
@@ -196,13 +210,11 @@ class TrackingMixin:
         step: int | None = None,
         log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """Log a dict of values (numbers, and whatever else a tracker understands) at ``step`` to every active
-        tracker. ``log_kwargs`` maps a tracker name to extra keyword arguments for its log call."""
         if not self._tracking_ready("log"):
             return
-        self.call_isolated(
+        self.kernel.call_isolated(
             "accel_log",
-            kernel=self,
+            kernel=self.kernel,
             values=dict(values),
             step=step,
             log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()},
@@ -214,15 +226,12 @@ class TrackingMixin:
         step: int | None = None,
         log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """Log images to the active trackers that can show them. ``values`` maps a name to an image or a list of
-        images; an image is an array or tensor of shape H x W, H x W x 3 or H x W x 4 (channels last; uint8 in
-        0..255 or float in 0..1) or a PIL image."""
         if not self._tracking_ready("log_images"):
             return
         self._warn_unsupported("accel_log_images", "log_images")
-        self.call_isolated(
+        self.kernel.call_isolated(
             "accel_log_images",
-            kernel=self,
+            kernel=self.kernel,
             values=dict(values),
             step=step,
             log_kwargs={k: dict(v) for k, v in (log_kwargs or {}).items()},
@@ -237,8 +246,6 @@ class TrackingMixin:
         step: int | None = None,
         log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        """Log a table (``columns`` and rows of ``data``, or a pandas ``dataframe``) to the active trackers that can
-        show tables."""
         if dataframe is not None:
             if columns is not None or data is not None:
                 raise UsageError("log_table: give either columns and data, or dataframe, not both")
@@ -253,9 +260,9 @@ class TrackingMixin:
         if not self._tracking_ready("log_table"):
             return
         self._warn_unsupported("accel_log_table", "log_table")
-        self.call_isolated(
+        self.kernel.call_isolated(
             "accel_log_table",
-            kernel=self,
+            kernel=self.kernel,
             table_name=table_name,
             columns=list(columns),
             data=rows,
@@ -264,24 +271,22 @@ class TrackingMixin:
         )
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The active tracker component called ``name``; with ``unwrap=True`` the backend's own run object
-        (``None`` on processes where the tracker did not start a run, e.g. not the main process)."""
         for comp in self.trackers:
             if comp.name == name:
                 return getattr(comp, "run", None) if unwrap else comp
         active = ", ".join(c.name for c in self.trackers) or "none"
         raise UsageError(f"no active tracker named {name!r} (active trackers: {active}); add it to log_with")
 
-    def _end_trackers(self) -> None:
+    def end(self) -> None:
         """Finish every tracker run that init_trackers started (once)."""
-        if self._trackers_started and not self._trackers_ended:
-            self._trackers_ended = True
-            self.call_isolated("accel_end_training", kernel=self, trackers=True)
+        if self.started and not self.ended:
+            self.ended = True
+            self.kernel.call_isolated("accel_end_training", kernel=self.kernel, trackers=True)
 
     def _warn_unsupported(self, hook: str, what: str) -> None:
         answering = {
             impl.plugin_name
-            for impl in getattr(self.plugins.pm.hook, hook).get_hookimpls()
+            for impl in getattr(self.kernel.plugins.pm.hook, hook).get_hookimpls()
             if not (impl.wrapper or impl.hookwrapper)
         }  # a wrapper alone logs nothing
         if not answering:
@@ -292,6 +297,6 @@ class TrackingMixin:
 
     def _warn_once(self, key: str, message: str) -> None:
         """Warn about a tracking call once, on the main process (every process makes the same call)."""
-        if key not in self._warned and self.is_main_process:
+        if key not in self._warned and self.kernel.is_main_process:
             self._warned.add(key)
             warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())

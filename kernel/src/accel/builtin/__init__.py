@@ -12,6 +12,9 @@ Their modules import no torch (the CLI registers them too): each imports its fea
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 #: (plugin name, module) of each built-in plugin, in registration order.
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("accel", "accel.defaults"),  # one process, one device: the answer of every hook nobody else answers
@@ -19,6 +22,24 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("accel.checkpoint", "accel.builtin.checkpoint"),  # the checkpoint writer (save_state/load_state)
     ("accel.memory", "accel.builtin.memory"),  # accel estimate-memory's single-process row
 )
+
+#: The parts of a Kernel that built-in features give it: (the Kernel's attribute, "module:class"). Each class is made
+#: with the Kernel when it starts (:func:`make_parts`); :mod:`accel.parts` says what each offers.
+BUILTIN_PARTS: tuple[tuple[str, str], ...] = (
+    ("_tracking", "accel.tracking:Tracking"),  # init_trackers, log, get_tracker...
+    ("_checkpoints", "accel.builtin.checkpoint:Checkpoints"),  # save_state, load_state, save_model...
+)
+
+
+def make_parts(kernel: Any) -> dict[str, Any]:
+    """The built-in parts of ``kernel``, by attribute name, each made from its class named in :data:`BUILTIN_PARTS`
+    (imported by name, as the built-in plugins are: the kernel imports no feature)."""
+    parts = {}
+    for attribute, where in BUILTIN_PARTS:
+        module, name = where.split(":")
+        parts[attribute] = getattr(importlib.import_module(module), name)(kernel)
+    return parts
+
 
 #: The distribution the built-in plugins come with.
 DISTRIBUTION = "accel-kernel"

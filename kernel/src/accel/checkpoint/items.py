@@ -59,6 +59,15 @@ class PluginTable(Protocol):
     def builtin(self) -> Sequence[InstalledPlugin]: ...
 
 
+class CheckpointPart(Protocol):
+    """What the checkpoint code reads of a Kernel's checkpoint part (:class:`accel.builtin.checkpoint.Checkpoints`):
+    the objects registered for checkpointing and the script's save and load hooks, by handle id."""
+
+    custom_objects: list[Any]
+    save_hooks: dict[int, Any]
+    load_hooks: dict[int, Any]
+
+
 class CheckpointKernel(KernelView, Protocol):
     """What the kernel's checkpoint code uses of the Kernel beyond :class:`accel.contract.KernelView`: the objects
     it prepared, its plugins and its project configuration."""
@@ -73,9 +82,7 @@ class CheckpointKernel(KernelView, Protocol):
     _optimizers: list[PreparedOptimizer]
     _schedulers: list[PreparedScheduler]
     _dataloaders: list[PreparedDataLoader]
-    _custom_objects: list[Any]
-    _save_state_pre_hooks: dict[int, Any]
-    _load_state_pre_hooks: dict[int, Any]
+    _checkpoints: CheckpointPart
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, Any]: ...
 
@@ -253,7 +260,7 @@ def kernel_items(kernel: CheckpointKernel) -> dict[str, Any]:
     ):
         for i, obj in enumerate(objs):
             items[kind if i == 0 else f"{kind}_{i}"] = obj
-    for i, obj in enumerate(kernel._custom_objects):
+    for i, obj in enumerate(kernel._checkpoints.custom_objects):
         items[f"custom_{i}"] = obj
     items["gradients"] = GradientsState(kernel)
     items["rng"] = RNGState(loaders)

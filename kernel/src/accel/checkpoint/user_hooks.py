@@ -31,7 +31,7 @@ def run_save_hooks(
     kernel: CheckpointKernel, items: Mapping[str, Item], directory: Path, alone: bool
 ) -> dict[str, Item]:
     """Call the save hooks; the items left for accel to write (all of them when there is no hook)."""
-    hooks: list[SaveHook] = list(kernel._save_state_pre_hooks.values())
+    hooks: list[SaveHook] = list(kernel._checkpoints.save_hooks.values())
     if not hooks:
         return dict(items)
     from accel.checkpoint.items import _state_of
@@ -53,7 +53,7 @@ def run_load_hooks(
     kernel: CheckpointKernel, items: Mapping[str, Item], records: Mapping[str, ItemRecord], directory: Path
 ) -> tuple[dict[str, Item], dict[str, ItemRecord]]:
     """Call the load hooks; the items and records left for accel to check and restore."""
-    hooks: list[LoadHook] = list(kernel._load_state_pre_hooks.values())
+    hooks: list[LoadHook] = list(kernel._checkpoints.load_hooks.values())
     if not hooks:
         return dict(items), dict(records)
     models = {item.key: kernel.unwrap_model(item.obj) for item in items.values() if item.kind == "model"}

@@ -17,6 +17,9 @@ N-D mesh) are both built on it.
 Import it explicitly (``from accel.spi import sharded``). Importing it does not import torch: every function imports
 what it needs. Each docstring says whether the function is **collective** (call it on every process of the mesh, in
 the same order) or local.
+
+Why one module of this size: it is one toolkit that two plugins import as a unit (``from accel.spi import
+sharded``), its strategy class calls every helper in it, and a plugin author finds what FSDP2 needs in one place.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ processes asked, with the plan's environment, restarting them when it honours ``
 
 Each suite's ``registered()`` is the ``ACCEL_PLUGINS`` allow-list of its runs, and (for the suites that build a
 Kernel in the test's process) ``kernel_kwargs()`` the arguments that make the plugin take part.
+
+Why one module of this size: one suite class per role, each a list of behaviour tests with their docstrings, and
+a plugin author imports every suite from one module.
 """
 
 from __future__ import annotations
