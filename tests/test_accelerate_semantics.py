@@ -256,7 +256,7 @@ def test_a_pickled_kernel_in_another_process_knows_the_run_and_refuses_the_rest(
     lines = proc.stdout.decode().splitlines()
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert lines[0] == "Kernel(detached copy, process 0/1, device=cpu) True 1 cpu True"
-    assert lines[1].startswith("kernel.collectives: this Kernel was unpickled in another process than the one that")
+    assert lines[1].startswith("kernel.wait_for_everyone: this Kernel was unpickled in another process than the one")
     kernel.end_training()
 
 

@@ -40,6 +40,9 @@ def test_a_member_reads_the_part_of_this_kernel() -> None:
         assert k.split_batches is False and k.save_iteration == 0 and k.trackers == []
         k.dataloader_config = accel.DataLoaderConfiguration(even_batches=False)  # assigned through to the part
         assert k.even_batches is False and k.dataloader_config.even_batches is False
+        # as a property's: what a subclass's property calls
+        Kernel.dataloader_config.fset(k, accel.DataLoaderConfiguration(even_batches=True))
+        assert Kernel.dataloader_config.fget(k).even_batches is True and k.even_batches is True
     finally:
         k.end_training()
 

@@ -57,11 +57,11 @@ Roles are declared, never negotiated through call order:
 - A strategy that shards parameters over processes declares ``"sharding"`` in ``provides``, so components that
   change parameters in ways a sharding strategy cannot take (IPEX's prepacked weights) can refuse it by that
   declaration rather than by the strategy's name.
-
-Why one file of this size: it is the contract and the single source of the hook documentation (docs/hooks.md is
-generated from it), and most of its lines are those docstrings; a plugin author reads one file, as pytest's
-``hookspec.py``.
 """
+
+# Why one file of this size: it is the contract and the single source of the hook documentation (docs/hooks.md is
+# generated from its docstrings, which are most of its lines); a plugin author reads one file, as pytest's
+# hookspec.py.
 
 from __future__ import annotations
 

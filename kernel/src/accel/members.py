@@ -86,6 +86,15 @@ class Attribute(Generic[T]):
             return self
         return getattr(_part(kernel, self.part, self.name), self.name)
 
+    def fget(self, kernel: object) -> T:
+        """As ``property.fget``: the value on ``kernel`` (``Kernel.split_batches.fget(kernel)``)."""
+        return self.__get__(kernel)
+
+    def fset(self, kernel: object, value: T) -> None:
+        """As ``property.fset``: assign on ``kernel``, what a subclass's setter calls
+        (``Kernel.dataloader_config.fset(self, value)``)."""
+        self.__set__(kernel, value)
+
     def __set__(self, kernel: object, value: T) -> None:
         if self.readonly:
             raise AttributeError(f"kernel.{self.name} cannot be set: it is a fact of the run")

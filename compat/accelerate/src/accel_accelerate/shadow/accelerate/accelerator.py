@@ -178,7 +178,7 @@ class Accelerator(Kernel):
 
     @dataloader_config.setter
     def dataloader_config(self, value: DataLoaderConfiguration) -> None:
-        Kernel.dataloader_config.fset(self, value)  # type: ignore[attr-defined]
+        Kernel.dataloader_config.fset(self, value)
         self.__dict__["_accelerate_dataloader_config"] = value
 
     def prepare(self, *args: Any, device_placement: Any = None) -> Any:  # type: ignore[override]
