@@ -126,7 +126,7 @@ def main() -> None:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--clip", type=float, default=0.0)
     args = p.parse_args()
-    steps = args.steps or {"tiny": 2000, "medium": 40}[args.model]
+    steps = args.steps or {"tiny": 6000, "medium": 40}[args.model]
     world = int(os.environ.get("WORLD_SIZE", 1))
     # one intra-op thread, as the launchers give each of several processes (OMP_NUM_THREADS=1): a 1-process run on
     # a shared machine would otherwise time OpenMP's thread hand-offs more than the frameworks
