@@ -40,7 +40,6 @@ class Resolved:
     settings: Settings
     data: DataSettings
     handled: Routed  # the kwargs handlers' option values, the profile handler, and which handlers no plugin read
-    step_scheduler_with_optimizer: bool
 
 
 def resolve_arguments(
@@ -110,7 +109,7 @@ def resolve_arguments(
             kwargs[name] = value
     values, sources = resolve(declared, env=env, launched=launched_config(env), kwargs=kwargs)
     settings = Settings(values, sources, world_size=int_env(env, "WORLD_SIZE", 1), phase="run", env=env)
-    return Resolved(settings, data, handled, step_scheduler_with_optimizer)
+    return Resolved(settings, data, handled)
 
 
 def launched_config(env: Mapping[str, str]) -> Any:

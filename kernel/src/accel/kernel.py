@@ -97,7 +97,7 @@ class Kernel:
         )  # fmt: skip
         self.settings, self._data, self.profile_handler = given.settings, given.data, given.handled.profile
         self.even_batches = given.data.even_batches
-        self.step_scheduler_with_optimizer = given.step_scheduler_with_optimizer
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer  # checked by resolve_arguments
         self._accumulation_steps = int(self.settings["gradient_accumulation_steps"])
         self.project_configuration = configure_project(project_config, self.settings["project_dir"])
         # 2. the step's state and the parts

@@ -91,8 +91,10 @@ class OpsKernel(Protocol):
     collectives: Collectives
     gradient_state: GradientState
     device: torch.device
+    topology: Topology
     profile_handler: Any  # an accel.utils.ProfileKwargs from kwargs_handlers, or None
     _loader_check_due: bool  # the Kernel's one look for DataLoaders that did not go through prepare
+    _prepared: Prepared
 
     @property
     def num_processes(self) -> int: ...
@@ -100,16 +102,10 @@ class OpsKernel(Protocol):
     def process_index(self) -> int: ...
     @property
     def local_process_index(self) -> int: ...
-
-    topology: Topology
-
     @property
     def is_main_process(self) -> bool: ...
     @property
     def is_local_main_process(self) -> bool: ...
-
-    _prepared: Prepared
-
     def wait_for_everyone(self) -> None: ...
     def gather(self, tensor: Any) -> Any: ...
     def gather_object(self, obj: Any) -> list[Any]: ...
