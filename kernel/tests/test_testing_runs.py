@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,19 +15,23 @@ from accel.testing.runs import processes_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds a run's processes in /proc")
 
-#: Starts a grandchild that keeps the standard streams open and outlives its parent (an orphaned worker).
-ORPHAN = """
-import subprocess, sys
-subprocess.Popen([sys.executable, "-c", "import time\\ndef orphaned_worker():\\n    time.sleep(600)\\norphaned_worker()"])
-print("parent done", flush=True)
+#: A child that says when it is inside ``{name}`` (it creates the file named by its parent's argument) and then waits
+#: there. A parent waits for that file, so the child's stack is where the test looks for it even when a loaded machine
+#: takes seconds to start a Python (a signal that comes before faulthandler is set up prints no stack at all).
+CHILD = "import sys, time\\ndef {name}():\\n    open(sys.argv[1], 'w').close()\\n    time.sleep(600)\\n{name}()"
+WAIT_FOR_CHILD = """
+import os, subprocess, sys, time
+ready = sys.argv[1]
+child = subprocess.Popen([sys.executable, "-S", "-c", "{code}", ready])
+while not os.path.exists(ready):
+    time.sleep(0.05)
 """
 
+#: Starts a grandchild that keeps the standard streams open and outlives its parent (an orphaned worker).
+ORPHAN = WAIT_FOR_CHILD.format(code=CHILD.format(name="orphaned_worker")) + 'print("parent done", flush=True)\n'
+
 #: A process whose child waits forever (a stuck rank).
-STUCK = """
-import subprocess, sys
-code = "import time\\ndef waiting_in_collective():\\n    time.sleep(600)\\nwaiting_in_collective()"
-subprocess.run([sys.executable, "-c", code])
-"""
+STUCK = WAIT_FOR_CHILD.format(code=CHILD.format(name="waiting_in_collective")) + "child.wait()\n"
 
 
 def test_output_and_exit_code_of_a_finished_run() -> None:
@@ -35,10 +40,10 @@ def test_output_and_exit_code_of_a_finished_run() -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
 
 
-def test_a_process_left_running_fails_the_run_and_is_stopped() -> None:
+def test_a_process_left_running_fails_the_run_and_is_stopped(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RunLeftovers) as info:
-        run_tree([sys.executable, "-c", ORPHAN], env=dict(os.environ), timeout=60, grace=2)
+        run_tree([sys.executable, "-c", ORPHAN, str(tmp_path / "ready")], env=dict(os.environ), timeout=60, grace=2)
     assert time.monotonic() - started < 30  # not the orphan's 600 s (subprocess.run would wait for its pipes)
     message = str(info.value)
     assert "exited with 0 and left processes running" in message and "orphaned_worker" in message
@@ -47,13 +52,13 @@ def test_a_process_left_running_fails_the_run_and_is_stopped() -> None:
     assert not [cmd for cmd in processes_of_any() if "orphaned_worker" in cmd]  # stopped, not left behind
 
 
-def test_a_hung_run_fails_at_its_deadline_with_the_stacks() -> None:
+def test_a_hung_run_fails_at_its_deadline_with_the_stacks(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RunTimeout) as info:
-        run_tree([sys.executable, "-c", STUCK], env=dict(os.environ), timeout=4)
-    assert time.monotonic() - started < 30
+        run_tree([sys.executable, "-c", STUCK, str(tmp_path / "ready")], env=dict(os.environ), timeout=10)
+    assert time.monotonic() - started < 40
     message = str(info.value)
-    assert "still running after 4 s" in message
+    assert "still running after 10 s" in message
     assert "in waiting_in_collective" in message
     assert not [cmd for cmd in processes_of_any() if "waiting_in_collective" in cmd]
 
