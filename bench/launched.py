@@ -9,7 +9,7 @@ bench/.venv-accelerate; ``ACCEL_BENCH_FABRIC_VENV``, default bench/.venv-fabric)
 skipped. Each round runs every framework once per workload, in an order that rotates from round to round; a
 framework's figure is the median over rounds of its ratio to the raw run *of the same round*, with the lowest and
 highest round ratio beside it (separate processes of one script differ by ±10-30 % on a shared machine, which the
-spread shows). Launch rows time a script whose first statement prints a line (bench/launch_probe.py): seconds from
+spread shows). Within a run, the script times its steps in ten parts and reports the median part's rate. Launch rows time a script whose first statement prints a line (bench/launch_probe.py): seconds from
 starting the launcher to that line, and to the launcher's exit, minus torchrun's in the same round.
 
 bench/run.py's ``ddp-overhead`` and ``step-overhead`` sections are the in-process paired comparison (the framework's
