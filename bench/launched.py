@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import signal
@@ -172,6 +173,8 @@ def spread(values: list[float], fmt: str) -> str:
     def one(v: float) -> str:
         return (f"{v:.0f}" if v >= 100 else f"{v:.3g}") if fmt == "rate" else format(v, fmt)
 
+    if not values:
+        return "- (every run lost)"
     return f"{one(statistics.median(values))} ({one(min(values))}..{one(max(values))})"
 
 
@@ -181,27 +184,51 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
     found, _ = launchers()
     names = list(found)
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    LOST.clear()
     for r in range(rounds):
+        print(f"bench: launched, round {r + 1} of {rounds}", file=sys.stderr, flush=True)
         order = names[r % len(names) :] + names[: r % len(names)]  # who goes first rotates
         for label, n, model, accum, clip in WORKLOADS:
             steps = ["--steps", "200" if model == "tiny" else "8"] if quick else []
             args = [TRAIN, "--model", model, "--accum", str(accum), "--clip", str(clip), *steps]
             row = results.setdefault(label, {})
             for name in order:
-                *_, result = run_retried(found[name](n, [*args, "--impl", name]))
+                *_, result = run_peer(name, found[name](n, [*args, "--impl", name]))
                 row.setdefault(name, []).append(result)
         for name in order:
-            first, done, cpu, _ = run_retried(found[name](2, [PROBE]))
-            results.setdefault("launch -> first line", {}).setdefault(name, []).append({"seconds": first})
-            results.setdefault("launch -> exit", {}).setdefault(name, []).append({"seconds": done})
-            results.setdefault(LAUNCH_CPU, {}).setdefault(name, []).append({"seconds": cpu})
+            first, done, cpu, _ = run_peer(name, found[name](2, [PROBE]))
+            lost = math.isnan(first)  # the peer's run was lost
+            results.setdefault("launch -> first line", {}).setdefault(name, []).append(
+                {} if lost else {"seconds": first}
+            )
+            results.setdefault("launch -> exit", {}).setdefault(name, []).append({} if lost else {"seconds": done})
+            results.setdefault(LAUNCH_CPU, {}).setdefault(name, []).append({} if lost else {"seconds": cpu})
     return results
+
+
+#: per peer framework, the runs lost this measurement (it failed twice): its rounds leave them out
+LOST: dict[str, list[str]] = {}
+
+
+def run_peer(name: str, cmd: list[str]) -> tuple[float, float, float, dict[str, float]]:
+    """``run_retried`` for raw and accel (a second failure ends the section); for a peer framework (Accelerate,
+    Fabric), whose columns are context and not targets, a second failure loses that one run: it is counted in
+    ``LOST`` and the table says so, and its round is left out of that framework's figures."""
+    if name in ("raw", "accel"):
+        return run_retried(cmd)
+    try:
+        return run_retried(cmd)
+    except RuntimeError as e:
+        print(f"bench: {name}'s run lost: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        LOST.setdefault(name, []).append(str(e).splitlines()[0].rsplit(" failed ", 1)[-1].rstrip(":"))
+        nan = float("nan")
+        return nan, nan, nan, {}
 
 
 def ratios(row: dict[str, list[dict[str, float]]], name: str, key: str = "steps_per_s") -> list[float]:
     """``name``'s speed relative to raw's in each round (above 1: faster); ``key`` "cpu_ms_per_step" compares the
     CPU time per step of rank 0 instead (raw's / the framework's)."""
-    pairs = zip(row[name], row["raw"], strict=True)
+    pairs = [(ours, raw) for ours, raw in zip(row[name], row["raw"], strict=True) if ours]  # lost runs are {}
     if key == "steps_per_s":
         return [ours[key] / raw[key] for ours, raw in pairs]
     return [raw[key] / ours[key] for ours, raw in pairs]
@@ -238,7 +265,7 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
         row = results[label]
         cells = []
         for name in names:
-            deltas = [a["seconds"] - b["seconds"] for a, b in zip(row[name], row["raw"], strict=True)]
+            deltas = [a["seconds"] - b["seconds"] for a, b in zip(row[name], row["raw"], strict=True) if a]
             cells.append(f"{spread(deltas, '+.3f')} s")
             if name == "accel" and target is not None and label != LAUNCH_CPU:
                 target(
@@ -258,6 +285,11 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
         "machine's load affects less than the wall time. \"By CPU time per step\": rank 0's CPU seconds per step (all its threads), "
         "raw's over accel's, per round: less sensitive to the machine's load than steps/s.",
         *skipped,
+        *(
+            f"{head[name]}: {len(why)} run(s) lost, each failing twice: {', '.join(sorted(set(why)))}; their rounds "
+            "are left out of its figures."
+            for name, why in LOST.items()
+        ),
     ]
     return "\n".join(rows) + "\n\n" + "\n\n".join(notes)
 
