@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from accel.active import ProcessKernel
 from accel.data_arguments import check_bool
 from accel.debug import CheckedCollectives
 from accel.errors import DistributedOperationError, UsageError
@@ -85,8 +86,9 @@ def split_share(inputs: Any, num_processes: int, index: int, apply_padding: bool
     return part + inputs[-1:] * pad
 
 
-class OpsKernel(Protocol):
-    """What :class:`ProcessOps` reads of its Kernel."""
+class OpsKernel(ProcessKernel, Protocol):
+    """What :class:`ProcessOps` reads of its Kernel (the run's facts of :class:`accel.active.ProcessKernel`, and
+    these)."""
 
     collectives: Collectives
     gradient_state: GradientState
@@ -97,16 +99,9 @@ class OpsKernel(Protocol):
     _prepared: Prepared
 
     @property
-    def num_processes(self) -> int: ...
-    @property
-    def process_index(self) -> int: ...
-    @property
-    def local_process_index(self) -> int: ...
-    @property
     def is_main_process(self) -> bool: ...
     @property
     def is_local_main_process(self) -> bool: ...
-    def wait_for_everyone(self) -> None: ...
     def gather(self, tensor: Any) -> Any: ...
     def gather_object(self, obj: Any) -> list[Any]: ...
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any: ...
