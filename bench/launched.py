@@ -9,8 +9,9 @@ bench/.venv-accelerate; ``ACCEL_BENCH_FABRIC_VENV``, default bench/.venv-fabric)
 skipped. Each round runs every framework once per workload, in an order that rotates from round to round; a
 framework's figure is the median over rounds of its ratio to the raw run *of the same round*, with the lowest and
 highest round ratio beside it (separate processes of one script differ by ±10-30 % on a shared machine, which the
-spread shows). Within a run, the script times its steps in ten parts and reports the median part's rate. Launch rows time a script whose first statement prints a line (bench/launch_probe.py): seconds from
-starting the launcher to that line, and to the launcher's exit, minus torchrun's in the same round.
+spread shows). Within a run, the script times its steps in ten parts and reports the median part's rate. Launch
+rows time a script whose first statement prints a line (bench/launch_probe.py): seconds from starting the launcher
+to that line, and to the launcher's exit, minus torchrun's in the same round.
 
 bench/run.py's ``ddp-overhead`` and ``step-overhead`` sections are the in-process paired comparison (the framework's
 loop and a raw loop interleaved in the same processes); this one is what a user comparing launchers sees.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import signal
@@ -193,16 +193,13 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
             args = [TRAIN, "--model", model, "--accum", str(accum), "--clip", str(clip), *steps]
             row = results.setdefault(label, {})
             for name in order:
-                *_, result = run_peer(name, found[name](n, [*args, "--impl", name]))
-                row.setdefault(name, []).append(result)
+                got = run_peer(name, found[name](n, [*args, "--impl", name]))
+                row.setdefault(name, []).append(got[3] if got else {})  # a lost run is {}
         for name in order:
-            first, done, cpu, _ = run_peer(name, found[name](2, [PROBE]))
-            lost = math.isnan(first)  # the peer's run was lost
-            results.setdefault("launch -> first line", {}).setdefault(name, []).append(
-                {} if lost else {"seconds": first}
-            )
-            results.setdefault("launch -> exit", {}).setdefault(name, []).append({} if lost else {"seconds": done})
-            results.setdefault(LAUNCH_CPU, {}).setdefault(name, []).append({} if lost else {"seconds": cpu})
+            got = run_peer(name, found[name](2, [PROBE]))
+            seconds = got[:3] if got else (None, None, None)
+            for label, value in zip(("launch -> first line", "launch -> exit", LAUNCH_CPU), seconds, strict=True):
+                results.setdefault(label, {}).setdefault(name, []).append({} if value is None else {"seconds": value})
     return results
 
 
@@ -210,19 +207,19 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
 LOST: dict[str, list[str]] = {}
 
 
-def run_peer(name: str, cmd: list[str]) -> tuple[float, float, float, dict[str, float]]:
+def run_peer(name: str, cmd: list[str]) -> tuple[float, float, float, dict[str, float]] | None:
     """``run_retried`` for raw and accel (a second failure ends the section); for a peer framework (Accelerate,
-    Fabric), whose columns are context and not targets, a second failure loses that one run: it is counted in
-    ``LOST`` and the table says so, and its round is left out of that framework's figures."""
+    Fabric), whose columns are context and not targets, a second failure loses that one run: None, counted in
+    ``LOST`` (the table says so), and its round is left out of that framework's figures."""
     if name in ("raw", "accel"):
         return run_retried(cmd)
     try:
         return run_retried(cmd)
     except RuntimeError as e:
-        print(f"bench: {name}'s run lost: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-        LOST.setdefault(name, []).append(str(e).splitlines()[0].rsplit(" failed ", 1)[-1].rstrip(":"))
-        nan = float("nan")
-        return nan, nan, nan, {}
+        first_line = str(e).splitlines()[0]
+        print(f"bench: {name}'s run lost: {first_line}", file=sys.stderr, flush=True)
+        LOST.setdefault(name, []).append(first_line.rsplit(" failed ", 1)[-1].rstrip(":"))
+        return None
 
 
 def ratios(row: dict[str, list[dict[str, float]]], name: str, key: str = "steps_per_s") -> list[float]:
