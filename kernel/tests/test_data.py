@@ -55,6 +55,37 @@ def test_one_process_gets_the_batches_of_the_users_loader(kernel: Any) -> None:
         uneven.end_training()
 
 
+def test_a_pass_counts_its_batches_and_knows_the_last_one_when_it_is_handed_out(kernel: Any) -> None:
+    prepared = kernel.prepare(loader())
+    seen = [(int(batch[0][0]), kernel.gradient_state.end_of_dataloader) for batch in prepared]
+    assert seen == [(0, False), (4, False), (8, False), (12, False), (16, False), (20, True)]
+    # the position a checkpoint would save, batch by batch: once the last batch is out, the next pass's start
+    assert [prepared.state_dict()["position"] for _ in prepared] == [1, 2, 3, 4, 5, 0]
+    assert not kernel.gradient_state.end_of_dataloader  # the pass ended: no loader is active
+
+
+def test_a_sampler_shorter_than_its_length_ends_the_pass_with_a_warning(kernel: Any) -> None:
+    class Short(torch.utils.data.Sampler[int]):
+        def __iter__(self) -> Any:
+            return iter(range(6))
+
+        def __len__(self) -> int:
+            return 10
+
+    prepared = kernel.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=2, sampler=Short()))
+    assert len(prepared) == 5
+    with pytest.warns(RuntimeWarning, match="the dataloader yielded 3 batches, its length says 5"):
+        assert values(prepared) == [[0, 1], [2, 3], [4, 5]]
+    # a sampler exactly one batch short: every batch it has but the last one known as such
+    class OneShort(Short):
+        def __len__(self) -> int:
+            return 8
+
+    prepared = kernel.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=2, sampler=OneShort()))
+    with pytest.warns(RuntimeWarning, match="the dataloader yielded 3 batches, its length says 4"):
+        assert values(prepared) == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_a_shuffled_loader_draws_a_new_order_each_epoch_from_one_seed(kernel: Any) -> None:
     torch.manual_seed(0)
     prepared = kernel.prepare(loader(shuffle=True))

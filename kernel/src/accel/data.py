@@ -567,28 +567,34 @@ class PreparedDataLoader:
             for _ in it:
                 pass
             return
-        for batch in it:
-            self._position += 1
-            if self._position == total:
-                # Finish the pass (a seeded sampler moves on to its next epoch) before the last batch is handed out.
-                if next(it, _END) is not _END:
-                    raise UsageError(
-                        f"the dataloader's sampler yields more batches than its length ({total}); "
-                        "give it a __len__ that matches what it yields"
-                    )
-                self.end_of_dataloader = True
-                self.kernel.gradient_state.refresh()
-                yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
-                return
-            yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
-        # Fewer batches than the length said: the pass ended without its last batch being known as such.
+        # Every batch but the last, numbered as it goes (zip stops at the range's end without reading the last one).
+        numbers = range(self._position + 1, total)
+        if device is None:
+            for self._position, batch in zip(numbers, it, strict=False):
+                yield batch
+        else:
+            for self._position, batch in zip(numbers, it, strict=False):
+                yield send_to_device(batch, device, self.kernel.non_blocking)
+        batch = next(it, _END) if self._position == total - 1 else _END
+        if batch is _END:  # fewer batches than the length said: the pass ended without its last batch known as such
+            self.end_of_dataloader = True
+            warnings.warn(
+                f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
+                "the epoch was not known in time for accumulate/gather_for_metrics",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        self._position = total
+        # Finish the pass (a seeded sampler moves on to its next epoch) before the last batch is handed out.
+        if next(it, _END) is not _END:
+            raise UsageError(
+                f"the dataloader's sampler yields more batches than its length ({total}); "
+                "give it a __len__ that matches what it yields"
+            )
         self.end_of_dataloader = True
-        warnings.warn(
-            f"the dataloader yielded {self._position} batches, its length says {total}; the end of "
-            "the epoch was not known in time for accumulate/gather_for_metrics",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        self.kernel.gradient_state.refresh()
+        yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
 
     def _read_ahead(self, it: Iterator[Any], device: torch.device | None, resume: dict[str, Any]) -> Iterator[Any]:
         """A pass of unknown length: one batch is read ahead, so the last one is known when it is handed out. When

@@ -271,6 +271,7 @@ class Kernel:
         them in the same order (one object returned as itself). Other objects pass through unchanged."""
         check_prepare_arguments(args)
         self._hot = HotHooks(self.plugins.pm)
+        self._accumulating = _Accumulate(self, ())  # it reads the hooks just resolved
         return self._prepared.prepare(args, device_placement)
 
     # ---- training step ------------------------------------------------------------------------------------
@@ -283,8 +284,7 @@ class Kernel:
             raise UsageError(no_grad_message(loss))
         if self._loader_check_due:
             self._prepared.warn_unprepared_loaders()
-        hot = self._hot
-        if hot.plain_backward:  # only the kernel's default answers: its call, made here
+        if self._hot.plain_backward:  # only the kernel's default answers: its call, made here
             steps = self._accumulation_steps  # scale_for_accumulation, inlined (one Python call fewer per step)
             if steps > 1:
                 loss = loss / steps
@@ -293,7 +293,7 @@ class Kernel:
             else:
                 loss.backward()  # `**{}` would take the interpreter's slower call path on every step
         else:
-            hot.backward(kernel=self, loss=loss, backward_kwargs=kwargs)
+            self._hot.backward(kernel=self, loss=loss, backward_kwargs=kwargs)
 
     def scale_for_accumulation(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss / gradient_accumulation_steps`` (for plugins answering ``accel_backward``)."""
@@ -340,7 +340,7 @@ class Kernel:
         if hot.unscale_needed:  # unscale_gradients(), inlined; nothing to call where no plugin implements it
             hot.unscale_gradients(kernel=self)
         if hot.plain_clip:  # only the kernel's default answers: its call, made here
-            return torch.nn.utils.clip_grad_norm_(parameters, float(max_norm), norm_type=float(norm_type))
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)  # torch reads either as float
         return hot.clip_grad_norm(
             kernel=self, parameters=list(parameters), max_norm=float(max_norm), norm_type=float(norm_type)
         )

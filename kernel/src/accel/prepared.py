@@ -31,36 +31,48 @@ class StepKernel(DataKernel, Protocol):
 
 class _Accumulate:
     """The context ``Kernel.accumulate`` returns (a small class: it runs on every training step, where a generator
-    based context manager costs several times more)."""
+    based context manager costs several times more). It reads the kernel's per-step hooks when it is made, so the
+    Kernel makes a new one at each ``prepare`` (which resolves them again)."""
 
-    __slots__ = ("kernel", "models", "stack")
+    __slots__ = ("kernel", "models", "stack", "state", "skip_sync")
 
     def __init__(self, kernel: StepKernel, models: tuple[torch.nn.Module, ...]):
-        self.kernel, self.models = kernel, models
+        self.kernel, self.models, self.state = kernel, models, kernel.gradient_state
+        #: whether the steps that do not synchronise enter the strategy's ``no_sync`` (nothing to enter where only
+        #: the kernel's null context answers it, or for no model)
+        self.skip_sync = bool(models) and kernel._hot.no_sync_needed
         #: what was entered on this step: the strategy's ``no_sync`` context of the one model, or an ExitStack of
         #: several models' contexts (``Kernel.no_sync`` made directly, without its generator-based wrapper)
         self.stack: contextlib.AbstractContextManager[Any] | None = None
 
     def __enter__(self) -> None:
-        kernel = self.kernel
-        state = kernel.gradient_state
-        state.step += 1
-        end = state.end_of_dataloader
-        sync = state.sync_gradients = end or state.step % kernel._accumulation_steps == 0
-        if end:
+        state = self.state
+        step = state.step + 1
+        if state.end_of_dataloader:  # the epoch's last batch always synchronises, and starts the count again
             state.step = 0
-        if not sync and self.models and kernel._hot.no_sync_needed:
-            no_sync, inner = kernel._hot.no_sync, kernel._inner
-            if len(self.models) == 1:
-                model = self.models[0]
-                context = no_sync(kernel=kernel, model=inner.get(id(model), model))
-                context.__enter__()
-                self.stack = context
-                return
-            with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
-                for model in self.models:
-                    stack.enter_context(no_sync(kernel=kernel, model=inner.get(id(model), model)))
-                self.stack = stack.pop_all()
+            state.sync_gradients = True
+        elif step % self.kernel._accumulation_steps:
+            state.step = step
+            state.sync_gradients = False
+            if self.skip_sync:
+                self._enter_no_sync()
+        else:
+            state.step = step
+            state.sync_gradients = True
+
+    def _enter_no_sync(self) -> None:
+        kernel = self.kernel
+        no_sync, inner = kernel._hot.no_sync, kernel._inner
+        if len(self.models) == 1:
+            model = self.models[0]
+            context = no_sync(kernel=kernel, model=inner.get(id(model), model))
+            context.__enter__()
+            self.stack = context
+            return
+        with contextlib.ExitStack() as stack:  # closes what was entered if a later no_sync fails
+            for model in self.models:
+                stack.enter_context(no_sync(kernel=kernel, model=inner.get(id(model), model)))
+            self.stack = stack.pop_all()
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
         stack = self.stack
@@ -80,6 +92,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         own = self.__dict__
         own["optimizer"] = optimizer
         own["kernel"] = kernel
+        own["gradient_state"] = kernel.gradient_state  # read on every step: one attribute away, not two
         own["step_was_skipped"] = False
 
     def __getattr__(self, name: str) -> Any:  # only called for names the wrapper does not have
@@ -133,9 +146,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        kernel = self.kernel
-        if not kernel.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients:
             return
+        kernel = self.kernel
         if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
             if set_to_none:
                 self.optimizer.zero_grad()  # the default: a call without keywords is cheaper on every step
@@ -145,11 +158,11 @@ class PreparedOptimizer(torch.optim.Optimizer):
             kernel._hot.zero_grad(kernel=kernel, optimizer=self.optimizer, set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        kernel = self.kernel
-        if not kernel.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients:
             return
         if closure is not None:
             raise UsageError("optimizer.step(closure) is not supported by prepared optimizers; call the closure first")
+        kernel = self.kernel
         if kernel._hot.plain_optimizer:  # only the kernel's default answers: its call, made here
             self.optimizer.step()
             if self.step_was_skipped:  # (a store through __setattr__ costs a Python call: only when it changes)
@@ -169,7 +182,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.__dict__.update(state)
 
 
-_PREPARED_OPTIMIZER_OWN = frozenset({"optimizer", "kernel", "step_was_skipped"})
+_PREPARED_OPTIMIZER_OWN = frozenset({"optimizer", "kernel", "gradient_state", "step_was_skipped"})
 
 
 def _forward_to_optimizer(name: str) -> Callable[..., Any]:
