@@ -30,7 +30,10 @@ def main() -> None:
         dist.all_gather(parts, torch.ones(8))
         for _batch in DataLoader(dataset, batch_size=16, num_workers=2):
             pass
-    print(kernel.process_index, "done", rounds, f"{time.monotonic() - start:.1f}s", flush=True)
+    # One write of the whole line: `accel launch` runs its processes unbuffered, where print() writes its parts
+    # apart, and the two processes' lines on one pipe could run together ("0 done 150 13.2s1").
+    sys.stdout.write(f"{kernel.process_index} done {rounds} {time.monotonic() - start:.1f}s\n")
+    sys.stdout.flush()
     kernel.end_training()
 
 
