@@ -25,6 +25,7 @@ from pathlib import Path
 
 import launched
 import pipeline
+import step_parts
 from _common import accelerate_python, alternate_runs, ddp_setting, machine, med, run_json, write_section
 
 PY = sys.executable
@@ -472,6 +473,7 @@ def main() -> None:
         "launch-latency": ("### Launch latency", lambda: launch_latency(args.repeats)),
         "hook-cost": ("### Hook dispatch per step", hook_cost),
         "instructions": ("### Instructions per step", instruction_count),
+        "step-parts": ("### Where a tiny step's time goes, part by part", lambda: step_parts.section(100)),
         "loader-instructions": ("### DataLoader with worker processes: instructions per sample", loader_instructions),
         "pipeline": (pipeline.TITLE, lambda: pipeline_section(args.repeats)),
         "checkpoint-async": (

@@ -76,7 +76,8 @@ def test_a_sampler_shorter_than_its_length_ends_the_pass_with_a_warning(kernel: 
     assert len(prepared) == 5
     with pytest.warns(RuntimeWarning, match="the dataloader yielded 3 batches, its length says 5"):
         assert values(prepared) == [[0, 1], [2, 3], [4, 5]]
-    # a sampler exactly one batch short: every batch it has but the last one known as such
+
+    # one batch short: every batch before the last is handed out, then the last one is not there
     class OneShort(Short):
         def __len__(self) -> int:
             return 8

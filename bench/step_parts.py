@@ -1,0 +1,185 @@
+"""Where accel's per-micro-step time goes: each part of a training step timed apart, accel's loop against the
+hand-written one, in one process.
+
+    python bench/step_parts.py [--rounds 60] [--steps 500]    # prints the table; bench/run.py writes it to the docs
+
+The loops are bench/launched_train.py's (tiny MLP, AdamW, cross-entropy, ``accumulate(4)`` and
+``clip_grad_norm_(1.0)``, one intra-op thread), run in one process in alternating segments of ``--steps``
+micro-steps. A clock read (``time.perf_counter_ns``) at each boundary splits a micro-step into the parts below; each
+part's figure is the median over segments of its mean per micro-step, and the difference is accel's minus raw's.
+The clock reads cost the same in both loops, so the differences are accel's own. This is the breakdown behind the
+launched 1-process accumulate + clip row; the instruction count of the same loops is in the ``instructions``
+section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+#: the parts of a micro-step, in order, with what each one runs in accel's loop
+PARTS = (
+    ("next batch", "the prepared dataloader's next batch"),
+    ("enter accumulate", "`kernel.accumulate(model)` and entering it"),
+    ("forward", "the model and the loss"),
+    ("backward", "`kernel.backward(loss)`"),
+    ("sync check + clip", "`kernel.sync_gradients` and, on a sync step, `kernel.clip_grad_norm_`"),
+    ("optimizer", "`optimizer.step()` and `optimizer.zero_grad()` (they act on sync steps)"),
+    ("leave accumulate", "leaving `accumulate`"),
+)
+Step = Callable[[int, Any, Any, list[int]], None]
+
+
+def loops() -> dict[str, tuple[Step, Any]]:
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(HERE))
+    import launched_train
+
+    from accel import Kernel
+
+    torch.set_num_threads(1)
+    clock = time.perf_counter_ns
+    loss_of = nn.functional.cross_entropy
+
+    def accel_loop() -> tuple[Step, Any]:
+        kernel = Kernel(cpu=True, gradient_accumulation_steps=4)
+        model, opt, loader = kernel.prepare(*launched_train.build("tiny"))
+
+        def step(i: int, x: Any, y: Any, t: list[int]) -> None:
+            a = clock()
+            with kernel.accumulate(model):
+                b = clock()
+                loss = loss_of(model(x), y)
+                c = clock()
+                kernel.backward(loss)
+                d = clock()
+                if kernel.sync_gradients:
+                    kernel.clip_grad_norm_(model.parameters(), 1.0)
+                e = clock()
+                opt.step()
+                opt.zero_grad()
+                f = clock()
+            g = clock()
+            for k, span in enumerate((b - a, c - b, d - c, e - d, f - e, g - f), 1):
+                t[k] += span
+
+        return step, loader
+
+    def raw_loop() -> tuple[Step, Any]:
+        model, opt, loader = launched_train.build("tiny")
+
+        def step(i: int, x: Any, y: Any, t: list[int]) -> None:
+            a = clock()
+            sync = (i + 1) % 4 == 0
+            b = clock()
+            loss = loss_of(model(x), y)
+            c = clock()
+            (loss / 4).backward()
+            d = clock()
+            if sync:
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            e = clock()
+            if sync:
+                opt.step()
+                opt.zero_grad()
+            f = clock()
+            g = clock()
+            for k, span in enumerate((b - a, c - b, d - c, e - d, f - e, g - f), 1):
+                t[k] += span
+
+        return step, loader
+
+    return {"raw": raw_loop(), "accel": accel_loop()}
+
+
+def measure(rounds: int, steps: int) -> dict[str, list[list[float]]]:
+    """Per loop, per segment: the mean nanoseconds per micro-step of each part, then of the whole micro-step."""
+    clock = time.perf_counter_ns
+    built = loops()
+
+    def batches(loader: Any) -> Iterator[Any]:
+        while True:
+            yield from loader
+
+    feeds = {name: (step, batches(loader)) for name, (step, loader) in built.items()}
+    done = dict.fromkeys(feeds, 0)
+
+    def segment(name: str) -> list[float]:
+        step, feed = feeds[name]
+        t = [0] * (len(PARTS) + 1)
+        start = clock()
+        for i in range(done[name], done[name] + steps):
+            a = clock()
+            x, y = next(feed)
+            t[0] += clock() - a
+            step(i, x, y, t)
+        whole = clock() - start
+        done[name] += steps
+        return [v / steps for v in t[: len(PARTS)]] + [whole / steps]
+
+    for name in feeds:  # warm up
+        segment(name)
+    out: dict[str, list[list[float]]] = {name: [] for name in feeds}
+    for r in range(rounds):
+        for name in feeds if r % 2 else reversed(feeds):
+            out[name].append(segment(name))
+    return out
+
+
+def table(result: dict[str, list[list[float]]]) -> str:
+    raw, accel = result["raw"], result["accel"]
+    rows = [
+        "| part | what accel runs there | raw, us | accel, us | accel - raw, us |",
+        "|---|---|---|---|---|",
+    ]
+    for k, (part, what) in enumerate((*PARTS, ("whole micro-step", "with the clock reads"))):
+        r = statistics.median(seg[k] for seg in raw) / 1000
+        a = statistics.median(seg[k] for seg in accel) / 1000
+        rows.append(f"| {part} | {what} | {r:.2f} | {a:.2f} | {a - r:+.2f} |")
+    ratios = sorted(r[-1] / a[-1] for r, a in zip(raw, accel, strict=True))
+    rows.append("")
+    rows.append(
+        f"{len(raw)} segments of each loop. Step rate, accel / raw, per pair of segments: median "
+        f"{statistics.median(ratios):.3f} (middle half {ratios[len(ratios) // 4]:.3f}-"
+        f"{ratios[3 * len(ratios) // 4]:.3f}). The raw loop's own parts (a modulo for the sync step, no context) "
+        "stand where accel's run, so the enter and leave rows are accel's context and little else."
+    )
+    return "\n".join(rows)
+
+
+def section(rounds: int) -> str:
+    """Runs this file in a fresh interpreter (bench/run.py's process has imported other frameworks' code)."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--rounds", str(rounds), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/step_parts.py exited with {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return table(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=60, help="segments of each loop")
+    p.add_argument("--steps", type=int, default=500, help="micro-steps per segment")
+    p.add_argument("--json", action="store_true", help="print the raw figures (bench/run.py reads them)")
+    args = p.parse_args()
+    result = measure(args.rounds, args.steps)
+    print(json.dumps(result) if args.json else table(result))
+
+
+if __name__ == "__main__":
+    main()
