@@ -15,6 +15,7 @@ section.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -36,6 +37,12 @@ PARTS = (
     ("leave accumulate", "leaving `accumulate`"),
 )
 Step = Callable[[int, Any, Any, list[int]], None]
+
+
+def add(totals: list[int], marks: tuple[int, ...]) -> None:
+    """Adds the spans between consecutive clock readings to the parts' totals (``totals[0]`` is the batch's)."""
+    for k, (begin, end) in enumerate(itertools.pairwise(marks), 1):
+        totals[k] += end - begin
 
 
 def loops() -> dict[str, tuple[Step, Any]]:
@@ -69,9 +76,7 @@ def loops() -> dict[str, tuple[Step, Any]]:
                 opt.step()
                 opt.zero_grad()
                 f = clock()
-            g = clock()
-            for k, span in enumerate((b - a, c - b, d - c, e - d, f - e, g - f), 1):
-                t[k] += span
+            add(t, (a, b, c, d, e, f, clock()))
 
         return step, loader
 
@@ -93,9 +98,7 @@ def loops() -> dict[str, tuple[Step, Any]]:
                 opt.step()
                 opt.zero_grad()
             f = clock()
-            g = clock()
-            for k, span in enumerate((b - a, c - b, d - c, e - d, f - e, g - f), 1):
-                t[k] += span
+            add(t, (a, b, c, d, e, f, clock()))  # nothing to leave: the last part is two clock reads
 
         return step, loader
 
