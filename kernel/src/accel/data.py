@@ -569,12 +569,8 @@ class PreparedDataLoader:
             return
         # Every batch but the last, numbered as it goes (zip stops at the range's end without reading the last one).
         numbers = range(self._position + 1, total)
-        if device is None:
-            for self._position, batch in zip(numbers, it, strict=False):
-                yield batch
-        else:
-            for self._position, batch in zip(numbers, it, strict=False):
-                yield send_to_device(batch, device, self.kernel.non_blocking)
+        for self._position, batch in zip(numbers, it, strict=False):
+            yield batch if device is None else send_to_device(batch, device, self.kernel.non_blocking)
         batch = next(it, _END) if self._position == total - 1 else _END
         if batch is _END:  # fewer batches than the length said: the pass ended without its last batch known as such
             self.end_of_dataloader = True

@@ -47,18 +47,14 @@ class _Accumulate:
 
     def __enter__(self) -> None:
         state = self.state
-        step = state.step + 1
         if state.end_of_dataloader:  # the epoch's last batch always synchronises, and starts the count again
             state.step = 0
             state.sync_gradients = True
-        elif step % self.kernel._accumulation_steps:
-            state.step = step
-            state.sync_gradients = False
-            if self.skip_sync:
-                self._enter_no_sync()
-        else:
-            state.step = step
-            state.sync_gradients = True
+            return
+        step = state.step = state.step + 1
+        sync = state.sync_gradients = step % self.kernel._accumulation_steps == 0
+        if not sync and self.skip_sync:
+            self._enter_no_sync()
 
     def _enter_no_sync(self) -> None:
         kernel = self.kernel
