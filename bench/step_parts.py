@@ -18,14 +18,13 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from _common import run_json
+
 #: the parts of a micro-step, in order, with what each one runs in accel's loop
 PARTS = (
     ("next batch", "the prepared dataloader's next batch"),
@@ -46,11 +45,9 @@ def add(totals: list[int], marks: tuple[int, ...]) -> None:
 
 
 def loops() -> dict[str, tuple[Step, Any]]:
+    import launched_train
     import torch
     from torch import nn
-
-    sys.path.insert(0, str(HERE))
-    import launched_train
 
     from accel import Kernel
 
@@ -162,16 +159,7 @@ def table(result: dict[str, list[list[float]]]) -> str:
 
 def section(rounds: int) -> str:
     """Runs this file in a fresh interpreter (bench/run.py's process has imported other frameworks' code)."""
-    proc = subprocess.run(
-        [sys.executable, __file__, "--rounds", str(rounds), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench/step_parts.py exited with {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return table(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return table(run_json([sys.executable, __file__, "--rounds", str(rounds), "--json"], timeout=1800))
 
 
 def main() -> None:
