@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import feature_cost
 import launched
 import pipeline
 import step_parts
@@ -474,6 +475,7 @@ def main() -> None:
         "hook-cost": ("### Hook dispatch per step", hook_cost),
         "instructions": ("### Instructions per step", instruction_count),
         "step-parts": ("### Where a tiny step's time goes, part by part", lambda: step_parts.section(100)),
+        "feature-cost": ("### What accel's features cost a tiny step", lambda: feature_cost.section(100)),
         "loader-instructions": ("### DataLoader with worker processes: instructions per sample", loader_instructions),
         "pipeline": (pipeline.TITLE, lambda: pipeline_section(args.repeats)),
         "checkpoint-async": (
