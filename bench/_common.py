@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -47,6 +48,15 @@ def run_json(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: flo
     if proc.returncode != 0:  # it measured and reported, then failed on the way out (e.g. gloo's abort at exit)
         print(f"bench: {' '.join(cmd[:3])}... exited {proc.returncode} after reporting; result kept", file=sys.stderr)
     return json.loads(lines[-1])
+
+
+def segment_arguments() -> argparse.Namespace:
+    """The options of a script that runs its loops in one process, in alternating segments of micro-steps."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=60, help="segments of each loop")
+    p.add_argument("--steps", type=int, default=500, help="micro-steps per segment")
+    p.add_argument("--json", action="store_true", help="print the raw figures (bench/run.py reads them)")
+    return p.parse_args()
 
 
 def alternate_runs(cmds: dict[str, list[str]], repeats: int) -> dict[str, list[dict]]:

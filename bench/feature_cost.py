@@ -18,7 +18,6 @@ its cost once a pass from its cost per batch.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from _common import run_json
+from _common import run_json, segment_arguments
 
 Step = Callable[[int, Any, Any], None]
 
@@ -294,11 +293,7 @@ def section(rounds: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=60, help="segments of each loop")
-    p.add_argument("--steps", type=int, default=500, help="micro-steps per segment")
-    p.add_argument("--json", action="store_true", help="print the raw figures (bench/run.py reads them)")
-    args = p.parse_args()
+    args = segment_arguments()
     result = {
         "loops": measure(loops(), args.rounds, args.steps),
         "passes": measure_passes(args.rounds, args.steps),

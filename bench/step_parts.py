@@ -14,7 +14,6 @@ section.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -23,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from _common import run_json
+from _common import run_json, segment_arguments
 
 #: the parts of a micro-step, in order, with what each one runs in accel's loop
 PARTS = (
@@ -163,11 +162,7 @@ def section(rounds: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=60, help="segments of each loop")
-    p.add_argument("--steps", type=int, default=500, help="micro-steps per segment")
-    p.add_argument("--json", action="store_true", help="print the raw figures (bench/run.py reads them)")
-    args = p.parse_args()
+    args = segment_arguments()
     result = measure(args.rounds, args.steps)
     print(json.dumps(result) if args.json else table(result))
 
