@@ -64,9 +64,12 @@ class Featureless:
     """accel's per-step API with nothing else: no plugins, no checks, no missing-member lines."""
 
     def __init__(self, steps: int):
+        import torch
+
         self.steps = steps
         self.gradient_state = FeaturelessState()
         self._context = FeaturelessAccumulate(self.gradient_state, steps)
+        self._clip = torch.nn.utils.clip_grad_norm_
 
     def accumulate(self, model: Any) -> FeaturelessAccumulate:
         return self._context
@@ -79,11 +82,9 @@ class Featureless:
         (loss / self.steps if self.steps > 1 else loss).backward()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float) -> Any:
-        import torch
-
         if not self.gradient_state.sync_gradients:
             return None
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return self._clip(parameters, max_norm)
 
 
 class FeaturelessOptimizer:
