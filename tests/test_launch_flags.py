@@ -381,6 +381,25 @@ def test_a_failed_process_is_named_with_its_log_file(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_a_launch_leaves_nothing_in_the_temp_directory(tmp_path):
+    """torchrun on its own leaves a folder in the temp directory on every run (torchelastic_*); accel launch removes
+    its own folder (torchrun's run records, the failure times) whether the processes succeed or fail."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    fails = tmp_path / "fails.py"
+    fails.write_text(FAILS_ON_RANK_1)
+    works = tmp_path / "works.py"
+    works.write_text(FAILS_ON_RANK_1.replace("raise ValueError", "print"))
+    env = clean_env(tmp_path, TMPDIR=str(temp))
+    for script, code in ((works, 0), (fails, 1)):
+        result = run(["launch", "-q", "--cpu", "-n", "2", "--main_process_port", str(free_port()), str(script)], env)
+        assert result.returncode == code, result
+        assert "hello from 0" in result.stdout and "hello from 1" in result.stdout, result
+        assert sorted(p.name for p in temp.iterdir()) == [], f"{script.name} left these in the temp directory"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_no_omp_banner_and_one_thread_per_process(tmp_path):
     script = tmp_path / "threads.py"
     script.write_text(

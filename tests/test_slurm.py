@@ -85,8 +85,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    # munged refuses a socket whose directories are not searchable by all; pytest's tmp dirs are private (0700)
-    sockdir = Path(tempfile.mkdtemp(prefix="accel-munge-"))
+    # munged refuses a socket whose directories are not searchable by all; pytest's tmp dirs, and the session's temp
+    # directory among them (conftest.py), are private (0700): the socket's folder is the system's, removed at the end
+    sockdir = Path(tempfile.mkdtemp(prefix="accel-munge-", dir="/tmp"))
     sockdir.chmod(0o755)
     sock = sockdir / "munge.sock"
     host = socket.gethostname().split(".")[0]

@@ -115,12 +115,15 @@ def torchrun_args(
     with_launcher: bool = False,
     python: str = "",
     log_dir: str | None = None,
+    records: str | None = None,
 ) -> list[str]:
     """The exact ``torch.distributed.run`` arguments for these settings. ``command`` is what follows the
     interpreter (``[script, *args]`` or ``["-m", module, *args]``); ``no_python`` runs ``command[0]`` as an
     executable. With ``with_launcher`` each worker starts through the parent-death prelude of
     :mod:`accel.processes` (``python`` is the interpreter of the workers), so it dies with the launcher.
-    ``log_dir`` is the log directory when the settings have none."""
+    ``log_dir`` is the log directory when the settings have none; ``records``, where torchrun keeps its run's
+    records (each process's error file) when there is no log directory (its default is a new folder in the temp
+    directory that it never removes)."""
     nnodes = settings["num_machines"]
     total = settings["num_processes"]
     if total % nnodes:
@@ -157,6 +160,8 @@ def torchrun_args(
     if log_dir:
         args.append(f"--log_dir={log_dir}")
         tee = tee or "3"  # a log directory without --tee: each process's output in its files *and* on the console
+    elif records:
+        args.append(f"--log_dir={records}")  # without --tee: the output stays on the console only
     if tee and tee != "0":
         args.append(f"--tee={tee}")
     if settings.get("enable_cpu_affinity"):
@@ -245,11 +250,27 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
 
     Workers die with this process (parent-death signal); SIGINT/SIGTERM/SIGHUP stop them with SIGTERM and end
     the launch with one line and ``128 + signal`` (see :mod:`accel.processes`); a failed worker gives one line
-    naming it and its log file."""
+    naming it and its log file. Nothing is left in the temp directory but the log files a user asked for: the
+    launch's own folder (the failure times, and torchrun's run records when there is no log directory, which
+    torchrun would leave there on every run) is removed when it ends."""
+    if plan.dry_run:
+        return _launch_with_torchrun(plan, name, None)
+    import shutil
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="accel-launch-")
+    try:
+        return _launch_with_torchrun(plan, name, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _launch_with_torchrun(plan: LaunchPlan, name: str, scratch: str | None) -> int:
+    """``launch_with_torchrun`` with its folder ``scratch`` (``None`` for the dry run)."""
     from accel import processes
 
     log_dir = plan.settings.get("log_dir")
-    if not log_dir and plan.settings.get("tee") not in (None, "0") and not plan.dry_run:
+    if not log_dir and plan.settings.get("tee") not in (None, "0") and scratch is not None:
         import tempfile
 
         log_dir = tempfile.mkdtemp(prefix="accel-logs-")  # where torchrun would put them, but known to us
@@ -257,16 +278,17 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         plan.settings,
         plan.command,
         no_python=not plan.python,
-        with_launcher=not plan.dry_run,  # the dry run shows the command as a user would type it
+        with_launcher=scratch is not None,  # the dry run shows the command as a user would type it
         python=plan.python or sys.executable,
         log_dir=log_dir,
+        records=scratch and os.path.join(scratch, "torchrun"),
     )
     env = plan.env
     gpu_ids = plan.settings.get("gpu_ids")
     if gpu_ids and str(gpu_ids).lower() != "all":
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
     omp_threads(env, plan.settings)
-    if plan.dry_run:
+    if scratch is None:
         print(f"launcher: {name} (torchrun): {plan.python or ''} -m torch.distributed.run {shlex.join(args)}".strip())
         return 0
     with processes.start_up_objects():  # torch's modules live until the launcher exits
@@ -283,10 +305,8 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
         # torch's agent stops the workers with the signal it is given: SIGTERM ends them quietly
         raise SignalException(f"accel launch got {signal_name(signum)}", sigval=signal.SIGTERM)
 
-    import shutil
-    import tempfile
-
-    times = os.environ[processes.FAILURE_TIMES] = tempfile.mkdtemp(prefix="accel-failures-")
+    times = os.environ[processes.FAILURE_TIMES] = os.path.join(scratch, "failures")
+    os.mkdir(times)
     total = plan.settings["num_processes"] // plan.settings["num_machines"]
     with processes.stop_signals(stop) as request:
         try:
@@ -299,8 +319,6 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
             line, code = failure_line(exc, plan.settings, log_dir, processes.failure_times(times))
             print(line, file=sys.stderr)
             return code
-        finally:
-            shutil.rmtree(times, ignore_errors=True)
     return 0
 
 
