@@ -27,6 +27,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -232,6 +233,7 @@ def notebook_launcher(
             return [function(*args)]
     preflight(num_processes, num_nodes, updates)
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -248,19 +250,6 @@ def notebook_launcher(
         conf.setdefault("rank", node_rank)
     # accel handles SIGINT, SIGTERM and SIGHUP (below); a torch without the field forwards them as before
     handled: dict[str, Any] = {"signals_to_handle": signals} if (signals := elastic_signals()) else {}
-    config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
-        nproc_per_node=num_processes,
-        run_id=rdzv_id,
-        rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
-        rdzv_backend=rdzv_backend,
-        rdzv_configs=conf,
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
-        start_method=method,
-        **handled,
-    )
     total = num_processes * num_nodes
     print(f"accel: launching {total} process(es) ({num_processes} on this machine, start method {method})")
 
@@ -274,7 +263,27 @@ def notebook_launcher(
         assigned=("__module__", "__name__", "__qualname__"),
         updated=(),
     )  # torch names it
-    with environment(updates), stop_signals(stop) as request:
+    # torch's records of the run (each process's error file) go in a folder removed when the launch ends (torch
+    # would leave a new torchelastic_* folder in the temp directory on every call)
+    with (
+        tempfile.TemporaryDirectory(prefix="accel-launch-") as records,
+        environment(updates),
+        stop_signals(stop) as request,
+    ):
+        config = LaunchConfig(
+            logs_specs=DefaultLogsSpecs(log_dir=records),
+            min_nodes=num_nodes,
+            max_nodes=num_nodes,
+            nproc_per_node=num_processes,
+            run_id=rdzv_id,
+            rdzv_endpoint=rdzv_endpoint or f"{master_addr}:{port}",
+            rdzv_backend=rdzv_backend,
+            rdzv_configs=conf,
+            max_restarts=max_restarts,
+            monitor_interval=monitor_interval,
+            start_method=method,
+            **handled,
+        )
         try:
             results = elastic_launch(config, entrypoint=entry)(*args)
         except SignalException:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import types
 from pathlib import Path
@@ -211,6 +212,23 @@ def test_a_failing_process_raises_with_its_error() -> None:
 
     with pytest.raises(ChildFailedError, match="boom in a launched process"):
         accel.debug_launcher(fails, num_processes=2)
+
+
+def test_a_launch_leaves_nothing_in_the_temp_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """torch's elastic agent keeps its records of a run (each process's error file) in a new torchelastic_* folder
+    of the temp directory that it never removes; the launcher removes its own, whether the processes succeed or fail.
+    (When one fails, torch.multiprocessing's per-process pytorch-errorfile-*.pickle stay: torch's, made and read
+    inside the agent.)"""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    assert [r["index"] for r in accel.debug_launcher(world, args=("tmp",), num_processes=2)] == [0, 1]
+    assert sorted(p.name for p in temp.iterdir()) == []
+    with pytest.raises(ChildFailedError, match="boom in a launched process"):
+        accel.debug_launcher(fails, num_processes=2)
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "accel-"))] == []
 
 
 # ---- the CUDA-already-initialised case (#3925) -------------------------------------------------------------
