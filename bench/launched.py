@@ -27,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -109,10 +110,16 @@ def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[
 def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float, dict[str, float]]:
     """Seconds from starting ``cmd`` to its first stdout line and to its exit, the CPU seconds it and its children
     used, and its last JSON line ({} if none). The environment is the caller's without the test suite's warm-worker
-    switches: what users get. A run still going after ``timeout`` seconds (a launcher whose worker died while the
-    other waits in a collective) is killed with its whole process group and raises."""
+    switches: what users get, with a temp directory of its own, removed afterwards (torchrun leaves its run records
+    there). A run still going after ``timeout`` seconds (a launcher whose worker died while the other waits in a
+    collective) is killed with its whole process group and raises."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARM_WORKERS")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    with tempfile.TemporaryDirectory(prefix="accel-bench-") as temp:
+        return _run_once(cmd, timeout, dict(env, TMPDIR=temp))
+
+
+def _run_once(cmd: list[str], timeout: float, env: dict[str, str]) -> tuple[float, float, float, dict[str, float]]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
