@@ -72,6 +72,12 @@ def phases() -> dict[str, Callable[[int], Any]]:
             out["parts|iterate a prepared iterable DataLoader"] = step_loop.runner(
                 nothing, Kernel(cpu=True).prepare(DataLoader(Stream(plain.dataset), batch_size=plain.batch_size)), False
             )
+    # bench/feature_cost.py's loops (tiny MLP, accumulate(4) + clip, passes of 64 batches): the hand-written loop, accel,
+    # the featureless wrapper with accel's API, and accel with its parts swapped for the featureless ones
+    import feature_cost
+
+    for name, (step, loader) in feature_cost.loops().items():
+        out[f"feature cost|{name}"] = step_loop.runner(step, loader, False)
     # DDP: the ddp plugin in a world of one process (gloo), so with accumulation its no_sync path runs on every other
     # micro-step; the raw loop is a DistributedDataParallel on the same process group (no_sync() itself), in fp32
     # and under bf16 autocast (accel: mixed_precision="bf16"), the settings of the ddp-sizes wall-time rows
