@@ -558,15 +558,9 @@ def instruction_count() -> str:
         for name, v in per.items()
         if name.startswith("parts|")
     ]
-    features = feature_cost_instructions(per)
-    return (
-        "\n".join(rows)
-        + "\n\n"
-        + "\n".join(parts)
-        + "\n\n"
-        + features
-        + f"\n\nCounted by valgrind's callgrind on the training "
-        f"thread, {got['steps']} steps per phase after a warm-up, all phases in one process (bench/instructions.py). "
+    caption = (
+        f"Counted by valgrind's callgrind on the training thread, {got['steps']} steps per phase after a warm-up, "
+        "all phases in one process (bench/instructions.py). "
         "The raw loop and accel's loop train the same model on the same data, so the difference is the Python "
         "accel runs per step: the `accumulate()` context, the prepared loader's look-ahead and device check, "
         "and the optimizer and backward wrappers with their resolved hook calls. The DDP row runs the ddp plugin "
@@ -574,6 +568,7 @@ def instruction_count() -> str:
         "other micro-step. The iterable rows read an IterableDataset over the same samples; the prepared one "
         "reads a batch ahead and keeps the random states from before each read (exact resume)."
     )
+    return "\n\n".join(["\n".join(rows), "\n".join(parts), caption, feature_cost_instructions(per)])
 
 
 def feature_cost_instructions(per: dict[str, float]) -> str:
