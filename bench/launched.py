@@ -116,22 +116,27 @@ def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float,
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARM_WORKERS")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory(prefix="accel-bench-") as temp:
-        return _run_once(cmd, timeout, dict(env, TMPDIR=temp))
+        return _run_once(cmd, timeout, dict(env, TMPDIR=temp), Path(temp, "stderr"))
 
 
-def _run_once(cmd: list[str], timeout: float, env: dict[str, str]) -> tuple[float, float, float, dict[str, float]]:
+def _run_once(
+    cmd: list[str], timeout: float, env: dict[str, str], stderr: Path
+) -> tuple[float, float, float, dict[str, float]]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    killer = threading.Timer(timeout, kill_tree, (proc.pid,))  # also ends a readline that waits
+    # stderr goes to a file, so stdout is read whole through one reader: communicate() after readline() would miss
+    # what the reader had already taken in with the first line
+    with stderr.open("w") as errors:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True, env=env, start_new_session=True)
+    killer = threading.Timer(timeout, kill_tree, (proc.pid,))  # also ends a read that waits
     killer.start()
     try:
         assert proc.stdout is not None
-        proc.stdout.readline()
-        first = time.perf_counter() - start
-        out, err = proc.communicate()
+        with proc.stdout:
+            proc.stdout.readline()
+            first = time.perf_counter() - start
+            out = proc.stdout.read()
+        proc.wait()
     finally:
         killer.cancel()
     done = time.perf_counter() - start
@@ -139,7 +144,7 @@ def _run_once(cmd: list[str], timeout: float, env: dict[str, str]) -> tuple[floa
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
         why = f"killed after {timeout:.0f} s" if done >= timeout else f"exit {proc.returncode}"
-        raise RuntimeError(f"{' '.join(cmd)} failed ({why}):\n{err[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed ({why}):\n{stderr.read_text()[-2000:]}")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     return first, done, cpu, json.loads(lines[-1]) if lines else {}
 
