@@ -255,14 +255,10 @@ def launch_with_torchrun(plan: LaunchPlan, name: str) -> int:
     torchrun would leave there on every run) is removed when it ends."""
     if plan.dry_run:
         return _launch_with_torchrun(plan, name, None)
-    import shutil
     import tempfile
 
-    scratch = tempfile.mkdtemp(prefix="accel-launch-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="accel-launch-", ignore_cleanup_errors=True) as scratch:
         return _launch_with_torchrun(plan, name, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _launch_with_torchrun(plan: LaunchPlan, name: str, scratch: str | None) -> int:

@@ -266,7 +266,7 @@ def notebook_launcher(
     # torch's records of the run (each process's error file) go in a folder removed when the launch ends (torch
     # would leave a new torchelastic_* folder in the temp directory on every call)
     with (
-        tempfile.TemporaryDirectory(prefix="accel-launch-") as records,
+        tempfile.TemporaryDirectory(prefix="accel-launch-", ignore_cleanup_errors=True) as records,
         environment(updates),
         stop_signals(stop) as request,
     ):
