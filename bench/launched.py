@@ -9,7 +9,9 @@ bench/.venv-accelerate; ``ACCEL_BENCH_FABRIC_VENV``, default bench/.venv-fabric)
 skipped. Each round runs every framework once per workload, in an order that rotates from round to round; a
 framework's figure is the median over rounds of its ratio to the raw run *of the same round*, with the lowest and
 highest round ratio beside it (separate processes of one script differ by ±10-30 % on a shared machine, which the
-spread shows). Within a run, the script times its steps in ten parts and reports the median part's rate. Launch
+spread shows). The rows with a target also run the raw torchrun command a second time in the rotation ("torchrun
+again"): its ratio to the first raw run is what the comparison reads when nothing differs, the noise beside each
+figure. Within a run, the script times its steps in ten parts and reports the median part's rate. Launch
 rows time a script whose first statement prints a line (bench/launch_probe.py): seconds from starting the launcher
 to that line, and to the launcher's exit, minus torchrun's in the same round.
 
@@ -59,6 +61,8 @@ STEP_TARGETS = {label: 0.98 for label, n, *_ in WORKLOADS if n == 2} | {"1 proce
 LAUNCH_TARGET_S = 0.05
 #: the launch row that compares CPU seconds (the launcher's and its workers', to their exit) instead of wall time
 LAUNCH_CPU = "launch -> exit, CPU seconds of the launcher and its workers"
+#: the raw command run a second time in each round of the rows with a target: a comparison of raw with itself
+AGAIN = "raw again"
 
 
 def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[str]]:
@@ -107,7 +111,7 @@ def launchers() -> tuple[dict[str, Callable[[int, list[str]], list[str]]], list[
     return found, skipped
 
 
-def run_once(cmd: list[str], timeout: float = 240) -> tuple[float, float, float, dict[str, float]]:
+def run_once(cmd: list[str], timeout: float = 120) -> tuple[float, float, float, dict[str, float]]:
     """Seconds from starting ``cmd`` to its first stdout line and to its exit, the CPU seconds it and its children
     used, and its last JSON line ({} if none). The environment is the caller's without the test suite's warm-worker
     switches: what users get, with a temp directory of its own, removed afterwards (torchrun leaves its run records
@@ -194,7 +198,7 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
     """Per workload (and the launch rows), per framework: one result per round (``steps_per_s`` and
     ``cpu_ms_per_step`` of rank 0; ``seconds`` for the launch rows)."""
     found, _ = launchers()
-    names = list(found)
+    names = [*found, AGAIN]
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     LOST.clear()
     for r in range(rounds):
@@ -205,9 +209,12 @@ def measure(rounds: int, quick: bool = False) -> dict[str, dict[str, list[dict[s
             args = [TRAIN, "--model", model, "--accum", str(accum), "--clip", str(clip), *steps]
             row = results.setdefault(label, {})
             for name in order:
-                got = run_peer(name, found[name](n, [*args, "--impl", name]))
+                if name == AGAIN and label not in STEP_TARGETS:
+                    continue
+                impl = "raw" if name == AGAIN else name
+                got = run_peer(name, found[impl](n, [*args, "--impl", impl]))
                 row.setdefault(name, []).append(got[3] if got else {})  # a lost run is {}
-        for name in order:
+        for name in (name for name in order if name != AGAIN):
             got = run_peer(name, found[name](2, [PROBE]))
             seconds = got[:3] if got else (None, None, None)
             for label, value in zip(("launch -> first line", "launch -> exit", LAUNCH_CPU), seconds, strict=True):
@@ -223,7 +230,7 @@ def run_peer(name: str, cmd: list[str]) -> tuple[float, float, float, dict[str, 
     """``run_retried`` for raw and accel (a second failure ends the section); for a peer framework (Accelerate,
     Fabric), whose columns are context and not targets, a second failure loses that one run: None, counted in
     ``LOST`` (the table says so), and its round is left out of that framework's figures."""
-    if name in ("raw", "accel"):
+    if name in ("raw", "accel", AGAIN):
         return run_retried(cmd)
     try:
         return run_retried(cmd)
@@ -250,11 +257,12 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
     head = {"accel": "accel launch", "accelerate": "accelerate launch", "fabric": "fabric run"}
     rows = [
         f"| workload | raw (torchrun), steps/s | {' | '.join(head[n] + ' / raw' for n in names)} "
-        "| accel launch / raw, by CPU time per step |",
-        "|---|---|" + "---|" * len(names) + "---|",
+        "| accel launch / raw, by CPU time per step | torchrun again / raw (the noise) |",
+        "|---|---|" + "---|" * len(names) + "---|---|",
     ]
     for label, *_ in WORKLOADS:
         row = results[label]
+        again = spread(ratios(row, AGAIN), ".3f") if AGAIN in row else "-"
         cells = []
         for name in names:
             by_rate = ratios(row, name)
@@ -264,10 +272,12 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
                 target(
                     f"launched: {label}, accel launch / torchrun",
                     f">= {goal}x torchrun (median of rounds)",
-                    f"{spread(by_rate, '.3f')}; by CPU per step {spread(ratios(row, name, 'cpu_ms_per_step'), '.3f')}",
+                    f"{spread(by_rate, '.3f')}; by CPU per step {spread(ratios(row, name, 'cpu_ms_per_step'), '.3f')}; "
+                    f"torchrun again / torchrun {again}",
                     statistics.median(by_rate) >= goal,
                 )
         cells.append(spread(ratios(row, "accel", "cpu_ms_per_step"), ".3f"))
+        cells.append(again)
         rate = spread([r["steps_per_s"] for r in row["raw"]], "rate")
         rows.append(f"| {label} | {rate} | {' | '.join(cells)} |")
     for label in ("launch -> first line", "launch -> exit", LAUNCH_CPU):
@@ -284,7 +294,7 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
                     statistics.median(deltas) <= LAUNCH_TARGET_S,
                 )
         raw_s = spread([r["seconds"] for r in row["raw"]], ".3f")
-        rows.append(f"| {label}, 2 processes, minus torchrun | {raw_s} s | {' | '.join(cells)} | |")
+        rows.append(f"| {label}, 2 processes, minus torchrun | {raw_s} s | {' | '.join(cells)} | | |")
     rounds = len(next(iter(results.values()))["raw"])
     notes = [
         f"{rounds} round(s). Each cell: the median over rounds of the ratio to the raw run of the same round, then the "
@@ -292,7 +302,10 @@ def table(results: dict[str, dict[str, list[dict[str, float]]]], target: Callabl
         "script's first line and to the launcher's exit (the raw column: torchrun's own; the others: minus "
         "torchrun's in the same round); the CPU row adds up the launcher's and its workers' CPU time, which the "
         "machine's load affects less than the wall time. \"By CPU time per step\": rank 0's CPU seconds per step (all its threads), "
-        "raw's over accel's, per round: less sensitive to the machine's load than steps/s.",
+        "raw's over accel's, per round: less sensitive to the machine's load than steps/s. \"Torchrun again\": the raw "
+        "torchrun command run a second time in the same rounds (rows with a target), over the first raw run: the "
+        "same command compared with itself, so how far it lies from 1.000 is what this comparison reads when nothing "
+        "differs.",
         *skipped,
         *(
             f"{head[name]}: {len(why)} run(s) lost, each failing twice: {', '.join(sorted(set(why)))}; their rounds "

@@ -1,7 +1,8 @@
 """Where accel's per-micro-step time goes: each part of a training step timed apart, accel's loop against the
-hand-written one, in one process.
+hand-written one, in one process, and in each of two DDP processes.
 
     python bench/step_parts.py [--rounds 60] [--steps 500]    # prints the table; bench/run.py writes it to the docs
+    accel launch -n 2 bench/step_parts.py                      # the same in two processes (rank 0 prints)
 
 The loops are bench/launched_train.py's (tiny MLP, AdamW, cross-entropy, ``accumulate(4)`` and
 ``clip_grad_norm_(1.0)``, one intra-op thread), run in one process in alternating segments of ``--steps``
@@ -9,20 +10,25 @@ micro-steps. A clock read (``time.perf_counter_ns``) at each boundary splits a m
 part's figure is the median over segments of its mean per micro-step, and the difference is accel's minus raw's.
 The clock reads cost the same in both loops, so the differences are accel's own. This is the breakdown behind the
 launched 1-process accumulate + clip row; the instruction count of the same loops is in the ``instructions``
-section.
+section. Under a launcher (``WORLD_SIZE`` above 1) accel's loop gets the launcher's strategy (DDP) and the hand-written
+one wraps its model in ``DistributedDataParallel``, reads through a ``DistributedSampler`` and enters ``no_sync()`` on
+the steps that do not synchronise; both loops run on the one process group, in the same segments on every process:
+the breakdown behind the launched 2-process accumulate + clip row.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from _common import run_json, segment_arguments
+from _common import free_port, run_json, segment_arguments
 
 #: the parts of a micro-step, in order, with what each one runs in accel's loop
 PARTS = (
@@ -43,7 +49,8 @@ def add(totals: list[int], marks: tuple[int, ...]) -> None:
         totals[k] += end - begin
 
 
-def loops() -> dict[str, tuple[Step, Any]]:
+def loops(world: int = 1) -> dict[str, tuple[Step, Any]]:
+    """accel's loop and the hand-written one; ``world`` above 1: on the launcher's process group (raw with DDP)."""
     import launched_train
     import torch
     from torch import nn
@@ -78,6 +85,8 @@ def loops() -> dict[str, tuple[Step, Any]]:
 
     def raw_loop() -> tuple[Step, Any]:
         model, opt, loader = launched_train.build("tiny")
+        if world > 1:
+            return raw_ddp_loop(model, opt, loader)
 
         def step(i: int, x: Any, y: Any, t: list[int]) -> None:
             a = clock()
@@ -98,13 +107,42 @@ def loops() -> dict[str, tuple[Step, Any]]:
 
         return step, loader
 
+    def raw_ddp_loop(net: Any, opt: Any, loader: Any) -> tuple[Step, Any]:
+        model = nn.parallel.DistributedDataParallel(net)
+        sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
+        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
+
+        def step(i: int, x: Any, y: Any, t: list[int]) -> None:
+            a = clock()
+            sync = (i + 1) % 4 == 0
+            skip = None if sync else model.no_sync()
+            if skip is not None:
+                skip.__enter__()
+            b = clock()
+            loss = loss_of(model(x), y)
+            c = clock()
+            (loss / 4).backward()
+            d = clock()
+            if sync:
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            e = clock()
+            if sync:
+                opt.step()
+                opt.zero_grad()
+            f = clock()
+            if skip is not None:
+                skip.__exit__(None, None, None)
+            add(t, (a, b, c, d, e, f, clock()))
+
+        return step, loader
+
     return {"raw": raw_loop(), "accel": accel_loop()}
 
 
-def measure(rounds: int, steps: int) -> dict[str, list[list[float]]]:
+def measure(rounds: int, steps: int, world: int = 1) -> dict[str, list[list[float]]]:
     """Per loop, per segment: the mean nanoseconds per micro-step of each part, then of the whole micro-step."""
     clock = time.perf_counter_ns
-    built = loops()
+    built = loops(world)
 
     def batches(loader: Any) -> Iterator[Any]:
         while True:
@@ -135,10 +173,10 @@ def measure(rounds: int, steps: int) -> dict[str, list[list[float]]]:
     return out
 
 
-def table(result: dict[str, list[list[float]]]) -> str:
+def table(result: dict[str, list[list[float]]], world: int = 1) -> str:
     raw, accel = result["raw"], result["accel"]
     rows = [
-        "| part | what accel runs there | raw, us | accel, us | accel - raw, us |",
+        f"| part | what accel runs there | raw{' DDP' if world > 1 else ''}, us | accel, us | accel - raw, us |",
         "|---|---|---|---|---|",
     ]
     for k, (part, what) in enumerate((*PARTS, ("whole micro-step", "with the clock reads"))):
@@ -153,18 +191,32 @@ def table(result: dict[str, list[list[float]]]) -> str:
         f"{ratios[3 * len(ratios) // 4]:.3f}). The raw loop's own parts (a modulo for the sync step, no context) "
         "stand where accel's run, so the enter and leave rows are accel's context and little else."
     )
+    if world > 1:
+        rows.append(
+            f"\n{world} processes (`accel launch -n {world}`, DDP on gloo), rank 0's figures. The raw loop enters "
+            "`no_sync()` in its enter row and leaves it in its leave row. The backward row holds the gradient "
+            "all-reduce of the sync steps, and with it the wait for the other process, which the machine's load "
+            "moves by more than accel's part: the rows before and after it are accel's own."
+        )
     return "\n".join(rows)
 
 
 def section(rounds: int) -> str:
-    """Runs this file in a fresh interpreter (bench/run.py's process has imported other frameworks' code)."""
-    return table(run_json([sys.executable, __file__, "--rounds", str(rounds), "--json"], timeout=1800))
+    """Runs this file in fresh interpreters (bench/run.py's process has imported other frameworks' code): one
+    process, then two under ``accel launch``."""
+    one = table(run_json([sys.executable, __file__, "--rounds", str(rounds), "--json"], timeout=1800))
+    accel = str(Path(sys.executable).with_name("accel"))
+    launch = [accel, "launch", "-q", "-n", "2", "--main_process_port", str(free_port())]
+    two = table(run_json([*launch, __file__, "--rounds", str(rounds), "--json"], timeout=1800), world=2)
+    return f"{one}\n\n{two}"
 
 
 def main() -> None:
     args = segment_arguments()
-    result = measure(args.rounds, args.steps)
-    print(json.dumps(result) if args.json else table(result))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    result = measure(args.rounds, args.steps, world)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(json.dumps(result) if args.json else table(result, world))
 
 
 if __name__ == "__main__":
