@@ -136,7 +136,8 @@ def loops(world: int = 1) -> dict[str, tuple[Step, Any]]:
 
         return step, loader
 
-    return {"raw": raw_loop(), "accel": accel_loop()}
+    accel = accel_loop()  # first: under a launcher its Kernel sets up the process group that raw's DDP then uses
+    return {"raw": raw_loop(), "accel": accel}
 
 
 def measure(rounds: int, steps: int, world: int = 1) -> dict[str, list[list[float]]]:
@@ -184,20 +185,25 @@ def table(result: dict[str, list[list[float]]], world: int = 1) -> str:
         a = statistics.median(seg[k] for seg in accel) / 1000
         rows.append(f"| {part} | {what} | {r:.2f} | {a:.2f} | {a - r:+.2f} |")
     ratios = sorted(r[-1] / a[-1] for r, a in zip(raw, accel, strict=True))
+    if world == 1:
+        where = (
+            "One process. The raw loop's own parts (a modulo for the sync step, no context) stand where accel's run, "
+            "so the enter and leave rows are accel's context and little else."
+        )
+    else:
+        where = (
+            f"{world} processes (`accel launch -n {world}`, DDP on gloo, both loops on the one process group), rank "
+            "0's figures. The raw loop enters DDP's `no_sync()` in its enter row and leaves it in its leave row. The "
+            "backward row holds the gradient all-reduce of the sync steps, and with it the wait for the other "
+            "process, which the machine's load moves by more than accel's part, and so does the whole micro-step: "
+            "the other rows are accel's own."
+        )
     rows.append("")
     rows.append(
-        f"{len(raw)} segments of each loop. Step rate, accel / raw, per pair of segments: median "
+        f"{where} {len(raw)} segments of each loop. Step rate, accel / raw, per pair of segments: median "
         f"{statistics.median(ratios):.3f} (middle half {ratios[len(ratios) // 4]:.3f}-"
-        f"{ratios[3 * len(ratios) // 4]:.3f}). The raw loop's own parts (a modulo for the sync step, no context) "
-        "stand where accel's run, so the enter and leave rows are accel's context and little else."
+        f"{ratios[3 * len(ratios) // 4]:.3f})."
     )
-    if world > 1:
-        rows.append(
-            f"\n{world} processes (`accel launch -n {world}`, DDP on gloo), rank 0's figures. The raw loop enters "
-            "`no_sync()` in its enter row and leaves it in its leave row. The backward row holds the gradient "
-            "all-reduce of the sync steps, and with it the wait for the other process, which the machine's load "
-            "moves by more than accel's part: the rows before and after it are accel's own."
-        )
     return "\n".join(rows)
 
 
