@@ -85,37 +85,16 @@ def loops(world: int = 1) -> dict[str, tuple[Step, Any]]:
 
     def raw_loop() -> tuple[Step, Any]:
         model, opt, loader = launched_train.build("tiny")
-        if world > 1:
-            return raw_ddp_loop(model, opt, loader)
+        ddp = world > 1
+        if ddp:  # what a hand-written DDP loop does: the model wrapped, a DistributedSampler, no_sync() to accumulate
+            model = nn.parallel.DistributedDataParallel(model)
+            sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
+            loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
 
         def step(i: int, x: Any, y: Any, t: list[int]) -> None:
             a = clock()
             sync = (i + 1) % 4 == 0
-            b = clock()
-            loss = loss_of(model(x), y)
-            c = clock()
-            (loss / 4).backward()
-            d = clock()
-            if sync:
-                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            e = clock()
-            if sync:
-                opt.step()
-                opt.zero_grad()
-            f = clock()
-            add(t, (a, b, c, d, e, f, clock()))  # nothing to leave: the last part is two clock reads
-
-        return step, loader
-
-    def raw_ddp_loop(net: Any, opt: Any, loader: Any) -> tuple[Step, Any]:
-        model = nn.parallel.DistributedDataParallel(net)
-        sampler = torch.utils.data.DistributedSampler(loader.dataset, shuffle=False)
-        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler)
-
-        def step(i: int, x: Any, y: Any, t: list[int]) -> None:
-            a = clock()
-            sync = (i + 1) % 4 == 0
-            skip = None if sync else model.no_sync()
+            skip = model.no_sync() if ddp and not sync else None
             if skip is not None:
                 skip.__enter__()
             b = clock()
@@ -187,8 +166,8 @@ def table(result: dict[str, list[list[float]]], world: int = 1) -> str:
     ratios = sorted(r[-1] / a[-1] for r, a in zip(raw, accel, strict=True))
     if world == 1:
         where = (
-            "One process. The raw loop's own parts (a modulo for the sync step, no context) stand where accel's run, "
-            "so the enter and leave rows are accel's context and little else."
+            "One process. The raw loop's own parts (a modulo for the sync step, no context entered) stand where "
+            "accel's run, so the enter and leave rows are accel's context and little else."
         )
     else:
         where = (
