@@ -1,4 +1,5 @@
-"""bench/run.py's summary: how a wall-time row is decided, and that every row it points at was counted.
+"""bench/run.py's summary: how a wall-time row is decided, that every row it points at was counted, and what the
+launched section's targets carry (the raw command run again beside accel's figure).
 
 The benchmarks themselves run under ``make bench`` (minutes to hours, a quiet machine); these tests check the
 summary's rule and the committed results it was built from, in milliseconds.
